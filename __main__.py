@@ -1,0 +1,3 @@
+from branchgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,20 @@
+"""Errors that the CLI turns into a one-line message and exit code 2."""
+
+
+class BranchgateError(Exception):
+    """A user-facing error: bad input, missing model, mismatched files. The message says what and where."""
+
+
+class InputError(BranchgateError):
+    """Bad input data; the message names the file and line or field."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None):
+        where = file if file is not None else ""
+        if line is not None:
+            where = f"{where}:{line}"
+        super().__init__(f"{where}: {message}" if where else message)
+        self.file, self.line, self.reason = file, line, message
+
+
+class MismatchError(BranchgateError):
+    """Two artefacts disagree (encoder, schema version, feature schema)."""

