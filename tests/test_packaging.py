@@ -1,0 +1,50 @@
+"""The install layout: everything under `branchgate.`, nothing generic at top level; the CLI answers --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from branchgate.cli import COMMANDS, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{proc.stderr[-2000:]}")
+    return next(out.glob("branchgate-*.whl"))
+
+
+def test_wheel_installs_only_the_branchgate_package(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"branchgate"}, top
+    for folder in ("logs_to_dataset", "data", "models", "training", "inference", "pipeline"):
+        assert f"branchgate/{folder}/__init__.py" in names
+    assert not any(n.startswith("branchgate/tests/") for n in names)
+    assert "branchgate/configs/quickstart.yaml" in names
+
+
+@pytest.mark.parametrize("path", [c[0] for c in COMMANDS], ids=lambda p: " ".join(p))
+def test_every_command_has_help(path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*path, "--help"])
+    assert exc.value.code == 0
+    assert "usage: branchgate" in capsys.readouterr().out
+
+
+def test_unknown_command_is_a_usage_error():
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-command"])
+    assert exc.value.code == 2
