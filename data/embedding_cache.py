@@ -7,6 +7,7 @@ Hits and misses are counted so callers can report them.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -22,14 +23,70 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("BRANCHGATE_CACHE", Path.home() / ".cache" / "branchgate"))
 
 
+def _progress(total: int, show: bool):
+    if not show or total < 1:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="embedding new texts", unit="text", leave=False)
+
+
 def text_key(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+class LazyEncoder:
+    """An encoder resolved now (id, path) whose weights load only when a text must actually be encoded.
+
+    With a warm cache, training and evaluation never import sentence-transformers. ``dim`` and
+    ``max_length`` come from the model's sentence-transformers config files when present.
+    """
+
+    def __init__(self, spec, **load_kwargs):
+        self.spec, self.id, self._kwargs, self._encoder = spec, spec.id, load_kwargs, None
+
+    def load(self):
+        if self._encoder is None:
+            from branchgate.models.encoder import Encoder
+
+            self._encoder = Encoder(self.spec, **self._kwargs)
+        return self._encoder
+
+    @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    def _config(self, rel: str, key: str):
+        try:
+            return json.loads((Path(self.spec.path) / rel).read_text(encoding="utf-8"))[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def dim(self) -> int:
+        if self._encoder is None:
+            dim = self._config("1_Pooling/config.json", "word_embedding_dimension")
+            if dim:
+                return int(dim)
+        return self.load().dim
+
+    @property
+    def max_length(self) -> int:
+        if self._encoder is None and not self._kwargs.get("max_length"):
+            length = self._config("sentence_bert_config.json", "max_seq_length")
+            if length:
+                return int(length)
+        return self.load().max_length
+
+    def encode(self, texts, **kwargs):
+        return self.load().encode(texts, **kwargs)
+
+
 class EmbeddingCache:
-    def __init__(self, encoder, path: str | Path | None = None, batch_size: int = 64):
+    def __init__(self, encoder, path: str | Path | None = None, batch_size: int = 64, chunk_size: int = 2048):
         self.encoder = encoder
         self.batch_size = batch_size
+        self.chunk_size = chunk_size
         self.path = Path(path) if path else default_cache_dir() / "embeddings.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -62,14 +119,22 @@ class EmbeddingCache:
             first = {}
             for k, t in zip(keys, texts):
                 first.setdefault(k, t)
-            vecs = self.encoder.encode([first[k] for k in missing], batch_size=self.batch_size, show_progress=show_progress)
-            with self._lock:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
-                    [(self.encoder_id, k, v.astype(np.float32).tobytes()) for k, v in zip(missing, vecs)],
-                )
-                self._db.commit()
-            found.update(zip(missing, vecs))
+            # Encode and store in chunks so an interrupted run keeps what it already paid for.
+            bar = _progress(len(missing), show_progress)
+            for i in range(0, len(missing), self.chunk_size):
+                chunk = missing[i : i + self.chunk_size]
+                vecs = self.encoder.encode([first[k] for k in chunk], batch_size=self.batch_size)
+                with self._lock:
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
+                        [(self.encoder_id, k, v.astype(np.float32).tobytes()) for k, v in zip(chunk, vecs)],
+                    )
+                    self._db.commit()
+                found.update(zip(chunk, vecs))
+                if bar is not None:
+                    bar.update(len(chunk))
+            if bar is not None:
+                bar.close()
         dim = getattr(self.encoder, "dim", None) or (len(next(iter(found.values()))) if found else 0)
         if not texts:
             return np.zeros((0, dim), dtype=np.float32)

@@ -1,13 +1,23 @@
 """Canonical trace schema, version 1 (see DESIGN.md, "Canonical trace").
 
 A trace is JSON Lines, one event per line. Every event carries ``v`` (schema version), ``run_id``,
-``seq`` (monotonic per run), ``ts`` (seconds since the epoch, may be null) and ``type``. Unknown event
-types are kept verbatim as ``raw`` events; a newer schema version than this library knows is an error.
+``seq`` (monotonic per run), ``ts`` (seconds since the epoch, may be null) and ``type``. Extra fields
+are allowed and kept. Reading one decoded line (``parse_event``):
+
+- ``v`` missing, not an integer, or < 1 → ``InputError`` (a bad record: skipped and reported, or the
+  first failure under ``--strict``);
+- ``v`` newer than ``SCHEMA_VERSION`` → ``SchemaVersionError``, always fatal (upgrade branchgate);
+- unknown ``type`` → kept verbatim as a ``raw`` event (``source_type`` = the type, ``data`` = the object);
+- missing/invalid field → ``InputError`` naming the field.
+
+``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
+``python -m branchgate.logs_to_dataset.schema`` (a test checks it is current).
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -17,9 +27,21 @@ from branchgate.errors import InputError
 SCHEMA_VERSION = 1
 
 
+class SchemaVersionError(InputError):
+    """The trace was written by a newer branchgate; never skipped, always reported as an error."""
+
+
+def _require_envelope(schema: dict, cls) -> None:
+    # ``v`` and ``type`` have Python defaults for convenience, but every line on disk carries them.
+    required = schema.setdefault("required", [])
+    for key in ("v", "type"):
+        if key in schema.get("properties", {}) and key not in required:
+            required.insert(0, key)
+
+
 class Event(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    v: int = SCHEMA_VERSION
+    model_config = ConfigDict(extra="allow", json_schema_extra=_require_envelope)
+    v: int = Field(default=SCHEMA_VERSION, ge=1, le=SCHEMA_VERSION)
     run_id: str
     seq: int = Field(ge=0)
     ts: float | None = None
@@ -142,26 +164,25 @@ _adapter: TypeAdapter = TypeAdapter(AnyEvent)
 
 
 def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> Event:
-    """Validate one decoded JSON object as an event.
-
-    Unknown ``type`` → a ``Raw`` event carrying the original object. ``v`` newer than
-    ``SCHEMA_VERSION`` → ``InputError``. Missing/invalid fields → ``InputError`` naming the field.
-    """
+    """Validate one decoded JSON object as an event (outcomes in the module docstring)."""
     if not isinstance(obj, dict):
         raise InputError(f"event must be a JSON object, got {type(obj).__name__}", file, line)
-    version = obj.get("v", SCHEMA_VERSION)
-    if not isinstance(version, int):
-        raise InputError(f"field 'v' must be an integer schema version, got {version!r}", file, line)
+    if "v" not in obj:
+        raise InputError("missing field 'v' (schema version)", file, line)
+    version = obj["v"]
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InputError(f"field 'v' must be a schema version (integer >= 1), got {version!r}", file, line)
     if version > SCHEMA_VERSION:
-        raise InputError(
+        raise SchemaVersionError(
             f"schema version {version} is newer than this branchgate understands ({SCHEMA_VERSION}); upgrade branchgate",
             file, line,
         )
     etype = obj.get("type")
     try:
         if etype not in EVENT_TYPES:
-            return Raw(v=version, run_id=str(obj.get("run_id", "")), seq=int(obj.get("seq", 0) or 0),
-                       ts=obj.get("ts"), source_type=None if etype is None else str(etype), data=obj)
+            envelope = {k: obj[k] for k in ("run_id", "seq", "ts") if k in obj}
+            return Raw.model_validate({**envelope, "v": version, "type": "raw",
+                                       "source_type": None if etype is None else str(etype), "data": obj})
         return _adapter.validate_python(obj)
     except (ValidationError, TypeError, ValueError) as exc:
         raise InputError(_describe(exc), file, line) from None
@@ -182,8 +203,40 @@ def to_json(event: Event) -> str:
 
 
 def json_schema() -> dict:
-    """The JSON Schema of one trace line (shipped as ``trace.schema.json``)."""
-    schema = _adapter.json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = f"branchgate canonical trace event, schema version {SCHEMA_VERSION}"
-    return schema
+    """The JSON Schema of one trace line (shipped as ``trace.schema.json``).
+
+    A line is one of the v1 event types, or an event of a type v1 does not know (read as ``raw``).
+    """
+    known = _adapter.json_schema(ref_template="#/$defs/{model}")
+    defs = known.pop("$defs", {})
+    envelope = Event.model_json_schema()
+    defs["UnknownEvent"] = {
+        "title": "UnknownEvent",
+        "description": "An event type this schema version does not define; readers keep it verbatim as 'raw'.",
+        "type": "object",
+        "additionalProperties": True,
+        "properties": {**envelope["properties"],
+                       "type": {"type": "string", "not": {"enum": sorted(EVENT_TYPES)}}},
+        "required": ["v", "type", "run_id", "seq"],
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://branchgate.dev/schema/trace-v{SCHEMA_VERSION}.json",
+        "title": f"branchgate canonical trace event, schema version {SCHEMA_VERSION}",
+        "description": "One line of a canonical trace (JSON Lines). See DESIGN.md, 'Canonical trace'.",
+        "anyOf": [known, {"$ref": "#/$defs/UnknownEvent"}],
+        "$defs": defs,
+    }
+
+
+SCHEMA_FILE = Path(__file__).with_name("trace.schema.json")
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m branchgate.logs_to_dataset.schema  → regenerate trace.schema.json
+    from branchgate.fileio import atomic_write_text
+
+    print(atomic_write_text(SCHEMA_FILE, schema_text()))

@@ -50,6 +50,10 @@ class Items:
         return Items([self.texts[i] for i in idx], self.emb[idx], self.tokens[idx])
 
     def concat(self, other: "Items") -> "Items":
+        if len(self) == 0:  # an empty batch may carry a [0, 0] matrix: take the other's width
+            return Items(list(other.texts), other.emb.copy(), other.tokens.copy())
+        if len(other) == 0:
+            return Items(list(self.texts), self.emb.copy(), self.tokens.copy())
         return Items(self.texts + other.texts, np.concatenate([self.emb, other.emb]), np.concatenate([self.tokens, other.tokens]))
 
 
@@ -103,8 +107,9 @@ def select(model: ValueModel, x: Items, state: State, max_items: int | None = No
            max_tokens: float | None = None, use_threshold: bool = True) -> list[int]:
     """Greedy budgeted selection: repeatedly add the best-scoring candidate to ``C`` and rescore.
 
-    Stops at the item or token budget, or (``use_threshold``) when the best remaining score fails the
-    threshold. Always keeps at least one item of a non-empty input.
+    Stops at the item budget, or (``use_threshold``) when the best remaining score fails the
+    threshold. A candidate that would exceed the token budget is skipped and the next best is tried
+    (standard budgeted greedy). Always keeps at least one item of a non-empty input.
     """
     chosen: list[int] = []
     remaining = list(range(len(x)))
@@ -118,7 +123,8 @@ def select(model: ValueModel, x: Items, state: State, max_items: int | None = No
         if chosen and use_threshold and not keep_mask(model, scores[best : best + 1])[0]:
             break
         if max_tokens is not None and chosen and spent + x.tokens[i] > max_tokens:
-            break
+            remaining.pop(best)  # does not fit: try the next best
+            continue
         chosen.append(i)
         spent += float(x.tokens[i])
         context = context.concat(x.subset([i]))
@@ -128,3 +134,23 @@ def select(model: ValueModel, x: Items, state: State, max_items: int | None = No
 
 def _best(model: ValueModel, scores: np.ndarray) -> int:
     return int(np.argmax(scores) if getattr(model, "higher_is_better", True) else np.argmin(scores))
+
+
+def set_gain(model: ValueModel, items: Items, state: State) -> float:
+    """Marginal value of adding the SET ``items`` (E) to ``state.context`` (C): ``V(E | C, Q)``.
+
+    Used for realized labels ``g(c) = V(E(c) | C_t, Q)``. A model with its own ``set_gain`` method
+    decides (submodular coverage: the exact ``[F(C∪E) − F(C)] / cost(E)``); for every other model it
+    is the sum of sequential marginal scores, adding the items of E to C one by one in the given order:
+    ``Σ_k V(e_k | C ∪ {e_1..e_{k−1}}, Q)``. An empty E is worth 0.
+    """
+    own = getattr(model, "set_gain", None)
+    if callable(own):
+        return float(own(items, state))
+    total = 0.0
+    context = state.context
+    for k in range(len(items)):
+        one = items.subset([k])
+        total += float(model.score(one, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra))[0])
+        context = context.concat(one)
+    return total

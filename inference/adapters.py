@@ -1,0 +1,111 @@
+"""Plug the Gate into any pipeline that has a function producing candidate subqueries.
+
+    search_plan = gated(generate_queries, Gate.load("controller.onnx"))     # sync or async alike
+    kept = await search_plan("root question", n=6)                          # the kept candidates, same objects
+
+The wrapper calls the original function, gates what it returns and hands back the kept candidates in
+their original order — never an empty list for a non-empty one (top-1 fallback). Core-safe (no torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from branchgate.inference.gate import DecisionState, Selection, as_state
+from branchgate.texts import candidate_text
+
+GOAL_KEYS = ("goal", "researchGoal", "research_goal", "rationale")
+QUERY_KEYS = ("query", "q", "question", "search_query")
+
+
+def candidate_fields(c) -> tuple[str, str]:
+    """(query, goal) of a candidate given as a string, a (query, goal) pair, a mapping or an object."""
+    if isinstance(c, str):
+        return c, ""
+    if isinstance(c, (tuple, list)) and 1 <= len(c) <= 2:
+        return str(c[0] or ""), str(c[1] if len(c) > 1 and c[1] is not None else "")
+    get = c.get if isinstance(c, Mapping) else (lambda key, default=None: getattr(c, key, default))
+    query = next((get(k) for k in QUERY_KEYS if get(k)), "")
+    goal = next((get(k) for k in GOAL_KEYS if get(k)), "")
+    return str(query), str(goal)
+
+
+def default_state(*args, **kwargs) -> DecisionState:
+    """The first string argument (or ``query=``/``prompt=``) is both root and frame query."""
+    text = next((a for a in args if isinstance(a, str)), None)
+    if text is None:
+        text = next((kwargs[k] for k in ("query", "prompt", "question") if isinstance(kwargs.get(k), str)), "")
+    return DecisionState(root_query=text, frame_query=text)
+
+
+@dataclass
+class GatedCall:
+    """One gated call, handed to ``on_decision``."""
+
+    state: DecisionState
+    candidates: list[Any]
+    selection: Selection
+
+    @property
+    def kept(self) -> list[Any]:
+        return [self.candidates[i] for i in self.selection.kept]
+
+
+class GatedGenerator:
+    """A candidate-generating function whose output passes through a gate.
+
+    ``state(*args, **kwargs)`` builds the decision state from the call (default: ``default_state``);
+    ``track_retained`` adds the kept candidates' texts to ``retained`` and feeds them to later calls
+    as the retained context (the state's own ``retained`` wins when it has any). ``reset()`` starts a
+    new run.
+    """
+
+    def __init__(self, generate: Callable, gate, *, state: Callable | None = None,
+                 candidate: Callable[[Any], tuple[str, str]] = candidate_fields, tau: float | None = None,
+                 max_keep: int | None = None, on_decision: Callable[[GatedCall], Any] | None = None,
+                 track_retained: bool = True):
+        self.generate, self.gate = generate, gate
+        self.state_fn = state or default_state
+        self.candidate = candidate
+        self.tau, self.max_keep = tau, max_keep
+        self.on_decision = on_decision
+        self.track_retained = track_retained
+        self.retained: list[str] = []
+        self.is_async = inspect.iscoroutinefunction(generate)
+        functools.update_wrapper(self, generate)
+
+    def reset(self) -> None:
+        self.retained.clear()
+
+    def __call__(self, *args, **kwargs):
+        if self.is_async:
+            return self._acall(*args, **kwargs)
+        return self.gate_candidates(self.generate(*args, **kwargs), *args, **kwargs)
+
+    async def _acall(self, *args, **kwargs):
+        return self.gate_candidates(await self.generate(*args, **kwargs), *args, **kwargs)
+
+    def gate_candidates(self, candidates, *args, **kwargs) -> list:
+        candidates = list(candidates or [])
+        if not candidates:
+            return candidates
+        state = as_state(self.state_fn(*args, **kwargs))
+        if self.track_retained and not state.retained and self.retained:
+            state = DecisionState(state.root_query, state.frame_query, state.parent_goal, list(self.retained), state.depth)
+        pairs = [self.candidate(c) for c in candidates]
+        selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
+        if self.track_retained:
+            self.retained.extend(candidate_text(*pairs[i]) for i in selection.kept)
+        call = GatedCall(state, candidates, selection)
+        if self.on_decision is not None:
+            self.on_decision(call)
+        return call.kept
+
+
+def gated(generate: Callable, gate, **options) -> GatedGenerator:
+    """Wrap a sync or async candidate-generating function with ``gate`` (see ``GatedGenerator``)."""
+    return GatedGenerator(generate, gate, **options)

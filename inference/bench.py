@@ -1,0 +1,120 @@
+"""Latency of one gating decision: torch (checkpoint encoder + ValueNet, fp32) vs the ONNX Gate (fp32, int8).
+
+Same decisions, same intra-op thread count, one process. Methods are interleaved decision by decision
+(the order rotates each round) so a change in machine load hits them alike. Two states:
+
+- cold: no embedding cached — every text of the decision is encoded (both sides);
+- warm: the state texts (root, frame query, parent goal, retained) are cached, as they are within one
+  run; only the candidate texts are new (both sides keep the same cache).
+
+Ratios are torch p50 / ONNX p50 of the same state.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 5,
+              decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must not spin against onnxruntime's
+    import torch
+
+    from branchgate.inference.export import load_encoder
+    from branchgate.inference.gate import Gate, _candidate, as_state
+    from branchgate.inference.torch_ref import TorchController
+    from branchgate.training.checkpoint import load_controller
+
+    torch.set_num_threads(int(threads))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+    net, meta = load_controller(checkpoint)
+    encoder = load_encoder(meta)
+    if decisions is None:
+        from branchgate.inference.samples import sample_decisions
+
+        decisions = sample_decisions()
+    decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
+    int8_model = int8_model or _int8_sibling(model)
+    methods = {"torch": TorchController(net, encoder, cache=True),
+               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}
+    if int8_model:
+        methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
+
+    def call(name, state, cands):
+        m = methods[name]
+        return m.predict(state, cands)
+
+    # Parity on these very decisions (cold), then warm-up.
+    outs = {name: [call(name, s, c) for s, c in decisions] for name in methods}
+    parity = {f"{name}_max_abs_diff_p_keep": float(max(np.abs(a[0] - b[0]).max() for a, b in zip(outs[name], outs["torch"])))
+              for name in methods if name != "torch"}
+    for _ in range(warmup):
+        for s, c in decisions:
+            for name in methods:
+                _clear(methods[name])
+                call(name, s, c)
+
+    times = {(state, name): [] for state in ("cold", "warm") for name in methods}
+    names = list(methods)
+    bar = _bar(progress, reps * len(decisions))
+    for r in range(reps):
+        for d, (s, c) in enumerate(decisions):
+            order = names[(r + d) % len(names):] + names[:(r + d) % len(names)]
+            for state in ("cold", "warm"):
+                for name in order:
+                    m = methods[name]
+                    _clear(m)
+                    if state == "warm":
+                        m.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained])
+                    t = time.perf_counter()
+                    call(name, s, c)
+                    times[(state, name)].append((time.perf_counter() - t) * 1000.0)
+            if bar:
+                bar.update(1)
+    if bar:
+        bar.close()
+    out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
+           "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
+           "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model}
+    for (state, name), ts in times.items():
+        prefix = name if state == "cold" else f"warm_{name}"
+        out[f"{prefix}_ms_p50"] = round(float(np.percentile(ts, 50)), 3)
+        out[f"{prefix}_ms_p95"] = round(float(np.percentile(ts, 95)), 3)
+    for state, prefix in (("cold", ""), ("warm", "warm_")):
+        for name in names[1:]:
+            out[f"{prefix}speedup_{name.split('_', 1)[1]}"] = round(out[f"{prefix}torch_ms_p50"] / out[f"{prefix}{name}_ms_p50"], 2)
+    out.update(parity)
+    return out
+
+
+def _clear(method) -> None:
+    method.clear_cache()
+
+
+def _int8_sibling(model: str) -> str | None:
+    from pathlib import Path
+
+    path = Path(model)
+    if path.is_dir():
+        path = path / "controller.onnx"
+    twin = path.with_name(path.name[: -len(".onnx")] + ".int8.onnx") if path.name.endswith(".onnx") else None
+    return str(twin) if twin and twin.is_file() else None
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    import sys
+
+    return tqdm(total=total, desc="bench-gate", file=sys.stderr, disable=not sys.stderr.isatty())

@@ -1,0 +1,44 @@
+"""`branchgate bench-gate`: latency of the ONNX Gate (fp32, int8) vs the torch model on identical decisions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present")
+    parser.add_argument("--checkpoint", required=True, help="the controller checkpoint the model was exported from (torch side)")
+    parser.add_argument("--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of --model)")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads for torch and onnxruntime alike (default 2)")
+    parser.add_argument("--reps", type=int, default=5, help="rounds over the decisions (default 5)")
+    parser.add_argument("--decisions", default=None,
+                        help="JSON Lines of decisions {state, candidates} (default: 8 built-in decisions, 8 candidates each)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+
+
+def run(args) -> int:
+    from branchgate.inference.bench import run_bench
+    from branchgate.inference.gate_cli import read_decisions
+
+    decisions = None
+    if args.decisions:
+        decisions = [(d["state"], d["candidates"]) for d in read_decisions(args.decisions)]
+    res = run_bench(args.model, args.checkpoint, int8_model=args.int8_model, threads=args.threads, reps=args.reps,
+                    decisions=decisions, progress=not args.json)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
+          f"{res['threads']} threads, encoder {res['encoder']}")
+    print(f"{'state':6} {'method':10} {'p50 ms':>9} {'p95 ms':>9} {'speedup':>8}")
+    for state, prefix in (("cold", ""), ("warm", "warm_")):
+        for name in ("torch", "onnx_fp32", "onnx_int8"):
+            if f"{prefix}{name}_ms_p50" not in res:
+                continue
+            sp = res.get(f"{prefix}speedup_{name.split('_', 1)[1]}", 1.0) if name != "torch" else 1.0
+            print(f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x")
+    for key in [k for k in res if k.endswith("max_abs_diff_p_keep")]:
+        print(f"{key}: {res[key]:.2e}", file=sys.stdout)
+    return 0

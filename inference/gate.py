@@ -1,0 +1,421 @@
+"""The torch-free Gate: an exported ONNX controller behind onnxruntime + tokenizers.
+
+    gate = Gate.load("controller.onnx")
+    sel = gate.select({"root_query": "...", "frame_query": "...", "parent_goal": "", "retained": [], "depth": 0},
+                      [{"query": "...", "goal": "..."}, ...])
+    sel.kept, sel.p_keep, sel.utility, sel.fallback
+
+A non-empty input never yields an empty selection (the top-1 fallback keeps the best candidate).
+Embeddings of texts already seen (root query, frame query, retained branches) are cached per Gate, so
+the work per decision is proportional to the texts it has not seen. The Gate is thread-safe.
+
+It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` →
+p_keep), so it plugs into every stage that takes a teacher.
+
+Imports only numpy, onnxruntime, tokenizers, the standard library and core-safe branchgate modules.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from branchgate import __version__
+from branchgate.errors import BranchgateError, InputError, MismatchError
+from branchgate.texts import candidate_text
+
+# What this Gate computes and feeds the graph; export refuses a model that expects anything else.
+GATE_FEATURES = ("depth", "order", "n_candidates", "n_retained")
+GRAPH_IO_VERSIONS = {"1"}
+SCHEMA_VERSION = 1  # newest decision-dataset schema version this Gate understands
+REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
+                     "tau", "feature_names", "tokenizer_file")
+STATE_FIELDS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
+CHARS_PER_TOKEN_LIMIT = 64  # texts are cut to max_length * this many characters before tokenising
+
+
+@dataclass
+class Selection:
+    """The Gate's answer for one decision. ``kept`` are candidate indices in their original order."""
+
+    kept: list[int]
+    p_keep: np.ndarray  # [K] for every candidate
+    utility: np.ndarray  # [K] predicted marginal utility ĝ
+    fallback: bool  # True when no candidate passed τ and the top-1 was kept anyway
+    tau: float = 0.5
+
+    def to_json(self) -> dict:
+        return {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
+                "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
+
+
+@dataclass
+class DecisionState:
+    """What the Gate knows about a decision point besides its candidates."""
+
+    root_query: str = ""
+    frame_query: str = ""
+    parent_goal: str = ""
+    retained: Sequence[str] = field(default_factory=tuple)  # candidate_text of retained branches, in order
+    depth: int = 0
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata_props of an ONNX file, without running it."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise BranchgateError(f"{path}: no such controller file")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+    return dict(sess.get_modelmeta().custom_metadata_map)
+
+
+def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_encoder: str | None = None) -> None:
+    """Raise ``MismatchError`` naming the key when this Gate cannot run the model as intended."""
+    for key in REQUIRED_METADATA:
+        if key not in meta:
+            raise MismatchError(f"{where}: metadata key {key!r} is missing (not a branchgate controller, "
+                                f"or exported by an incompatible branchgate)")
+    if meta["graph_io_version"] not in GRAPH_IO_VERSIONS:
+        raise MismatchError(f"{where}: metadata graph_io_version={meta['graph_io_version']!r} is not supported by "
+                            f"branchgate {__version__} (supports {sorted(GRAPH_IO_VERSIONS)}); upgrade branchgate")
+    try:
+        schema = int(meta["schema_version"])
+    except ValueError:
+        raise MismatchError(f"{where}: metadata schema_version={meta['schema_version']!r} is not a version number") from None
+    if schema > SCHEMA_VERSION:
+        raise MismatchError(f"{where}: metadata schema_version={schema} is newer than this branchgate understands "
+                            f"({SCHEMA_VERSION}); upgrade branchgate")
+    if _version_tuple(meta["branchgate_version"]) > _version_tuple(__version__):
+        raise MismatchError(f"{where}: metadata branchgate_version={meta['branchgate_version']!r} is newer than the "
+                            f"installed branchgate {__version__}; upgrade branchgate")
+    try:
+        names = tuple(json.loads(meta["feature_names"]))
+    except (ValueError, TypeError):
+        raise MismatchError(f"{where}: metadata feature_names is not a JSON list") from None
+    if names != GATE_FEATURES:
+        raise MismatchError(f"{where}: metadata feature_names={list(names)} differs from the features this Gate "
+                            f"computes {list(GATE_FEATURES)}")
+    if expected_encoder is not None and meta["encoder"] != expected_encoder:
+        raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    parts = []
+    for piece in str(text).split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (2 - len(parts)))
+
+
+class Gate:
+    """An ONNX controller ready to gate decisions. Build it with ``Gate.load(path)``."""
+
+    name = "gate"
+    higher_is_better = True
+
+    def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096):
+        self.session = session
+        self.tokenizer = tokenizer
+        self.meta = dict(meta)
+        self.path = path
+        self.encoder = meta["encoder"]
+        self.dim = int(meta["dim"])
+        self.max_length = int(meta["max_length"])
+        self.tau = float(meta["tau"])
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max_chars = self.max_length * CHARS_PER_TOKEN_LIMIT
+
+    # -- loading ---------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
+             cache_size: int = 4096, tokenizer: str | Path | None = None) -> "Gate":
+        """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
+
+        ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice). The tokenizer is
+        the ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given.
+        """
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / "controller.onnx"
+        if not path.is_file():
+            raise BranchgateError(f"{path}: no such controller file (export one with `branchgate export`)")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = int(threads)
+            opts.inter_op_num_threads = 1
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+        meta = dict(session.get_modelmeta().custom_metadata_map)
+        check_metadata(meta, str(path), expected_encoder)
+        tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
+        if not tok_path.is_file():
+            raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
+        if "tokenizer_sha256" in meta and tokenizer is None:
+            import hashlib
+
+            digest = hashlib.sha256(tok_path.read_bytes()).hexdigest()
+            if digest != meta["tokenizer_sha256"]:
+                raise MismatchError(f"{tok_path}: tokenizer does not match the model (metadata tokenizer_sha256)")
+        tok = Tokenizer.from_file(str(tok_path))
+        tok.enable_truncation(max_length=int(meta["max_length"]))
+        pad_id = int(meta.get("pad_token_id", 0))
+        tok.enable_padding(pad_id=pad_id, pad_token=meta.get("pad_token", "[PAD]"))
+        return cls(session, tok, meta, path, cache_size=cache_size)
+
+    # -- the ValueModel protocol ---------------------------------------------------------------------
+    @property
+    def threshold(self) -> float:
+        return self.tau
+
+    def score(self, x, state) -> np.ndarray:
+        """p_keep of the candidate texts ``x.texts`` given a teachers' ``State`` (pre-retrieval)."""
+        root = state.query.texts[0] if len(state.query.texts) else ""
+        p, _ = self.predict(DecisionState(root, state.frame_query or "", state.parent_goal or "",
+                                          list(state.context.texts), int(state.depth or 0)), list(x.texts))
+        return p
+
+    # -- gating ----------------------------------------------------------------------------------------
+    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None) -> Selection:
+        """Gate one decision: keep candidates with p_keep ≥ τ (best ``max_keep`` of them), else the top-1.
+
+        ``state``: a ``DecisionState`` or a mapping with ``root_query, frame_query, parent_goal, retained,
+        depth`` (missing keys default to empty). ``candidates``: mappings ``{"query", "goal"}``,
+        ``(query, goal)`` pairs or plain strings.
+        """
+        tau = self.tau if tau is None else float(tau)
+        if max_keep is not None and int(max_keep) < 1:
+            raise InputError(f"max_keep must be ≥ 1, got {max_keep}", "max_keep")
+        texts = [_candidate(c, i) for i, c in enumerate(candidates)]
+        p, u = self.predict(as_state(state), texts)
+        return decide(p, u, tau, max_keep)
+
+    def select_many(self, decisions: Iterable[tuple], tau: float | None = None, max_keep: int | None = None,
+                    batch_size: int = 64) -> list[Selection]:
+        """Gate several ``(state, candidates)`` decisions, encoding their unseen texts in shared batches."""
+        decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
+        pending: list[str] = []
+        for state, cands in decisions:
+            pending.extend(self._decision_texts(state, cands))
+        self.embed(pending, batch_size=batch_size)
+        out = []
+        for state, cands in decisions:
+            p, u = self.predict(state, cands)
+            out.append(decide(p, u, self.tau if tau is None else float(tau), max_keep))
+        return out
+
+    def predict(self, state: DecisionState, candidate_texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(p_keep[K], utility[K]) for candidate texts (already formed with ``candidate_text``)."""
+        k = len(candidate_texts)
+        if k == 0:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        retained = list(state.retained or [])
+        texts = [self._clean(t) for t in (state.root_query, state.frame_query, state.parent_goal, *retained,
+                                           *candidate_texts)]
+        new, cached, rows = self._plan(texts)
+        n = max(len(new), 1)
+        zero_row = n + len(cached)
+        index = [zero_row if r is None else (r[1] if r[0] == "new" else n + r[1]) for r in rows]
+        n_ret = len(retained)
+        feats = np.empty((k, len(GATE_FEATURES)), np.float32)
+        feats[:, 0] = float(state.depth or 0)
+        feats[:, 1] = np.arange(k, dtype=np.float32)
+        feats[:, 2] = float(k)
+        feats[:, 3] = float(n_ret)
+        feed = self._tokens(new)
+        feed.update({
+            "cached_emb": np.stack(cached).astype(np.float32) if cached else np.zeros((0, self.dim), np.float32),
+            "root_idx": np.array(index[0:1], np.int64),
+            "frame_idx": np.array(index[1:2], np.int64),
+            "goal_idx": np.array(index[2:3], np.int64),
+            "retained_idx": np.array(index[3:3 + n_ret] if n_ret else [zero_row], np.int64),
+            "cand_idx": np.array(index[3 + n_ret:], np.int64),
+            "features": feats,
+        })
+        p_keep, utility, text_emb = self.session.run(None, feed)
+        self._remember(new, text_emb)
+        return np.asarray(p_keep, np.float32).reshape(k), np.asarray(utility, np.float32).reshape(k)
+
+    def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Unit-norm embeddings of ``texts`` (zero rows for empty texts), computed by the graph and cached."""
+        texts = [self._clean(t) for t in texts]
+        new, _, _ = self._plan(texts)
+        for start in range(0, len(new), batch_size):
+            chunk = new[start:start + batch_size]
+            feed = self._tokens(chunk)
+            feed.update({"cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
+                         "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
+                         "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(1, np.int64),
+                         "features": np.zeros((1, len(GATE_FEATURES)), np.float32)})
+            text_emb = self.session.run(["text_emb"], feed)[0]
+            self._remember(chunk, text_emb)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        with self._lock:
+            for i, t in enumerate(texts):
+                if t:
+                    vec = self._cache.get(t)
+                    if vec is None:  # evicted meanwhile by a small cache: compute it alone
+                        break
+                    out[i] = vec
+            else:
+                return out
+        return np.stack([self.embed([t], batch_size)[0] if t else np.zeros(self.dim, np.float32) for t in texts])
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    @property
+    def cache_len(self) -> int:
+        return len(self._cache)
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _decision_texts(self, state: DecisionState, cands: Sequence[str]) -> list[str]:
+        return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
+
+    def _clean(self, text) -> str:
+        """Empty texts become "" (→ zero row); long texts are cut; unencodable characters are replaced."""
+        if text is None:
+            return ""
+        text = str(text)
+        if not text.strip():
+            return ""
+        if len(text) > self._max_chars:
+            text = text[: self._max_chars]
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates from a bad JSON escape
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        return text
+
+    def _plan(self, texts: Sequence[str]):
+        """Split texts into new (to encode) and cached rows; rows[i] = None (empty) | ("new", j) | ("cached", j)."""
+        new: list[str] = []
+        new_pos: dict[str, int] = {}
+        cached: list[np.ndarray] = []
+        cached_pos: dict[str, int] = {}
+        rows = []
+        with self._lock:
+            for t in texts:
+                if not t:
+                    rows.append(None)
+                elif t in new_pos:
+                    rows.append(("new", new_pos[t]))
+                elif t in cached_pos:
+                    rows.append(("cached", cached_pos[t]))
+                else:
+                    vec = self._cache.get(t)
+                    if vec is not None:
+                        self._cache.move_to_end(t)
+                        cached_pos[t] = len(cached)
+                        cached.append(vec)
+                        rows.append(("cached", cached_pos[t]))
+                    else:
+                        new_pos[t] = len(new)
+                        new.append(t)
+                        rows.append(("new", new_pos[t]))
+        return new, cached, rows
+
+    def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        # The graph needs at least one text to encode: an all-cached decision feeds an empty dummy.
+        encs = self.tokenizer.encode_batch(list(texts) if texts else [""])
+        ids = np.array([e.ids for e in encs], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def _remember(self, texts: Sequence[str], emb: np.ndarray) -> None:
+        if not texts or self.cache_size <= 0:
+            return
+        with self._lock:
+            for t, vec in zip(texts, emb):
+                self._cache[t] = np.array(vec, dtype=np.float32, copy=True)
+                self._cache.move_to_end(t)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+
+def decide(p_keep: np.ndarray, utility: np.ndarray, tau: float, max_keep: int | None = None) -> Selection:
+    """Threshold at τ, cap at ``max_keep`` (best first), keep the top-1 when nothing passes."""
+    k = len(p_keep)
+    if k == 0:
+        return Selection([], p_keep, utility, False, tau)
+    passing = np.flatnonzero(p_keep >= tau)
+    fallback = passing.size == 0
+    if fallback:
+        passing = np.array([int(np.argmax(p_keep))])
+    if max_keep is not None and passing.size > max_keep:
+        order = sorted(passing.tolist(), key=lambda i: (-float(p_keep[i]), i))
+        passing = np.array(order[:max_keep])
+    return Selection(sorted(int(i) for i in passing), p_keep, utility, bool(fallback), tau)
+
+
+def as_state(state) -> DecisionState:
+    """A ``DecisionState`` from a mapping (JSON) or an object with the same attributes."""
+    if isinstance(state, DecisionState):
+        return state
+    if state is None:
+        return DecisionState()
+    if isinstance(state, Mapping):
+        get = state.get
+    else:
+        def get(key, default=None):
+            return getattr(state, key, default)
+    retained = get("retained", None) or []
+    if isinstance(retained, str) or not isinstance(retained, Iterable):
+        raise InputError("must be a list of texts", "state.retained")
+    items = []
+    for i, r in enumerate(retained):
+        if isinstance(r, str):
+            items.append(r)
+        elif isinstance(r, Mapping):
+            items.append(candidate_text(_text(r.get("query"), f"state.retained[{i}].query"),
+                                        _text(r.get("goal"), f"state.retained[{i}].goal")))
+        else:
+            raise InputError(f"must be a text or {{query, goal}}, got {type(r).__name__}", f"state.retained[{i}]")
+    depth = get("depth", 0)
+    if depth is None:
+        depth = 0
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or depth < 0:
+        raise InputError(f"must be a non-negative number, got {depth!r}", "state.depth")
+    return DecisionState(_text(get("root_query", ""), "state.root_query"), _text(get("frame_query", ""), "state.frame_query"),
+                         _text(get("parent_goal", ""), "state.parent_goal"), items, int(depth))
+
+
+def _text(value, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"must be a string, got {type(value).__name__}", where)
+    return value
+
+
+def _candidate(c, i: int) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, Mapping):
+        if "query" not in c:
+            raise InputError("missing field 'query'", f"candidates[{i}]")
+        return candidate_text(_text(c["query"], f"candidates[{i}].query"), _text(c.get("goal"), f"candidates[{i}].goal"))
+    if isinstance(c, (tuple, list)) and 1 <= len(c) <= 2:
+        return candidate_text(_text(c[0], f"candidates[{i}][0]"), _text(c[1] if len(c) > 1 else "", f"candidates[{i}][1]"))
+    raise InputError(f"must be {{query, goal}}, a (query, goal) pair or a string, got {type(c).__name__}", f"candidates[{i}]")

@@ -1,0 +1,67 @@
+"""The torch reference for a decision: the checkpoint's encoder + ValueNet, as training computes it.
+
+Used by the export parity check and by ``bench-gate``. Embeddings come from the encoder's own tokenizer
+and transformer (the same path as ``Encoder.encode``); empty texts are zero vectors; the structured
+features are the Gate's (``GATE_FEATURES``: depth, order = position in the list, n_candidates, n_retained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from branchgate.inference.gate import GATE_FEATURES, DecisionState
+
+
+class TorchController:
+    def __init__(self, net, encoder, cache: bool = False):
+        self.net = net.eval()
+        self.encoder = encoder
+        self.tower = encoder.torch_module().eval()
+        self.dim = int(encoder.dim)
+        self.use_cache = cache
+        self._cache: dict[str, np.ndarray] = {}
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    @torch.inference_mode()
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-norm float32 rows; "" (or whitespace) → zero row. Cached only when ``cache=True``."""
+        out = np.zeros((len(texts), self.dim), np.float32)
+        todo = []
+        for i, t in enumerate(texts):
+            if not t or not t.strip():
+                continue
+            if self.use_cache and t in self._cache:
+                out[i] = self._cache[t]
+            else:
+                todo.append(i)
+        if todo:
+            uniq = list(dict.fromkeys(texts[i] for i in todo))
+            st = self.encoder.st
+            feats = st.preprocess(uniq) if hasattr(st, "preprocess") else st.tokenize(uniq)
+            emb = self.tower(feats["input_ids"], feats["attention_mask"]).float().numpy()
+            pos = {t: j for j, t in enumerate(uniq)}
+            for i in todo:
+                out[i] = emb[pos[texts[i]]]
+            if self.use_cache:
+                self._cache.update(zip(uniq, emb))
+        return out
+
+    @torch.inference_mode()
+    def predict(self, state: DecisionState, candidate_texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        k = len(candidate_texts)
+        if k == 0:
+            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+        retained = list(state.retained or [])
+        texts = [state.root_query, state.frame_query, state.parent_goal, *retained, *candidate_texts]
+        emb = torch.from_numpy(self.embed(texts))
+        n_ret = len(retained)
+        ret = emb[3:3 + n_ret] if n_ret else torch.zeros(1, self.dim)
+        feats = torch.tensor([[float(state.depth or 0), float(i), float(k), float(n_ret)] for i in range(k)],
+                             dtype=torch.float32).reshape(k, len(GATE_FEATURES))
+        logit, util = self.net(emb[0], emb[1], emb[2], ret, emb[3 + n_ret:], feats)
+        return torch.sigmoid(logit).numpy().astype(np.float32), util.numpy().astype(np.float32)

@@ -1,0 +1,244 @@
+"""Build the decision dataset from trace files: read → decision points → embed → label → write.
+
+Outcomes for bad input (each tested):
+
+| input | default | ``strict`` |
+|---|---|---|
+| bad record (invalid JSON line, missing field, truncated last line, bad log event) | skipped, listed in manifest ``skipped`` | ``InputError`` (exit 2) |
+| unreadable file (empty, binary, not UTF-8, truncated JSON document) | skipped, listed in ``skipped`` | ``InputError`` (exit 2) |
+| run without ``run_start`` / run_id already read from another file | run skipped, listed in ``skipped`` | ``InputError`` (exit 2) |
+| unknown event type | kept as ``raw`` (not used for rows) | same |
+| schema version newer than this branchgate | ``SchemaVersionError`` (exit 2) | same |
+| file no reader recognises (inside a directory) | listed in manifest ``ignored_files`` | same |
+| nothing parsed at all | no output written, exit 1 | exit 2 at the first bad record |
+
+Output (written atomically): ``datasets.DatasetDict`` (train / validation / test, split by run) saved
+with ``save_to_disk`` plus ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from branchgate import __version__
+from branchgate.errors import InputError
+from branchgate.fileio import atomic_dir, atomic_write_json
+from branchgate.logs_to_dataset.decisions import SPLITS, run_decisions, split_of
+from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder, columns, run_texts
+from branchgate.logs_to_dataset.readers import discover, input_files, read_file
+from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
+from branchgate.logs_to_dataset.traces import ReadReport
+
+log = logging.getLogger(__name__)
+
+DATASET_SCHEMA_VERSION = 1
+DEFAULT_TEACHER = "sc"
+
+
+class NothingParsed(Exception):
+    """No run could be read from the inputs (the CLI exits 1)."""
+
+
+def sha256_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def features(teacher_names):
+    from datasets import Features, Sequence, Value
+
+    return Features({name: Sequence(Value("string")) if dtype == "list[string]" else Value(dtype)
+                     for name, dtype in columns(teacher_names).items()})
+
+
+def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
+          encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
+          cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
+          encoder_obj=None) -> dict:
+    """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read."""
+    from tqdm.auto import tqdm
+
+    from branchgate.data.embedding_cache import EmbeddingCache
+    from branchgate.models import teachers as T
+
+    if pruned_labels not in PRUNED_LABELS:
+        raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {pruned_labels!r}")
+    if teacher not in T.NAMES:
+        raise InputError(f"unknown teacher {teacher!r}; valid names: {', '.join(T.NAMES)}")
+    timings = Counter()
+    t0 = time.perf_counter()
+    report = ReadReport()
+    found = discover(traces, fmt, report)
+    files = input_files(found)
+    source_sha = sha256_files(files)
+    timings["hash_s"] += time.perf_counter() - t0
+
+    t = time.perf_counter()
+    if encoder_obj is None:
+        from branchgate.models.encoder import Encoder
+
+        encoder_obj = Encoder.load(encoder)
+    emb_cache = EmbeddingCache(encoder_obj, cache)
+    timings["load_s"] += time.perf_counter() - t
+    models = {name: T.get(name) for name in T.NAMES}
+    builder = RowBuilder(models, teacher, label_threshold, pruned_labels,
+                         max_chars=10 * int(getattr(encoder_obj, "max_length", 256) or 256))
+
+    rows = {s: [] for s in SPLITS}
+    n_runs, n_frames = Counter(), Counter()
+    seen: dict[str, str] = {}
+    kinds: Counter = Counter()
+    problems: Counter = Counter()
+    bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
+               file=sys.stderr)
+    try:
+        for path, reader in bar:
+            runs = read_file(path, reader, strict, report)
+            while True:
+                t = time.perf_counter()
+                run = next(runs, None)
+                if run is None:
+                    timings["parse_s"] += time.perf_counter() - t
+                    break
+                try:
+                    if run.run_id in seen:
+                        raise InputError(f"run {run.run_id!r} was already read from {seen[run.run_id]} (skipped)", run.file)
+                    rd = run_decisions(run.run_id, run.events, run.file)
+                except InputError as exc:
+                    report.skip(run.file, None, exc.reason, strict)
+                    continue
+                finally:
+                    timings["parse_s"] += time.perf_counter() - t
+                seen[run.run_id] = run.file
+                problems.update(rd.problems)
+                split = split_of(rd.run_id)
+                n_runs[split] += 1
+                n_frames[split] += sum(1 for f in rd.frames if f.candidates)
+                if not rd.n_decisions:
+                    continue
+                t = time.perf_counter()
+                texts = run_texts(rd, builder.max_chars)
+                vecs = emb_cache.get(texts)
+                timings["embed_s"] += time.perf_counter() - t
+                t = time.perf_counter()
+                new = builder.rows(rd, dict(zip(texts, vecs)), vecs.shape[1])
+                timings["teacher_s"] += time.perf_counter() - t
+                rows[split].extend(new)
+                kinds[builder.kind(rd)] += len(new)
+            bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
+    finally:
+        bar.close()
+    total_runs = sum(n_runs.values())
+    if total_runs == 0:
+        emb_cache.close()
+        raise NothingParsed(
+            f"no run could be read from {', '.join(map(str, traces))} "
+            f"({report.files} file(s) read, {len(report.skipped)} record(s) skipped, {len(report.ignored)} file(s) not recognised)"
+        )
+
+    manifest = _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models,
+                         encoder_obj, emb_cache, problems, pruned_labels, fmt)
+    emb_cache.close()
+    _write(out, rows, list(models), manifest, timings)
+    return manifest
+
+
+def _write(out, rows, names, manifest, timings) -> None:
+    from datasets import Dataset, DatasetDict
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    t = time.perf_counter()
+    feats = features(names)
+    dd = {}
+    for split in SPLITS:
+        cols = {name: [r[name] for r in rows[split]] for name in feats}
+        dd[split] = Dataset.from_dict(cols, features=feats)
+    with atomic_dir(out) as tmp:
+        # one shard per split: an empty split saved with zero shards cannot be loaded back
+        DatasetDict(dd).save_to_disk(str(tmp), num_shards={s: 1 for s in SPLITS})
+        timings["write_s"] += time.perf_counter() - t
+        manifest["timings"] = {k: round(v, 3) for k, v in sorted(timings.items())}
+        atomic_write_json(Path(tmp) / "manifest.json", manifest)
+
+
+def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models, enc, cache,
+              problems, pruned_labels, fmt) -> dict:
+    def per_split(counter) -> dict:
+        d = {s: int(counter.get(s, 0)) for s in SPLITS}
+        d["total"] = sum(d.values())
+        return d
+
+    n_dec = Counter({s: len(rows[s]) for s in SPLITS})
+    labels = {s: Counter(str(r["label"]) for r in rows[s]) for s in SPLITS}
+    sources = Counter(r["label_source"] for s in SPLITS for r in rows[s])
+    utils = [r["utility"] for s in SPLITS for r in rows[s] if not math.isnan(r["utility"])]
+    kind_names = sorted(kinds) or [f"teacher:{teacher}"]
+    thresholds = {k: builder.threshold(k) for k in kind_names}
+    label_kind = kind_names[0] if len(kind_names) == 1 else "mixed"
+    from branchgate.models.teachers import params
+
+    return {
+        "schema_version": DATASET_SCHEMA_VERSION,
+        "trace_schema_version": SCHEMA_VERSION,
+        "created_by": f"branchgate {__version__}",
+        "n_runs": per_split(n_runs),
+        "n_decisions": per_split(n_dec),
+        "n_frames": per_split(n_frames),
+        "n_expanded": sum(1 for s in SPLITS for r in rows[s] if r["expanded"]),
+        "labels": {s: dict(sorted(labels[s].items())) for s in SPLITS},
+        "label_sources": dict(sorted(sources.items())),
+        "utility": _summary(utils),
+        "n_files": len(files),
+        "formats": dict(report.formats),
+        "format_forced": fmt,
+        "n_events": report.events,
+        "skipped": [s.as_dict() for s in report.skipped],
+        "ignored_files": list(report.ignored),
+        "read_warnings": dict(sorted(report.warnings.items())),
+        "run_problems": dict(sorted(problems.items())),
+        "teacher": teacher,
+        "teacher_params": params(builder.label_model),
+        "teachers": list(models),
+        "label_kind": label_kind,
+        "label_kinds": {k: int(v) for k, v in sorted(kinds.items())},
+        "label_threshold": thresholds.get(label_kind),
+        "label_thresholds": thresholds,
+        "pruned_labels": pruned_labels,
+        "encoder": enc.id,
+        "encoder_dim": int(getattr(enc, "dim", 0) or 0),
+        "evidence_max_chars": builder.max_chars,
+        "embedding_cache": cache.stats(),
+        "source_sha256": source_sha,
+        "columns": columns(list(models)),
+    }
+
+
+def _summary(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    import numpy as np
+
+    a = np.asarray(values, dtype=np.float64)
+    return {"n": int(a.size), "mean": float(a.mean()), "min": float(a.min()), "median": float(np.median(a)),
+            "max": float(a.max())}
+
+
+def summary_line(manifest: dict, out) -> str:
+    d, r = manifest["n_decisions"], manifest["n_runs"]
+    c = manifest["embedding_cache"]
+    skipped = len(manifest["skipped"])
+    return (f"branchgate dataset: {r['total']} runs from {manifest['n_files']} files → {d['total']} decisions "
+            f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
+            f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
+            f"embeddings {c['misses']} new, {c['hits']} cached")

@@ -1,0 +1,52 @@
+"""``branchgate dataset build``: agent run logs → decision dataset split by run.
+
+Reads canonical JSONL traces, Search-o1 traces (``<qid>.q`` + ``<qid>.a``) and GPT-Researcher
+``outputs/task_*.json`` logs (auto-detected per file; ``--format`` forces one), turns every decision
+point into one row per candidate with realized labels and per-teacher pre-retrieval scores, and
+writes a Hugging Face ``DatasetDict`` (train / validation / test by hash of run_id) + ``manifest.json``.
+Bad records are skipped and listed in the manifest (``--strict``: the first one fails, exit 2); exit 1
+if nothing could be parsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from branchgate.logs_to_dataset.labels import PRUNED_LABELS
+    from branchgate.logs_to_dataset.readers import READERS
+
+    parser.add_argument("--traces", nargs="+", required=True, metavar="PATH",
+                        help="trace files or directories (searched recursively)")
+    parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    parser.add_argument("--teacher", default="sc",
+                        help="teacher whose marginal value labels runs without key-point labels (default: sc)")
+    parser.add_argument("--format", dest="fmt", choices=sorted(READERS), default=None,
+                        help="force one log format instead of auto-detecting per file")
+    parser.add_argument("--encoder", default="auto",
+                        help="sentence encoder: auto (bge-small, else packaged MiniLM), packaged, a hub id or a directory")
+    parser.add_argument("--strict", action="store_true", help="fail on the first bad record instead of skipping it")
+    parser.add_argument("--label-threshold", type=float, default=None, metavar="X",
+                        help="label = 1[g >= X] (default: 1 key point, or the teacher's operating point, SC 0.05)")
+    parser.add_argument("--pruned-labels", choices=PRUNED_LABELS, default="excluded",
+                        help="label of candidates never expanded / without known evidence: excluded (label -1, "
+                             "default) or teacher_pre (the teacher's pre-retrieval score thresholded)")
+    parser.add_argument("--cache", default=None, metavar="PATH",
+                        help="embedding cache file (default: $BRANCHGATE_CACHE or ~/.cache/branchgate/embeddings.sqlite)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from branchgate.logs_to_dataset.build import NothingParsed, build, summary_line
+
+    try:
+        manifest = build(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
+                         strict=args.strict, label_threshold=args.label_threshold, cache=args.cache,
+                         pruned_labels=args.pruned_labels, progress=False if args.no_progress else None)
+    except NothingParsed as exc:
+        print(f"branchgate: error: {exc}", file=sys.stderr)
+        return 1
+    print(summary_line(manifest, args.out), file=sys.stderr)
+    return 0

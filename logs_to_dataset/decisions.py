@@ -1,0 +1,156 @@
+"""From one run's canonical events to its decision points (pure Python, no embeddings).
+
+For each ``frame_open`` (a decision point) it collects the frame's candidates and, using ``seq`` order:
+
+- ``retained``: the branches expanded before the frame opened (``decision`` expand with smaller seq),
+  as ``texts.candidate_text(query, goal)``, in decision order;
+- ``context_ids`` (C_t): evidence ids retrieved before the frame opened, minus ids removed by
+  ``prune`` events of stage ``post_retrieval`` before it, in retrieval order;
+- per candidate: ``expanded`` (an expand decision, or a retrieval for it) and ``evidence_ids`` E(c) (the
+  union of its retrievals; ``None`` when no retrieval is known or it names evidence the run never
+  emitted — its realized value is then unknown).
+
+Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
+a candidate in an unknown frame, or a decision/retrieval for an unknown candidate → that event is
+ignored and listed in ``problems``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from branchgate.errors import InputError
+from branchgate.logs_to_dataset.schema import Evidence
+from branchgate.texts import candidate_text
+
+SPLITS = ("train", "validation", "test")
+
+
+def split_of(run_id: str) -> str:
+    """Stable split by run: sha256(run_id) mod 100 → <80 train, <90 validation, else test."""
+    bucket = int(hashlib.sha256(run_id.encode("utf-8")).hexdigest(), 16) % 100
+    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
+
+
+@dataclass
+class CandidateInfo:
+    candidate_id: str
+    order: int
+    query: str
+    goal: str
+    seq: int
+    expanded: bool = False
+    evidence_ids: list[str] | None = None
+
+    @property
+    def text(self) -> str:
+        return candidate_text(self.query, self.goal)
+
+
+@dataclass
+class FrameInfo:
+    frame_id: str
+    seq: int
+    depth: int
+    frame_query: str
+    parent_goal: str
+    candidates: list[CandidateInfo] = field(default_factory=list)
+    retained: list[str] = field(default_factory=list)
+    context_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunDecisions:
+    run_id: str
+    root_query: str
+    frames: list[FrameInfo]
+    evidence: dict[str, Evidence]
+    has_labels: bool  # some evidence carries ground-truth key-point labels
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def n_decisions(self) -> int:
+        return sum(len(f.candidates) for f in self.frames)
+
+
+def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
+    events = sorted(events, key=lambda e: e.seq)
+    start = next((e for e in events if e.type == "run_start"), None)
+    if start is None:
+        raise InputError(f"run {run_id!r} has no run_start event (skipped)", file)
+    problems: list[str] = []
+    frames: dict[str, FrameInfo] = {}
+    cands: dict[str, CandidateInfo] = {}
+    evidence: dict[str, Evidence] = {}
+    expands: list[tuple[int, str]] = []  # (seq, candidate_id)
+    retrievals: list[tuple[int, str, list[str]]] = []
+    prunes: list[tuple[int, list[str]]] = []
+    for e in events:
+        t = e.type
+        if t == "frame_open":
+            if e.frame_id in frames:
+                problems.append(f"frame {e.frame_id!r} opened twice (second ignored)")
+                continue
+            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal)
+        elif t == "candidate":
+            if e.frame_id not in frames:
+                problems.append(f"candidate {e.candidate_id!r} names unknown frame {e.frame_id!r} (ignored)")
+                continue
+            if e.candidate_id in cands:
+                problems.append(f"candidate {e.candidate_id!r} declared twice (second ignored)")
+                continue
+            c = CandidateInfo(e.candidate_id, e.order, e.query, e.goal, e.seq)
+            cands[e.candidate_id] = c
+            frames[e.frame_id].candidates.append(c)
+        elif t == "decision":
+            if e.candidate_id not in cands:
+                problems.append(f"decision for unknown candidate {e.candidate_id!r} (ignored)")
+            elif e.action == "expand":
+                expands.append((e.seq, e.candidate_id))
+        elif t == "retrieval":
+            if e.candidate_id not in cands:
+                problems.append(f"retrieval for unknown candidate {e.candidate_id!r} (ignored)")
+            else:
+                retrievals.append((e.seq, e.candidate_id, list(e.evidence_ids)))
+        elif t == "evidence":
+            evidence.setdefault(e.evidence_id, e)
+        elif t == "prune" and e.stage == "post_retrieval":
+            prunes.append((e.seq, list(e.item_ids)))
+
+    for _, cid in expands:
+        cands[cid].expanded = True
+    unknown_ids = 0
+    for _, cid, ids in retrievals:
+        c = cands[cid]
+        c.expanded = True
+        c.evidence_ids = list(dict.fromkeys((c.evidence_ids or []) + ids))
+    for c in cands.values():
+        if c.evidence_ids is not None and any(i not in evidence for i in c.evidence_ids):
+            unknown_ids += 1
+            c.evidence_ids = None
+    if unknown_ids:
+        problems.append(f"{unknown_ids} retrieval(s) name evidence the run never emitted (utility unknown)")
+
+    first_expand: dict[str, int] = {}
+    for seq, cid in expands:
+        first_expand.setdefault(cid, seq)
+    order = sorted(first_expand.items(), key=lambda kv: kv[1])
+    timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in retrievals] + [(seq, "prune", ids) for seq, ids in prunes],
+                      key=lambda t: t[0])
+    for f in frames.values():
+        f.candidates.sort(key=lambda c: (c.order, c.seq))
+        f.retained = [cands[cid].text for cid, seq in order if seq < f.seq]
+        ctx: dict[str, None] = {}
+        for seq, kind, ids in timeline:
+            if seq >= f.seq:
+                break
+            if kind == "retrieval":
+                ctx.update(dict.fromkeys(i for i in ids if i in evidence))
+            else:
+                for i in ids:
+                    ctx.pop(i, None)
+        f.context_ids = list(ctx)
+    has_labels = any(ev.labels is not None for ev in evidence.values())
+    return RunDecisions(run_id, start.root_query, sorted(frames.values(), key=lambda f: f.seq), evidence,
+                        has_labels, problems)

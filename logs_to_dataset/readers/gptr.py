@@ -1,0 +1,238 @@
+"""GPT-Researcher run logs: ``outputs/task_*.json`` written by its ``CustomLogsHandler``.
+
+The file is one JSON object ``{timestamp, events: [...], content: {query, sources, context, report,
+costs, ...}}``; each event is ``{timestamp, type: "event", data: {type: "logs", content: <tag>, output,
+metadata}}`` (bare ``{type: "logs", content, output, metadata}`` events and ``JSONResearchHandler``
+events ``{timestamp, type, data}`` are read too). GPT-Researcher logs no branch ids, no research goals,
+no link between a source and the subquery that found it, and no source text, so this is a best-effort
+mapping (run_id = file stem, root_query = ``content.query``, system "gpt-researcher"):
+
+| log | canonical |
+|---|---|
+| ``subqueries`` (metadata = the list) | ``frame_open`` + one ``candidate`` per subquery (goal ""). GPT-Researcher appends the researched query itself as the last subquery: that is the frame_query. Root frame (frame_query = root query): depth 0; other frames (deep research branches): depth 1 = "below the root", exact level and parent not logged |
+| ``running_subquery_research`` / ``sub_query`` | ``decision`` expand (actor default) of the latest candidate with that query |
+| ``subquery_context_not_found`` | ``retrieval`` with no evidence for that candidate (known to have found nothing) |
+| ``added_source_url`` | ``evidence`` (id = source = URL, text "", not linked to a subquery) |
+| ``content.report`` | ``report``; ``content.costs`` → ``run_end.totals.cost_usd`` |
+| any other event, the rest of ``content`` | ``raw`` (``source_type`` "gptr:<tag>"), kept verbatim |
+
+What could not be rebuilt is counted in the read report's warnings ("gptr: ..."), never invented: so
+expanded candidates have no retrieved evidence and their realized utility is unknown (NaN) downstream.
+
+Malformed input: not JSON / truncated / empty / binary / no ``events`` list → the file is skipped
+(reported); an event that is not an object or a ``logs`` event without a tag → that event is skipped
+(reported as ``events[i]``); under ``strict`` the first of these raises ``InputError``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from branchgate.logs_to_dataset.readers import Run, register
+from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Raw, Report, Retrieval,
+                                               RunEnd, RunStart)
+from branchgate.logs_to_dataset.traces import ReadReport, is_binary
+
+W = "gptr: "
+STARTING = re.compile(r"Starting the research task for '(.*)'\.\.\.", re.S)
+RUNNING = re.compile(r"Running research for '(.*)'\.\.\.", re.S)
+NOT_FOUND = re.compile(r"No content found for '(.*)'\.\.\.", re.S)
+QUERIES = re.compile(r"following queries:\s*(\[.*\])", re.S)
+URL = re.compile(r"(https?://\S+)")
+COST = re.compile(r"Total Research Costs: \$([0-9.eE+-]+)")
+RUNNING_TAGS = ("running_subquery_research", "running_subquery_with_vectorstore_research")
+
+
+def _ts(value) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def _unwrap(ev: dict) -> tuple[str | None, dict]:
+    """(log tag or None, the logs payload) for CustomLogsHandler-wrapped or bare ``logs`` events."""
+    data = ev.get("data") if ev.get("type") == "event" and isinstance(ev.get("data"), dict) else ev
+    if data.get("type") == "logs":
+        return data.get("content"), data
+    return None, data
+
+
+def _subqueries(data: dict) -> list[str] | None:
+    meta = data.get("metadata")
+    if isinstance(meta, list) and all(isinstance(q, str) for q in meta):
+        return meta
+    m = QUERIES.search(str(data.get("output") or ""))
+    if m:
+        try:
+            parsed = ast.literal_eval(m.group(1).strip())
+        except (ValueError, SyntaxError):
+            return None
+        if isinstance(parsed, list) and all(isinstance(q, str) for q in parsed):
+            return parsed
+    return None
+
+
+@register("gptr")
+class GPTResearcherReader:
+    def detect(self, path: Path) -> bool:
+        if path.suffix.lower() != ".json":
+            return False
+        if path.name.startswith("task_"):
+            return True
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+        return b'"events"' in head and (b'"content"' in head or b'"timestamp"' in head)
+
+    def read(self, path: Path, strict: bool, report: ReadReport) -> Iterator[Run]:
+        if is_binary(path):
+            report.skip(path, None, "binary data (NUL bytes), not a GPT-Researcher log", strict)
+            return
+        raw = path.read_bytes()
+        if not raw.strip():
+            report.skip(path, None, "empty file", strict)
+            return
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            report.skip(path, None, f"not UTF-8 text (byte {exc.start})", strict)
+            return
+        except json.JSONDecodeError as exc:
+            cut = not raw.rstrip().endswith(b"}")  # a crashed writer leaves the object unclosed
+            what = "truncated JSON (the file ends early)" if cut else f"invalid JSON ({exc.msg})"
+            report.skip(path, exc.lineno, f"{what} at column {exc.colno}", strict)
+            return
+        if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
+            report.skip(path, None, "not a GPT-Researcher log: missing 'events' list", strict)
+            return
+        events = list(self._events(path, doc, strict, report))
+        report.events += len(events)
+        yield Run(path.stem, events, str(path), "gptr")
+
+    def _events(self, path: Path, doc: dict, strict: bool, report: ReadReport):
+        run_id, warn = path.stem, report.warn
+        content = doc.get("content") if isinstance(doc.get("content"), dict) else {}
+        if not isinstance(doc.get("content"), dict):
+            warn(W + "missing 'content' object (no query, report or costs)")
+        seq = iter(range(1 << 30))
+
+        def ev(cls, ts=None, **kw):
+            return cls(run_id=run_id, seq=next(seq), ts=ts, **kw)
+
+        started: list[str] = []
+        for item in doc["events"]:
+            if isinstance(item, dict):
+                tag, data = _unwrap(item)
+                if tag == "starting_research":
+                    m = STARTING.search(str(data.get("output") or ""))
+                    if m:
+                        started.append(m.group(1))
+        root = content.get("query") if isinstance(content.get("query"), str) and content.get("query") else ""
+        if not root:
+            root = started[0] if started else ""
+            warn(W + ("root query taken from the first 'starting_research' log" if root else "root query unknown"))
+        yield ev(RunStart, ts=_ts(doc.get("timestamp")), root_query=root, system="gpt-researcher",
+                 config={"format": "gptr"})
+
+        frames: list[list[Candidate]] = []  # candidates per frame, in order
+        expanded: set[str] = set()
+        urls: set[str] = set()
+        cost = None
+        for i, item in enumerate(doc["events"]):
+            where = f"events[{i}]"
+            if not isinstance(item, dict):
+                report.skip(path, None, f"{where}: event is not a JSON object", strict)
+                continue
+            tag, data = _unwrap(item)
+            ts = _ts(item.get("timestamp"))
+            if data.get("type") == "logs" and not isinstance(tag, str):
+                report.skip(path, None, f"{where}: logs event without a 'content' tag", strict)
+                continue
+            output = str(data.get("output") or "")
+            if tag == "subqueries":
+                queries = _subqueries(data)
+                if queries is None:
+                    report.skip(path, None, f"{where}: 'subqueries' log without a list of queries", strict)
+                    continue
+                fid = f"f{len(frames)}"
+                own = queries[-1] if queries else ""
+                if own and own == root:
+                    frame_query, depth = root, 0
+                else:
+                    frame_query, depth = (own, 1) if own in started else ("", 1)
+                    warn(W + "frame below the root: parent and exact depth not logged (depth set to 1)")
+                    if not frame_query:
+                        warn(W + "frame query unknown")
+                yield ev(FrameOpen, ts=ts, frame_id=fid, parent_frame=None, parent_candidate=None, depth=depth,
+                         frame_query=frame_query, parent_goal="")
+                cands = []
+                for k, q in enumerate(queries):
+                    cand = ev(Candidate, ts=ts, frame_id=fid, candidate_id=f"{fid}.c{k}", order=k, query=q, goal="")
+                    cands.append(cand)
+                    yield cand
+                warn(W + "research goals are not logged (goal left empty)", len(queries))
+                frames.append(cands)
+            elif tag in RUNNING_TAGS or (tag is None and item.get("type") == "sub_query"):
+                m = RUNNING.search(output) if tag else None
+                query = m.group(1) if m else (data.get("query") if tag is None else None)
+                cand = self._find(frames, query, lambda c: c.candidate_id not in expanded)
+                if cand is None:
+                    warn(W + "subquery run that no 'subqueries' log announced (kept as raw)")
+                    yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
+                    continue
+                expanded.add(cand.candidate_id)
+                yield ev(Decision, ts=ts, candidate_id=cand.candidate_id, action="expand", actor="default")
+            elif tag == "subquery_context_not_found":
+                m = NOT_FOUND.search(output)
+                cand = self._find(frames, m.group(1) if m else None, lambda c: c.candidate_id in expanded)
+                if cand is None:
+                    yield ev(Raw, ts=ts, source_type=f"gptr:{tag}", data=item)
+                    continue
+                yield ev(Retrieval, ts=ts, candidate_id=cand.candidate_id, query=cand.query, evidence_ids=[], tokens=0)
+            elif tag == "added_source_url":
+                meta = data.get("metadata")
+                m = URL.search(output)
+                url = meta if isinstance(meta, str) and meta else (m.group(1) if m else "")
+                if not url:
+                    report.skip(path, None, f"{where}: 'added_source_url' log without a URL", strict)
+                    continue
+                if url not in urls:
+                    urls.add(url)
+                    warn(W + "source not linked to a subquery and its text not logged")
+                    yield ev(Evidence, ts=ts, evidence_id=url, text="", source=url, tokens=0)
+            else:
+                if tag == "research_step_finalized":
+                    m = COST.search(output)
+                    cost = float(m.group(1)) if m else cost
+                yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
+
+        rest = {k: v for k, v in content.items() if k not in ("query", "report")}
+        if rest:
+            yield ev(Raw, source_type="gptr:content", data=rest)
+        text = content.get("report")
+        if isinstance(text, str) and text.strip():
+            yield ev(Report, text=text)
+        costs = content.get("costs")
+        cost = float(costs) if isinstance(costs, (int, float)) and not isinstance(costs, bool) and costs else cost
+        n_cands = sum(len(f) for f in frames)
+        warn(W + "announced subquery never run (left undecided)", n_cands - len(expanded))
+        yield ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",
+                 totals={"nodes": len(expanded), "retrieval_calls": len(expanded), "candidates": n_cands,
+                         "sources": len(urls), "cost_usd": cost})
+
+    @staticmethod
+    def _find(frames: list[list[Candidate]], query, ok) -> Candidate | None:
+        if not isinstance(query, str):
+            return None
+        for cands in reversed(frames):
+            for cand in cands:
+                if cand.query == query and ok(cand):
+                    return cand
+        return None

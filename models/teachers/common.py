@@ -1,0 +1,72 @@
+"""Shared geometry for the embedding teachers (core-safe: numpy only).
+
+All maths runs in float64 on unit-normalised rows. A zero row (e.g. the embedding of an empty text)
+stays zero: its cosine similarity with anything is defined as 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from branchgate.errors import BranchgateError, MismatchError
+from branchgate.models.teachers.base import Items, State
+
+EPS = 1e-12
+
+
+def unit(emb: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, as float64; zero (or non-finite) rows become zero rows."""
+    emb = np.asarray(emb, dtype=np.float64)
+    emb = np.where(np.isfinite(emb), emb, 0.0)
+    norms = np.linalg.norm(emb, axis=-1, keepdims=True)
+    return np.divide(emb, norms, out=np.zeros_like(emb), where=norms > EPS)
+
+
+def dim_of(x: Items) -> int:
+    return int(x.emb.shape[-1]) if np.ndim(x.emb) == 2 else 0
+
+
+def rows(items: Items | None, dim: int, what: str) -> np.ndarray:
+    """Unit rows of ``items`` as an [n, dim] array (empty items of any width give [0, dim])."""
+    if items is None or len(items) == 0:
+        return np.zeros((0, dim))
+    if dim_of(items) != dim:
+        raise MismatchError(f"{what} embeddings have dimension {dim_of(items)}, candidates have {dim}")
+    return unit(items.emb)
+
+
+def query_vector(state: State, dim: int) -> np.ndarray:
+    """``q``: the unit mean of the query rows (the root query itself for one item; zeros if none)."""
+    q = rows(state.query, dim, "query")
+    if len(q) == 0:
+        return np.zeros(dim)
+    return unit(q.mean(axis=0))
+
+
+def relevance(xu: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``sim(e(x), q)`` for unit rows ``xu``."""
+    return xu @ q
+
+
+def weight(xu: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``w(x) = max(sim(e(x), q), 0)``, the non-negative relevance weight."""
+    return np.maximum(relevance(xu, q), 0.0)
+
+
+def max_sim(xu: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """``max_{c∈C} sim(x, c)`` per row of ``xu``; 0 when ``C`` is empty."""
+    if len(cu) == 0:
+        return np.zeros(len(xu))
+    return (xu @ cu.T).max(axis=1)
+
+
+def prepare(x: Items, state: State) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unit candidates [m, d], unit context [n, d], unit query [d])."""
+    dim = dim_of(x)
+    return unit(x.emb), rows(state.context, dim, "context"), query_vector(state, dim)
+
+
+def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None) -> None:
+    if not np.isfinite(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        raise BranchgateError(f"teacher parameter {name}={value!r} must be a finite number in {span}")

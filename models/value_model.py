@@ -1,0 +1,200 @@
+"""The learned pre-retrieval controller: a two-tower value network over frozen-encoder embeddings.
+
+Inputs for ONE decision point (a frame with K candidates), all unit-norm rows from the frozen encoder,
+an empty text being the zero vector:
+
+    root[D], frame[D], goal[D]   the state texts (root query, frame query, parent goal)
+    retained[R, D]               texts of branches retained before the frame opened (R >= 1: pass one
+                                 zero row when nothing is retained; zero rows are ignored)
+    cand[K, D]                   candidate_text(query, goal) per candidate
+    features[K, F]               raw structured features, columns FEATURE_NAMES
+
+``forward`` returns ``(logit[K], utility[K])``: the keep logit (p_keep = sigmoid) and the predicted
+realized utility ĝ in the dataset's units.
+
+Design:
+- State tower: [root, frame, goal, mean(retained)] → Linear → GELU. The retained set enters as a masked
+  mean (plus its count and per-candidate max/mean similarities), so a growing set costs one new
+  embedding per newly retained branch (each is a candidate text already embedded when it was a
+  candidate) and a running sum — encoder work stays proportional to the new texts.
+- Candidate tower: cand → Linear → GELU.
+- Interactions: the towers' product, plus parameter-free scalar features computed here from the
+  embeddings (``INTERACTION_NAMES``): similarities to root/frame/goal, max/mean similarity to the
+  retained set and to sibling candidates, rank of the candidate among its siblings, centroid drift,
+  MMR-like scores and a submodular coverage gain over the frame's pool. These are the "cheap teacher
+  scores" of DESIGN.md; the dataset's ``teacher_<name>`` columns are deliberately NOT inputs (a Gate
+  would need a second scoring pass to produce them) — they serve as baselines only.
+- All scalar features are standardised with statistics fitted on the training split and stored as
+  buffers, so the exported graph needs nothing else.
+- MLP with two heads (keep logit, utility) plus a linear "wide" path from the scalar features.
+
+``forward`` is ONNX-friendly: no Python control flow on tensor values, masks come from row norms, ranks
+from summed pairwise comparisons, and only K and R vary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+FEATURE_NAMES = ["depth", "order", "n_candidates", "n_retained"]
+DERIVED_NAMES = ["order_frac", "log_n_candidates", "log_n_retained"]
+INTERACTION_NAMES = [
+    "sim_root", "sim_frame", "sim_goal",
+    "retained_max", "retained_mean",
+    "sibling_max", "sibling_mean",
+    "rank_sim_root", "rank_mmr",
+    "centroid_drift", "mmr", "mmr_siblings", "coverage_gain",
+    "root_frame", "root_goal", "has_frame", "has_goal",
+]
+SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
+MMR_LAMBDA = 0.35  # TEACHERS.md operating point
+
+
+def _valid(x: torch.Tensor) -> torch.Tensor:
+    """1.0 for real (unit-norm) rows, 0.0 for zero rows (empty text / padding)."""
+    return ((x * x).sum(-1) > 0.25).to(x.dtype)
+
+
+def _masked_max(values: torch.Tensor, mask: torch.Tensor, any_valid: torch.Tensor) -> torch.Tensor:
+    """Max over the last dim where mask == 1; 0 where nothing is valid. Values lie in [-1, 1]-ish."""
+    filled = values * mask + (mask - 1.0) * 4.0
+    return filled.amax(-1) * any_valid
+
+
+def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: float = MMR_LAMBDA) -> torch.Tensor:
+    """Parameter-free scalar features, batched: shapes [B,D],[B,D],[B,D],[B,R,D],[B,K,D],[B,K,F] → [B,K,S].
+
+    Padded candidates (zero rows) are ignored as siblings; their own outputs are meaningless.
+    """
+    features = features.to(cand.dtype)
+    rmask = _valid(retained)  # [B,R]
+    cmask = _valid(cand)  # [B,K]
+    n_r = rmask.sum(-1, keepdim=True)  # [B,1]
+    n_k = cmask.sum(-1, keepdim=True)  # [B,1]
+    has_r = (n_r > 0.5).to(cand.dtype)  # [B,1]
+
+    sim_root = (cand * root.unsqueeze(1)).sum(-1)  # [B,K]
+    sim_frame = (cand * frame.unsqueeze(1)).sum(-1)
+    sim_goal = (cand * goal.unsqueeze(1)).sum(-1)
+
+    s_ret = torch.matmul(cand, retained.transpose(1, 2))  # [B,K,R]
+    rm = rmask.unsqueeze(1)  # [B,1,R]
+    ret_max = _masked_max(s_ret, rm, has_r)
+    ret_mean = (s_ret * rm).sum(-1) / n_r.clamp(min=1.0)
+
+    k = cand.shape[1]
+    idx = torch.arange(k, device=cand.device)
+    not_self = (idx.unsqueeze(0) != idx.unsqueeze(1)).to(cand.dtype)  # [K,K]
+    pair = not_self.unsqueeze(0) * cmask.unsqueeze(1)  # [B,K,K]: j is a valid sibling of k
+    n_sib = pair.sum(-1)  # [B,K]
+    has_sib = (n_sib > 0.5).to(cand.dtype)
+    s_sib = torch.matmul(cand, cand.transpose(1, 2))  # [B,K,K]
+    sib_max = _masked_max(s_sib, pair, has_sib)
+    sib_mean = (s_sib * pair).sum(-1) / n_sib.clamp(min=1.0)
+
+    mmr = mmr_lambda * sim_root - (1.0 - mmr_lambda) * ret_max
+    mmr_sib = mmr_lambda * sim_root - (1.0 - mmr_lambda) * sib_max
+
+    def rank_frac(score: torch.Tensor) -> torch.Tensor:  # fraction of valid siblings scoring higher
+        higher = (score.unsqueeze(1) > score.unsqueeze(2)).to(cand.dtype)  # [B,K(k),K(j)]: s_j > s_k
+        return (higher * pair).sum(-1) / n_sib.clamp(min=1.0)
+
+    # Centroid drift 1 - cos(mu_C, mu_{C+x}); with C empty mu_C = 0 and the drift is 1 (maximal novelty).
+    sum_r = (retained * rmask.unsqueeze(-1)).sum(1)  # [B,D]
+    mu_c = nn.functional.normalize(sum_r, dim=-1, eps=1e-8)
+    mu_cx = nn.functional.normalize(sum_r.unsqueeze(1) + cand, dim=-1, eps=1e-8)
+    drift = 1.0 - (mu_cx * mu_c.unsqueeze(1)).sum(-1)
+
+    # Submodular coverage gain over the frame's pool P (the valid candidates), weights w = max(sim(.,q), 0):
+    # gain(x) = sum_j max(w(x) sim(x, p_j) - cov_C(p_j), 0) / |P|, cov_C(p_j) = max_{i in C} w(i) sim(i, p_j).
+    w_r = (retained * root.unsqueeze(1)).sum(-1).clamp(min=0.0)  # [B,R]
+    cov = _masked_max(w_r.unsqueeze(1) * s_ret, rm, has_r).clamp(min=0.0)  # [B,K] coverage of pool item j
+    w_c = sim_root.clamp(min=0.0)
+    gain = ((w_c.unsqueeze(-1) * s_sib - cov.unsqueeze(1)).clamp(min=0.0) * cmask.unsqueeze(1)).sum(-1)
+    gain = gain / n_k.clamp(min=1.0)
+
+    ones = torch.ones_like(sim_root)
+    root_frame = (root * frame).sum(-1, keepdim=True) * ones
+    root_goal = (root * goal).sum(-1, keepdim=True) * ones
+    has_frame = _valid(frame).unsqueeze(-1) * ones
+    has_goal = _valid(goal).unsqueeze(-1) * ones
+
+    order, n_cand, n_ret = features[..., 1], features[..., 2], features[..., 3]
+    order_frac = order / (n_cand - 1.0).clamp(min=1.0)
+    derived = [order_frac, torch.log1p(n_cand.clamp(min=0.0)), torch.log1p(n_ret.clamp(min=0.0))]
+    inter = [sim_root, sim_frame, sim_goal, ret_max, ret_mean, sib_max, sib_mean,
+             rank_frac(sim_root), rank_frac(mmr), drift, mmr, mmr_sib, gain,
+             root_frame, root_goal, has_frame, has_goal]
+    return torch.cat([features, torch.stack(derived + inter, dim=-1)], dim=-1)
+
+
+class ValueNet(nn.Module):
+    """Two-tower value network; see the module docstring. Pure torch, ONNX-exportable."""
+
+    def __init__(self, dim: int, hidden: int = 128, dropout: float = 0.1, mmr_lambda: float = MMR_LAMBDA,
+                 n_features: int = len(FEATURE_NAMES)):
+        super().__init__()
+        if n_features != len(FEATURE_NAMES):
+            raise ValueError(f"expected {len(FEATURE_NAMES)} structured features {FEATURE_NAMES}, got {n_features}")
+        self.dim, self.hidden, self.dropout_p, self.mmr_lambda = int(dim), int(hidden), float(dropout), float(mmr_lambda)
+        n_scalar = len(SCALAR_NAMES)
+        self.state_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(4 * dim, hidden), nn.GELU())
+        self.cand_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU())
+        self.mlp = nn.Sequential(
+            nn.Linear(3 * hidden + n_scalar, hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(dropout),
+        )
+        self.heads = nn.Linear(hidden, 2)  # [keep logit, standardised utility]
+        self.wide = nn.Linear(n_scalar, 2)
+        self.register_buffer("scalar_mean", torch.zeros(n_scalar))
+        self.register_buffer("scalar_std", torch.ones(n_scalar))
+        self.register_buffer("utility_mean", torch.zeros(()))
+        self.register_buffer("utility_std", torch.ones(()))
+
+    def config(self) -> dict:
+        """Constructor arguments (stored in checkpoints)."""
+        return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda}
+
+    def scalars(self, root, frame, goal, retained, cand, features) -> torch.Tensor:
+        """Raw (unstandardised) scalar features, batched [B,K,S]."""
+        return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
+
+    def raw_heads(self, root, frame, goal, retained, cand, features):
+        """Batched scoring: [B,D]x3, [B,R,D], [B,K,D], [B,K,F] → (logit[B,K], standardised utility[B,K])."""
+        s = (self.scalars(root, frame, goal, retained, cand, features) - self.scalar_mean) / self.scalar_std
+        rmask = _valid(retained).unsqueeze(-1)
+        ret_mean = (retained * rmask).sum(1) / rmask.sum(1).clamp(min=1.0)
+        h_s = self.state_tower(torch.cat([root, frame, goal, ret_mean], dim=-1))  # [B,H]
+        h_c = self.cand_tower(cand)  # [B,K,H]
+        h_s = h_s.unsqueeze(1) * torch.ones_like(h_c[..., :1])
+        out = self.heads(self.mlp(torch.cat([h_c, h_s, h_c * h_s, s], dim=-1))) + self.wide(s)
+        return out[..., 0], out[..., 1]
+
+    def score_batch(self, root, frame, goal, retained, cand, features):
+        """Batched (padded) version of ``forward``: → (logit[B,K], utility[B,K])."""
+        logit, z = self.raw_heads(root, frame, goal, retained, cand, features)
+        return logit, z * self.utility_std + self.utility_mean
+
+    def forward(self, root, frame, goal, retained, cand, features):
+        """One decision: root[D], frame[D], goal[D], retained[R,D], cand[K,D], features[K,F] → (logit[K], utility[K])."""
+        logit, util = self.score_batch(root.unsqueeze(0), frame.unsqueeze(0), goal.unsqueeze(0),
+                                       retained.unsqueeze(0), cand.unsqueeze(0), features.unsqueeze(0))
+        return logit[0], util[0]
+
+    @torch.no_grad()
+    def set_standardisation(self, scalar_mean, scalar_std, utility_mean: float = 0.0, utility_std: float = 1.0) -> None:
+        std = torch.as_tensor(scalar_std, dtype=torch.float32).clamp(min=1e-6)
+        self.scalar_mean.copy_(torch.as_tensor(scalar_mean, dtype=torch.float32))
+        self.scalar_std.copy_(std)
+        self.utility_mean.fill_(float(utility_mean))
+        self.utility_std.fill_(max(float(utility_std), 1e-6))
+
+    def standardisation(self) -> dict:
+        return {
+            "scalar_names": list(SCALAR_NAMES),
+            "scalar_mean": [float(v) for v in self.scalar_mean],
+            "scalar_std": [float(v) for v in self.scalar_std],
+            "utility_mean": float(self.utility_mean),
+            "utility_std": float(self.utility_std),
+        }

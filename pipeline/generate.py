@@ -1,0 +1,360 @@
+"""Candidate generation: the offline deterministic generator (default) and an OpenAI-compatible chat one.
+
+A generator proposes the candidate subqueries (with research goals) of a decision point — the plan
+(from the root query and the planning retrieval) and follow-ups (from one expanded branch's retained
+evidence) — and the extractive learnings of a branch. It never sees key-point labels.
+
+The offline generator imitates what an LLM planner produces, including its waste. Per candidate it
+draws an *origin*:
+- ``aspect``: a salient key phrase (IDF-weighted, from the better half of the retrieved passages) joined
+  to the topic or, for follow-ups, to the parent's focus (drill-down) — usually productive;
+- ``redundant``: a rephrasing of the frame query, the root question or a sibling — retrieves what is
+  already known;
+- ``tangent``: a phrase from the weaker retrieved passages (or, failing that, from a random passage of
+  the corpus) asked about without the topic — off-target.
+The mix depends on depth (more redundancy and drift deeper in the tree), the order is shuffled, and every
+choice comes from the ``random.Random`` handed in (seeded by the caller from seed, run and frame).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+
+from branchgate.errors import BranchgateError
+from branchgate.pipeline.textutil import STOPWORDS, content_words, fold, sentences, words
+
+
+@dataclass
+class Cand:
+    query: str
+    goal: str
+    origin: str = "llm"  # generator's intent (aspect / redundant / tangent / llm): for analysis, not a label
+    focus: str = ""  # the phrase the candidate is about (drill-down context for its follow-ups)
+
+
+# origin mix by frame depth: (aspect, redundant, tangent)
+MIX = {0: (0.55, 0.25, 0.20), 1: (0.45, 0.30, 0.25)}
+MIX_DEEP = (0.40, 0.30, 0.30)
+
+ASPECT_Q = [
+    "{topic} {phrase}",
+    "how does {phrase} affect {topic}",
+    "what role does {phrase} play in {topic}",
+    "{phrase} and {topic} evidence",
+    "impact of {phrase} on {topic}",
+    "why {phrase} matters for {topic}",
+    "{topic}: {phrase} explained",
+]
+DRILL_Q = [
+    "{topic} {focus} {phrase}",
+    "how is {phrase} related to {focus} in {topic}",
+    "{phrase} and {focus}: {topic}",
+    "examples of {phrase} in {topic}",
+]
+ASPECT_G = [
+    "Find concrete facts, figures and examples on {phrase} and how it bears on {topic}.",
+    "Establish whether and how {phrase} contributes to {topic}; note sources and disagreements.",
+    "Collect evidence about {phrase} to explain {topic}.",
+]
+DRILL_G = [
+    "Go deeper into {phrase} as it relates to {focus}; look for specifics not yet covered.",
+    "Follow up on {focus}: what does {phrase} add, with supporting details?",
+]
+REDUNDANT_Q = [
+    "{frame} overview",
+    "what is known about {topic}",
+    "{topic} explained",
+    "{frame}",
+    "latest research on {topic}",
+    "{topic} facts",
+]
+REDUNDANT_G = [
+    "Get a general overview of {topic}.",
+    "Summarise the main points about {topic}.",
+]
+TANGENT_Q = [
+    "history of {phrase}",
+    "{phrase} definition",
+    "what is {phrase}",
+    "{phrase} statistics",
+    "{phrase} pros and cons",
+]
+TANGENT_G = [
+    "Background on {phrase}.",
+    "Understand {phrase} in general terms.",
+]
+
+_PHRASE_SPLIT = re.compile(r"[,;:()\[\]\"!?|/]+|\s[-\u2013\u2014]\s")
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d[\d,.%]*")
+
+
+def topic_of(root: str, max_words: int = 6) -> str:
+    ws = list(dict.fromkeys(content_words(root)))
+    return " ".join(ws[:max_words]) or root.strip().rstrip("?")
+
+
+def keyphrases(texts: list[str], idf, exclude: set[str], max_len: int = 3, df=None) -> list[tuple[str, float]]:
+    """Salient phrases of ``texts``: runs of non-stopwords (≤ ``max_len`` words) scored by how many of the
+    texts share them and how specific their words are:
+    ``(spread + 0.25·extra mentions) · mean clipped idf · (1 + 0.3·(len − 1)) · (0.3 + 0.7·on-topic share)``,
+    where words seen in fewer than 3 corpus passages (names, typos) count a third and the on-topic share is
+    the fraction of mentions in sentences that also use an ``exclude`` (topic) word. Phrases made only of ``exclude``
+    words are dropped. Sorted by score, then alphabetically (deterministic)."""
+    tf: dict[str, int] = defaultdict(int)
+    topical: dict[str, int] = defaultdict(int)
+    spread: dict[str, set[int]] = defaultdict(set)
+    for ti, text in enumerate(texts):
+        for sent in sentences(text):
+            on_topic = bool(exclude & set(words(sent)))
+            for piece in _PHRASE_SPLIT.split(fold(sent)):
+                run: list[str] = []
+                for tok in _TOKEN.findall(piece) + [""]:
+                    w = tok.lower().strip("'-.,")
+                    if w and w not in STOPWORDS and len(w) > 2 and w.isascii() and w.replace("-", "").isalpha():
+                        run.append(w)
+                        continue
+                    for n in range(1, max_len + 1):
+                        for i in range(0, len(run) - n + 1):
+                            key = " ".join(run[i:i + n])
+                            tf[key] += 1
+                            topical[key] += on_topic
+                            spread[key].add(ti)
+                    run = []
+    cap = idf("\x00") * 0.6  # clip: the rarest words are rarely the most useful
+    scored = []
+    for phrase, count in tf.items():
+        ws = phrase.split()
+        if all(w in exclude for w in ws) or len(set(ws)) < len(ws):
+            continue
+        spec = 0.0
+        for w in ws:
+            v = min(idf(w), cap)
+            if df is not None and df(w) < 3:
+                v /= 3
+            spec += v
+        rdf = len(spread[phrase])
+        score = (rdf + 0.25 * (count - rdf)) * (spec / len(ws)) * (1 + 0.3 * (len(ws) - 1))
+        score *= 0.3 + 0.7 * topical[phrase] / count
+        scored.append((phrase, score))
+    scored.sort(key=lambda x: (-x[1], x[0]))
+    return scored
+
+
+def learnings(query: str, texts: list[str], idf, max_sentences: int = 3, max_words: int = 60) -> list[str]:
+    """Extractive learnings: the sentences of ``texts`` that best match the query's terms (IDF-weighted)."""
+    terms = set(content_words(query))
+    scored = []
+    seen = set()
+    for ti, text in enumerate(texts):
+        for si, sent in enumerate(sentences(text)):
+            key = sent.strip().lower()
+            if key in seen or len(sent.split()) < 5:
+                continue
+            seen.add(key)
+            ws = set(content_words(sent))
+            score = sum(idf(w) for w in ws & terms) + 0.01 * len(ws)
+            scored.append((-score, ti, si, " ".join(sent.split()[:max_words])))
+    scored.sort()
+    return [s for *_, s in scored[:max_sentences]]
+
+
+class OfflineGenerator:
+    """Deterministic, LLM-free candidate generator (see the module docstring)."""
+
+    name = "offline"
+
+    def __init__(self, env):
+        self.env = env
+
+    def _df(self, word: str) -> int:
+        return self.env.df.get(word, 0)
+
+    def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
+        return self._frame(root, root, "", texts, k, rng, depth=0)
+
+    def followups(self, root: str, parent: Cand, texts: list[str], k: int, rng: random.Random, depth: int,
+                  learned: list[str] | None = None) -> list[Cand]:
+        return self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
+
+    def learnings(self, query: str, texts: list[str]) -> list[str]:
+        return learnings(query, texts, self.env.idf)
+
+    def _frame(self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random,
+               depth: int) -> list[Cand]:
+        topic = topic_of(root)
+        exclude = set(content_words(root)) | set(content_words(frame_query)) | set(focus.split())
+        half = max(1, (len(texts) + 1) // 2)
+        strong = keyphrases(texts[:half], self.env.idf, exclude, df=self._df)
+        weak = keyphrases(texts[half:], self.env.idf, exclude, df=self._df) if len(texts) > 1 else []
+        strong_words = {w for p, _ in strong[:12] for w in p.split()}
+        weak = [(p, s) for p, s in weak if not set(p.split()) & strong_words]
+        mix = MIX.get(depth, MIX_DEEP)
+        origins = rng.choices(["aspect", "redundant", "tangent"], weights=mix, k=k)
+        if "aspect" not in origins and strong:
+            origins[0] = "aspect"
+        out: list[Cand] = []
+        used: set[str] = set()
+        queries: set[str] = set()
+        for origin in origins:
+            cand = None
+            for _ in range(4):  # retry on duplicates
+                cand = self._one(origin, root, frame_query, focus, topic, strong, weak, used, out, rng, depth)
+                if cand and cand.query not in queries:
+                    break
+                cand = None
+            if cand is None:  # nothing left to say: fall back to a rephrasing
+                cand = Cand(f"{topic} {rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} {len(out) + 1}",
+                            rng.choice(REDUNDANT_G).format(topic=topic), "redundant", focus)
+            queries.add(cand.query)
+            out.append(cand)
+        rng.shuffle(out)
+        return out
+
+    def _one(self, origin, root, frame_query, focus, topic, strong, weak, used, siblings, rng, depth) -> Cand | None:
+        if origin == "aspect":
+            phrase = _pick(strong, used, rng, top=3)
+            if phrase is None:
+                return None
+            if focus and depth > 0 and rng.random() < 0.7:
+                q = rng.choice(DRILL_Q).format(focus=focus, phrase=phrase, topic=" ".join(topic.split()[:3]))
+                g = rng.choice(DRILL_G).format(focus=focus, phrase=phrase)
+            else:
+                q = rng.choice(ASPECT_Q).format(topic=topic, phrase=phrase)
+                g = rng.choice(ASPECT_G).format(topic=root.strip().rstrip("?"), phrase=phrase)
+            return Cand(q, g, "aspect", phrase)
+        if origin == "redundant":
+            aspects = [c for c in siblings if c.origin == "aspect"]
+            if aspects and rng.random() < 0.5:  # restate a sibling with another template
+                sib = rng.choice(aspects)
+                q = rng.choice(ASPECT_Q).format(topic=topic, phrase=sib.focus)
+                return Cand(q, rng.choice(ASPECT_G).format(topic=topic, phrase=sib.focus), "redundant", sib.focus)
+            frame = frame_query.strip().rstrip("?")
+            q = rng.choice(REDUNDANT_Q).format(frame=frame, topic=topic)
+            return Cand(q, rng.choice(REDUNDANT_G).format(topic=topic), "redundant", focus)
+        phrase = _pick(weak, used, rng, top=8)
+        if phrase is None:  # drift to a random passage of the corpus
+            text = self.env.texts[rng.randrange(len(self.env.texts))]
+            phrase = _pick(keyphrases([text], self.env.idf, set()), used, rng, top=5)
+            if phrase is None:
+                return None
+        q = rng.choice(TANGENT_Q).format(phrase=phrase)
+        return Cand(q, rng.choice(TANGENT_G).format(phrase=phrase), "tangent", phrase)
+
+
+def _pick(scored: list[tuple[str, float]], used: set[str], rng: random.Random, top: int) -> str | None:
+    """One of the ``top`` best phrases not yet used (nor sharing a word with a used one)."""
+    used_words = {w for p in used for w in p.split()}
+    pool = [p for p, _ in scored if p not in used and not set(p.split()) & used_words][:top]
+    if not pool:
+        return None
+    phrase = pool[rng.randrange(len(pool))]
+    used.add(phrase)
+    return phrase
+
+
+# ----------------------------------------------------------------------------------------------------------
+# OpenAI-compatible chat generator (stdlib urllib; no openai package)
+# ----------------------------------------------------------------------------------------------------------
+
+PLAN_PROMPT = """You are planning web research for the question below. Write {k} distinct search queries, each with
+a research goal (what it should find out). Answer with a JSON list only:
+[{{"query": "...", "research_goal": "..."}}, ...]
+
+Question: {root}
+{context}"""
+
+
+class ChatGenerator:
+    """Candidates from an OpenAI-compatible ``/chat/completions`` endpoint; learnings stay extractive.
+
+    Token usage is taken from the response's ``usage`` when present and recorded by the caller.
+    """
+
+    name = "chat"
+
+    def __init__(self, env, base_url: str, model: str, api_key: str | None = None, timeout: float = 60.0,
+                 temperature: float = 0.0):
+        self.env, self.base_url, self.model = env, base_url.rstrip("/"), model
+        self.api_key, self.timeout, self.temperature = api_key, timeout, temperature
+        self.last_usage: dict = {}
+
+    def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
+        context = "Search results:\n" + "\n".join(f"- {t[:400]}" for t in texts[:5]) if texts else ""
+        return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
+
+    def followups(self, root: str, parent: Cand, texts: list[str], k: int, rng: random.Random, depth: int,
+                  learned: list[str] | None = None) -> list[Cand]:
+        context = (f"We searched: {parent.query} (goal: {parent.goal})\nLearnings:\n"
+                   + "\n".join(f"- {s}" for s in (learned or [])) + "\nWrite follow-up queries that go deeper.")
+        return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
+
+    def learnings(self, query: str, texts: list[str]) -> list[str]:
+        return learnings(query, texts, self.env.idf)
+
+    def _ask(self, prompt: str, k: int) -> list[Cand]:
+        body = {"model": self.model, "temperature": self.temperature,
+                "messages": [{"role": "user", "content": prompt}]}
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(f"{self.base_url}/chat/completions", json.dumps(body).encode(), headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                data = json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            raise BranchgateError(f"chat generator: {self.base_url} answered HTTP {exc.code}: {exc.read()[:200]!r}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as exc:
+            raise BranchgateError(f"chat generator: cannot reach {self.base_url} ({exc})") from None
+        except json.JSONDecodeError:
+            raise BranchgateError(f"chat generator: {self.base_url} did not answer JSON") from None
+        try:
+            content = data["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise BranchgateError(f"chat generator: unexpected response shape from {self.base_url}: {str(data)[:200]}") from None
+        self.last_usage = data.get("usage") or {}
+        return parse_candidates(content)[:k]
+
+
+def parse_candidates(content: str) -> list[Cand]:
+    """Candidates from an LLM answer: a JSON list of {query, research_goal|goal} (or of strings),
+    possibly wrapped in prose or a code fence."""
+    start, end = content.find("["), content.rfind("]")
+    if start < 0 or end <= start:
+        raise BranchgateError(f"chat generator: no JSON list in the answer: {content[:200]!r}")
+    try:
+        items = json.loads(content[start:end + 1])
+    except json.JSONDecodeError as exc:
+        raise BranchgateError(f"chat generator: invalid JSON list in the answer ({exc.msg})") from None
+    out, seen = [], set()
+    for it in items:
+        if isinstance(it, str):
+            q, g = it, ""
+        elif isinstance(it, dict):
+            q, g = str(it.get("query", "")), str(it.get("research_goal", it.get("goal", "")))
+        else:
+            continue
+        q = " ".join(q.split())
+        if q and q.lower() not in seen:
+            seen.add(q.lower())
+            out.append(Cand(q, " ".join(g.split()), "llm", " ".join(words(q)[:4])))
+    if not out:
+        raise BranchgateError("chat generator: the answer's list holds no query")
+    return out
+
+
+def make(spec: str, env, **kw):
+    """``offline`` or ``chat`` (kw: base_url, model, api_key)."""
+    if spec == "offline":
+        return OfflineGenerator(env)
+    if spec == "chat":
+        if not kw.get("base_url") or not kw.get("model"):
+            raise BranchgateError("--generator chat needs --llm-url and --llm-model")
+        return ChatGenerator(env, kw["base_url"], kw["model"], kw.get("api_key"))
+    raise BranchgateError(f"unknown generator {spec!r}: offline | chat")

@@ -1,0 +1,273 @@
+"""Stage policies parsed from a spec string.
+
+Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
+
+- ``none``                      keep everything (actor ``default``)
+- ``<teacher>[:k=v,...]``       a teacher from ``branchgate.models.teachers`` (``NAMES``) with constructor
+                                parameters (e.g. ``mmr:threshold=0.4,lam=0.5``) and the selection keys
+                                ``max_items``, ``max_tokens``, ``mode`` (``select`` = greedy budgeted selection,
+                                the default at pre-retrieval and pre-synthesis; ``gate`` = each item scored
+                                independently against the context, the default at post-retrieval).
+                                At pre-retrieval a teacher picks the level's breadth (4, 2, 2, ...) out of the
+                                frame's oversampled candidates, greedily; its threshold applies there only
+                                when the spec sets ``threshold`` explicitly.
+- ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
+- ``gate:PATH``                 the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on
+                                first use), thresholded at its τ with the top-1 fallback
+- ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
+                                whole tree (root included) has at most NODES nodes; the first candidates of
+                                each frame, in order, are expanded (actor ``budget``)
+
+At pre-retrieval and pre-synthesis a non-empty input never yields an empty selection; at post-retrieval it
+may (a branch whose new evidence is all pruned spawns no follow-ups — how late pruning saves nodes).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from branchgate.errors import BranchgateError
+
+STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
+SELECTION_KEYS = ("max_items", "max_tokens", "mode")
+
+
+@dataclass
+class Choice:
+    kept: list[int]
+    scores: list[float | None]
+    p_keep: list[float | None]
+
+
+class Policy:
+    spec: str = "none"
+    actor: str = "default"
+    needs_embeddings: bool = False
+    prunes: bool = False
+
+    def choose(self, x, state, stage: str, rng: random.Random) -> Choice:
+        n = len(x)
+        return Choice(list(range(n)), [None] * n, [None] * n)
+
+
+class NonePolicy(Policy):
+    pass
+
+
+@dataclass
+class TeacherPolicy(Policy):
+    model: object = None
+    spec: str = ""
+    mode: str | None = None
+    max_items: int | None = None
+    max_tokens: float | None = None
+    explicit_threshold: bool = False
+    needs_embeddings: bool = True
+    prunes: bool = True
+
+    @property
+    def actor(self) -> str:
+        return f"teacher:{self.model.name}"
+
+    def choose(self, x, state, stage, rng) -> Choice:
+        from branchgate.models.teachers import gate, select
+
+        n = len(x)
+        if n == 0:
+            return Choice([], [], [])
+        scores = np.asarray(self.model.score(x, state), dtype=np.float64)
+        mode = self.mode or ("gate" if stage == "post_retrieval" else "select")
+        if mode == "gate":
+            kept = [int(i) for i in gate(self.model, x, state, fallback_top1=stage != "post_retrieval")]
+            if self.max_items is not None and len(kept) > self.max_items:
+                sign = 1 if getattr(self.model, "higher_is_better", True) else -1
+                kept = sorted(sorted(kept, key=lambda i: (-sign * scores[i], i))[: self.max_items])
+        elif stage == "pre_retrieval":
+            # choose the frame's breadth out of the (oversampled) candidates; the threshold applies only
+            # when the spec sets one explicitly
+            max_items = self.max_items or (state.extra or {}).get("breadth")
+            kept = sorted(select(self.model, x, state, max_items=max_items, max_tokens=self.max_tokens,
+                                 use_threshold=self.explicit_threshold))
+        else:
+            kept = sorted(select(self.model, x, state, max_items=self.max_items, max_tokens=self.max_tokens))
+        return Choice(kept, [float(s) for s in scores], [None] * n)
+
+
+@dataclass
+class RandomPolicy(Policy):
+    rate: float = 0.5
+    spec: str = ""
+    actor: str = "random"
+    prunes: bool = True
+
+    def choose(self, x, state, stage, rng) -> Choice:
+        n = len(x)
+        draws = [rng.random() for _ in range(n)]
+        kept = [i for i in range(n) if draws[i] < self.rate]
+        if not kept and n and stage != "post_retrieval":
+            kept = [rng.randrange(n)]
+        return Choice(kept, [float(1 - d) for d in draws], [self.rate] * n)
+
+
+@dataclass
+class GatePolicy(Policy):
+    path: str = ""
+    spec: str = ""
+    actor: str = "controller:gate"
+    prunes: bool = True
+    _gate: object = field(default=None, repr=False)
+
+    @property
+    def model(self):
+        if self._gate is None:
+            try:
+                from branchgate.inference.gate import Gate
+            except ImportError as exc:
+                raise BranchgateError(f"gate:{self.path}: the learned gate is not available ({exc})") from None
+            self._gate = Gate.load(self.path)
+        return self._gate
+
+    def choose(self, x, state, stage, rng) -> Choice:
+        from branchgate.models.teachers import gate
+
+        n = len(x)
+        if n == 0:
+            return Choice([], [], [])
+        model = self.model
+        p = np.asarray(model.score(x, state), dtype=np.float64)
+        kept = [int(i) for i in gate(_Fixed(model, p), x, state, fallback_top1=stage != "post_retrieval")]
+        return Choice(kept, [float(v) for v in p], [float(v) for v in p])
+
+
+class _Fixed:
+    """A value model returning precomputed scores (so ``gate`` does not score twice)."""
+
+    def __init__(self, model, scores):
+        self.name, self.threshold, self._scores = model.name, model.threshold, scores
+        self.higher_is_better = getattr(model, "higher_is_better", True)
+
+    def score(self, x, state):
+        return self._scores
+
+
+@dataclass
+class ShallowPolicy(Policy):
+    """Equal-budget shallow search; ``plan`` fixes per-level breadth and depth from the run's shape."""
+
+    nodes: int = 0
+    spec: str = ""
+    actor: str = "budget"
+    prunes: bool = True
+    levels: list[int] = field(default_factory=list)  # expansions per frame at each level
+
+    def plan(self, candidates_per_level: list[int]) -> list[int]:
+        self.levels = shallow_levels(self.nodes - 1, candidates_per_level)
+        return self.levels
+
+    def choose(self, x, state, stage, rng) -> Choice:
+        n = len(x)
+        depth = int(state.depth or 0)
+        keep = self.levels[depth] if depth < len(self.levels) else 0
+        budget = state.extra.get("budget_left", n)
+        k = max(0, min(n, keep, budget))
+        return Choice(list(range(k)), [None] * n, [None] * n)
+
+
+def shallow_levels(expansions: int, candidates_per_level: list[int]) -> list[int]:
+    """Per-level breadth of the largest full tree with at most ``expansions`` expanded nodes.
+
+    Trees follow GPT-Researcher's shape — breadth b at the first level, then max(2, b // 2) (b itself when
+    b < 2) — capped by the candidates each frame has and by the configured depth. Ties prefer the wider,
+    shallower tree. A budget below one expansion expands nothing.
+    """
+    best: tuple[int, int, list[int]] = (0, 0, [])
+    for b in range(1, (candidates_per_level[0] if candidates_per_level else 0) + 1):
+        for d in range(1, len(candidates_per_level) + 1):
+            levels, width, total, frames = [], b, 0, 1
+            for lvl in range(d):
+                w = min(width, candidates_per_level[lvl])
+                levels.append(w)
+                frames *= w
+                total += frames
+                width = max(2, width // 2) if width >= 2 else 1
+            if total <= expansions and (total, b) > best[:2]:
+                best = (total, b, levels)
+    return best[2]
+
+
+def parse(spec: str | None, stage: str) -> Policy:
+    """A stage policy from its spec (see the module docstring)."""
+    if stage not in STAGES:
+        raise BranchgateError(f"unknown stage {stage!r}")
+    spec = (spec or "none").strip()
+    name, _, arg = spec.partition(":")
+    name = name.strip().lower()
+    flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
+    if name == "none":
+        if arg:
+            raise BranchgateError(f"{flag} {spec}: 'none' takes no argument")
+        return NonePolicy()
+    if name == "random":
+        try:
+            rate = float(arg)
+        except ValueError:
+            raise BranchgateError(f"{flag} {spec}: expected random:RATE with RATE in [0, 1]") from None
+        if not 0 <= rate <= 1:
+            raise BranchgateError(f"{flag} {spec}: RATE must be in [0, 1]")
+        return RandomPolicy(rate=rate, spec=spec)
+    if name == "gate":
+        if not arg:
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH (a controller.onnx or its folder)")
+        return GatePolicy(path=arg, spec=spec)
+    if name == "shallow":
+        if stage != "pre_retrieval":
+            raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")
+        try:
+            nodes = int(arg)
+        except ValueError:
+            raise BranchgateError(f"{flag} {spec}: expected shallow:NODES with an integer node budget") from None
+        if nodes < 1:
+            raise BranchgateError(f"{flag} {spec}: NODES must be ≥ 1 (the root counts as one node)")
+        return ShallowPolicy(nodes=nodes, spec=spec)
+    from branchgate.models import teachers
+
+    if name not in teachers.NAMES:
+        raise BranchgateError(f"{flag} {spec}: unknown policy {name!r}; use none, random:RATE, gate:PATH, "
+                              f"shallow:NODES or a teacher: {', '.join(teachers.NAMES)}")
+    params = _params(arg, flag, spec)
+    sel = {k: params.pop(k) for k in SELECTION_KEYS if k in params}
+    if sel.get("mode") not in (None, "gate", "select"):
+        raise BranchgateError(f"{flag} {spec}: mode must be gate or select")
+    max_items = sel.get("max_items")
+    if max_items is not None and (not float(max_items).is_integer() or max_items < 1):
+        raise BranchgateError(f"{flag} {spec}: max_items must be a positive integer")
+    try:
+        model = teachers.get(name, **params)
+    except TypeError as exc:
+        raise BranchgateError(f"{flag} {spec}: {exc}") from None
+    return TeacherPolicy(model=model, spec=spec, mode=sel.get("mode"), explicit_threshold="threshold" in params,
+                         max_items=None if max_items is None else int(max_items), max_tokens=sel.get("max_tokens"))
+
+
+def _params(arg: str, flag: str, spec: str) -> dict:
+    out: dict = {}
+    for part in filter(None, (p.strip() for p in arg.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise BranchgateError(f"{flag} {spec}: expected key=value, got {part!r}")
+        key, value = key.strip(), value.strip()
+        if key == "mode":
+            out[key] = value
+            continue
+        try:
+            num = float(value)
+        except ValueError:
+            raise BranchgateError(f"{flag} {spec}: {key}={value!r} is not a number") from None
+        if not math.isfinite(num):
+            raise BranchgateError(f"{flag} {spec}: {key} must be finite")
+        out[key] = num
+    return out

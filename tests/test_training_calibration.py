@@ -1,0 +1,48 @@
+"""τ calibration and metrics on hand-made cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from branchgate.training.metrics import calibrate_tau, ece, gate_metrics, top1_accuracy
+
+
+def test_f1_tau_on_hand_made_case():
+    # sorted scores .9(1) .8(1) .7(0) .6(1) .3(0) .2(0): F1 is best keeping the top 4 (tp 3, fp 1) → 6/7
+    scores = np.array([0.3, 0.9, 0.6, 0.2, 0.8, 0.7])
+    labels = np.array([0, 1, 1, 0, 1, 0])
+    tau = calibrate_tau(scores, labels, "f1")
+    assert tau == pytest.approx(0.45)  # midway between the lowest kept (.6) and the next (.3)
+    assert ((scores >= tau) == np.array([0, 1, 1, 0, 1, 1], bool)).all()
+
+
+def test_f1_ignores_excluded_rows_and_ties():
+    scores = np.array([0.9, 0.5, 0.5, 0.1, 0.95])
+    labels = np.array([1, 1, 0, 0, -1])
+    tau = calibrate_tau(scores, labels, "f1")
+    # kept {0.9}: F1 2/3; kept {0.9, 0.5, 0.5} (a tie is kept or dropped whole): F1 0.8; the -1 row is ignored
+    assert tau == pytest.approx(0.3)
+
+
+def test_keep_rate_and_fixed():
+    scores = np.linspace(0, 1, 11)
+    tau = calibrate_tau(scores, np.zeros(11, int), "keep_rate", keep_rate=0.3)
+    assert (scores >= tau).sum() == 3
+    assert calibrate_tau(scores, None, "fixed", tau=0.5) == 0.5
+    with pytest.raises(ValueError):
+        calibrate_tau(scores, None, "keep_rate")
+
+
+def test_top1_ece_and_gate_metrics():
+    groups = np.array([0, 0, 0, 1, 1, 2])
+    utility = np.array([0.0, 2.0, 1.0, 1.0, 1.0, 3.0])
+    scores = np.array([0.1, 0.9, 0.5, 0.2, 0.8, 0.5])
+    assert top1_accuracy(scores, utility, groups) == 1.0  # frame 2 has one candidate: not counted
+    assert top1_accuracy(-scores, utility, groups) == 0.5  # frame 0 wrong, frame 1 a tie (still best)
+    assert ece(np.array([0.9, 0.9]), np.array([1, 1])) == pytest.approx(0.1)
+    labels = np.array([0, 1, 0, 1, 1, -1])
+    m = gate_metrics(scores, scores, labels, utility, groups, tau=0.5)
+    assert m["keep_rate"] == pytest.approx(4 / 6)
+    assert m["recall"] == pytest.approx(2 / 3) and m["precision"] == pytest.approx(2 / 3)
+    assert 0.0 <= m["auroc"] <= 1.0 and m["n_labelled"] == 5

@@ -1,0 +1,98 @@
+"""End to end: `branchgate train` learns a planted signal; metrics, plots, checkpoint; `evaluate`; CLI errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from branchgate.cli import main
+from branchgate.data.decisions import TextTable, build_decisions
+from branchgate.data.embedding_cache import EmbeddingCache
+from branchgate.data.synthetic import write_synthetic_dataset
+from branchgate.training.metrics import METRIC_KEYS
+from branchgate.training.plots import PLOTS
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, encoder):
+    import datasets
+
+    root = tmp_path_factory.mktemp("fit")
+    ds = write_synthetic_dataset(root / "ds", n_runs=110, seed=7)
+    cache = root / "emb.sqlite"
+    texts = TextTable()
+    dsd = datasets.load_from_disk(str(ds))
+    for name in dsd:
+        build_decisions(name, dsd[name], texts)
+    EmbeddingCache(encoder, cache).get(texts.texts[1:])  # warm: training itself never loads the encoder
+    out = root / "run"
+    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
+               "--out", str(out), "--wandb.mode", "disabled", "--trainer.max_epochs", "15", "--model.hidden", "32",
+               "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    assert rc == 0
+    return ds, cache, out
+
+
+def test_learns_planted_signal_and_beats_baselines(trained):
+    _, _, out = trained
+    m = json.loads((out / "metrics.json").read_text())
+    for key in METRIC_KEYS:
+        assert key in m
+    assert m["auroc"] >= 0.8, m["auroc"]
+    assert m["auroc"] > m["baselines"]["random"]["auroc"] + 0.2
+    assert m["auroc"] > m["baselines"]["tfidf_logreg"]["auroc"]
+    assert set(m["baselines"]) == {"teacher_lexical", "tfidf_logreg", "random"}
+    for name, b in m["baselines"].items():
+        assert set(METRIC_KEYS) <= set(b), name
+    assert m["baselines"]["random"]["keep_rate"] == pytest.approx(m["keep_rate"], abs=0.01)
+    assert m["encoder"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert m["embedding_cache"]["misses"] == 0
+    for name in PLOTS:
+        assert (out / name).stat().st_size > 1000
+    assert (out / "config.yaml").is_file() and (out / "logs" / "metrics.csv").is_file()
+
+
+def test_final_checkpoint_holds_tau_and_standardisation(trained):
+    from branchgate.training.checkpoint import META_KEYS, load_controller
+
+    _, _, out = trained
+    m = json.loads((out / "metrics.json").read_text())
+    net, meta = load_controller(out / "controller.ckpt")
+    assert set(META_KEYS) <= set(meta)
+    assert meta["tau"] == pytest.approx(m["tau"]) and meta["calibration"]["method"] == "f1"
+    assert meta["encoder"] == m["encoder"] and meta["dim"] == 384
+    assert any(abs(v - 1.0) > 1e-3 for v in meta["standardisation"]["scalar_std"])  # fitted, not defaults
+    assert float(net.scalar_std[0]) == pytest.approx(meta["standardisation"]["scalar_std"][0])
+
+
+def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):
+    ds, cache, out = trained
+    rc = main(["evaluate", "--checkpoint", str(out / "controller.ckpt"), "--dataset", str(ds), "--cache", str(cache),
+               "--out", str(tmp_path / "eval")])
+    assert rc == 0
+    again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    first = json.loads((out / "metrics.json").read_text())
+    assert again["auroc"] == pytest.approx(first["auroc"]) and again["tau"] == pytest.approx(first["tau"])
+    assert "teacher_lexical" in capsys.readouterr().out
+
+
+def test_cli_encoder_errors(trained, tmp_path, capsys):
+    ds, cache, _ = trained
+    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
+               "--data.encoder", "no-such-org/no-such-encoder", "--out", str(tmp_path / "x"), "--wandb.mode", "disabled"])
+    assert rc == 2
+    assert "--encoder packaged" in capsys.readouterr().err
+    import shutil
+
+    bge = tmp_path / "bge"
+    shutil.copytree(ds, bge)
+    manifest = json.loads((bge / "manifest.json").read_text())
+    manifest["encoder"] = "BAAI/bge-small-en-v1.5"
+    (bge / "manifest.json").write_text(json.dumps(manifest))
+    rc = main(["evaluate", "--checkpoint", str(tmp_path.parent / "x.ckpt"), "--dataset", str(bge)])
+    assert rc == 2 and "checkpoint not found" in capsys.readouterr().err
+    _, _, out = trained
+    rc = main(["evaluate", "--checkpoint", str(out / "controller.ckpt"), "--dataset", str(bge), "--cache", str(cache),
+               "--out", str(tmp_path / "e")])
+    assert rc == 2 and "was built with encoder 'BAAI/bge-small-en-v1.5'" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+"""``branchgate train``: arguments follow LightningCLI conventions and are handed to it unparsed.
+
+    branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
+    branchgate train --help          (every option: --model.*, --data.*, --trainer.*, --calibration.*, ...)
+
+``--config NAME`` also finds the packaged configs (quickstart, paper, benchmark) by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lightning_argv", nargs="*", metavar="ARGS",
+                        help="LightningCLI arguments: --config FILE, --model.*, --data.*, --trainer.*, --out DIR")
+
+    def parse_known_args(args=None, namespace=None):
+        # Everything after `train` (including --help) goes to LightningCLI untouched.
+        ns = namespace if namespace is not None else argparse.Namespace()
+        for key, value in parser._defaults.items():
+            setattr(ns, key, value)
+        ns.lightning_argv = list(args or [])
+        return ns, []
+
+    parser.parse_known_args = parse_known_args
+
+
+def resolve_config_names(argv: list[str]) -> list[str]:
+    """``--config quickstart`` → the packaged configs/quickstart.yaml when no such file exists."""
+    packaged = Path(__file__).resolve().parents[1] / "configs"
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            out.append("--config=" + _find(arg.split("=", 1)[1], packaged))
+        elif i > 0 and argv[i - 1] == "--config":
+            out.append(_find(arg, packaged))
+        else:
+            out.append(arg)
+    return out
+
+
+def _find(name: str, packaged: Path) -> str:
+    if Path(name).exists():
+        return name
+    for cand in (packaged / name, packaged / f"{name}.yaml"):
+        if cand.is_file():
+            return str(cand)
+    return name
+
+
+def run(args) -> int:
+    from branchgate.training.fit import train
+
+    train(resolve_config_names(args.lightning_argv))
+    return 0

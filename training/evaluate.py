@@ -1,0 +1,128 @@
+"""Score a trained controller on a dataset's splits, calibrate τ, compare with baselines, write metrics + plots."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from branchgate import __version__
+from branchgate.fileio import atomic_write_json
+from branchgate.training.baselines import evaluate_baselines
+from branchgate.training.metrics import METRIC_KEYS, calibrate_tau, clean, gate_metrics, top1_accuracy
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def predict(net, dset, table, batch_decisions: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """``(p_keep, utility)`` for every row of the split ``dset`` was built from (split row order)."""
+    n = len(dset.decision)
+    p_keep, util = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    was_training = net.training
+    net.eval()
+    for start in range(0, len(dset), batch_decisions):
+        b = dset.batch(np.arange(start, min(start + batch_decisions, len(dset))), table)
+        logit, u = net.score_batch(b["root"], b["frame"], b["goal"], b["retained"], b["cand"], b["features"])
+        m = b["mask"].numpy()
+        rows = dset.row[b["rows"].numpy()[m]]
+        p_keep[rows] = torch.sigmoid(logit).numpy()[m]
+        util[rows] = u.numpy()[m]
+    net.train(was_training)
+    return p_keep, util
+
+
+def _col(split, name, dtype) -> np.ndarray:
+    return np.asarray([np.nan if v is None else v for v in split[name]], dtype=dtype)
+
+
+def calibrate(net, dm, method: str = "f1", keep_rate: float | None = None, tau: float | None = None) -> float:
+    """τ from the validation split."""
+    p, _ = predict(net, dm.sets["validation"], dm.table)
+    return calibrate_tau(p, np.asarray(dm.splits["validation"]["label"], np.int64), method, keep_rate, tau)
+
+
+def evaluate(net, meta: dict, dm, out: str | Path, tau: float, calibration: dict | None = None, seed: int = 0,
+             extra: dict | None = None) -> dict:
+    """Test-split metrics of the model (at ``tau``) and every baseline → ``out/metrics.json`` + PNG plots."""
+    from branchgate.training.plots import write_plots
+
+    out = Path(out)
+    calibration = dict(calibration or {"method": "f1", "keep_rate": None})
+    test = dm.splits["test"]
+    dset = dm.sets["test"]
+    labels, utility = np.asarray(test["label"], np.int64), _col(test, "utility", np.float64)
+    p, u = predict(net, dset, dm.table)
+    model = gate_metrics(p, p, labels, utility, dset.decision, tau, utility_pred=u)
+    model["top1_accuracy_utility_head"] = top1_accuracy(u, utility, dset.decision)
+    baselines, curves = evaluate_baselines(dm.splits, dset.decision, model["keep_rate"] or 0.0,
+                                           calibration.get("method", "f1"), calibration.get("keep_rate"), seed)
+    metrics = {
+        **model,
+        "baselines": baselines,
+        "encoder": meta.get("encoder"),
+        "dataset": str(dm.dataset_path),
+        "data_sha256": meta.get("data_sha256"),
+        "label_kind": dm.manifest.get("label_kind"),
+        "label_threshold": dm.manifest.get("label_threshold"),
+        "calibration": calibration,
+        "n_decision_points": {name: len(s) for name, s in dm.sets.items()},
+        "n_rows": {name: s.n_rows for name, s in dm.sets.items()},
+        "embedding_cache": dm.cache_stats,
+        "branchgate_version": __version__,
+        **(extra or {}),
+    }
+    metrics = clean(metrics)
+    atomic_write_json(out / "metrics.json", metrics)
+    write_plots(out, labels, p, p, tau, curves)
+    return metrics
+
+
+def format_table(metrics: dict) -> str:
+    """Model vs baselines, one row each."""
+    cols = [k for k in METRIC_KEYS if k not in ("precision", "recall")]
+    rows = [("model", metrics)] + list(metrics.get("baselines", {}).items())
+    width = max(len(name) for name, _ in rows)
+    head = f"{'':<{width}}  " + "  ".join(f"{c[:9]:>9}" for c in cols)
+
+    def cell(v):
+        return f"{v:>9.4f}" if isinstance(v, (int, float)) else f"{'-':>9}"
+
+    lines = [head] + [f"{name:<{width}}  " + "  ".join(cell(m.get(c)) for c in cols) for name, m in rows]
+    return "\n".join(lines)
+
+
+def encoder_spec_from_meta(meta: dict):
+    """The checkpoint's encoder: by name (hub cache / packaged), else its recorded local path."""
+    from branchgate.models.encoder import EncoderSpec, EncoderUnavailable, resolve
+
+    name = meta["encoder"]
+    try:
+        spec = resolve(name, allow_download=False)
+    except EncoderUnavailable:
+        path = meta.get("encoder_path")
+        if path and Path(path).is_dir():
+            return EncoderSpec(name, path)
+        raise
+    return spec if spec.id == name else EncoderSpec(name, spec.path)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | Path, cache: str | None = None,
+                        recalibrate: str | None = None, keep_rate: float | None = None, seed: int = 0) -> dict:
+    """``branchgate evaluate``: recompute metrics.json and plots for an existing checkpoint."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.training.checkpoint import load_controller
+
+    net, meta = load_controller(checkpoint)
+    dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
+    dm.encoder_spec = encoder_spec_from_meta(meta)
+    dm.setup("test")  # checks the dataset's encoder against the checkpoint's (MismatchError)
+    calibration = dict(meta.get("calibration") or {"method": "f1", "keep_rate": None})
+    tau = meta.get("tau")
+    if recalibrate or tau is None:
+        calibration = {"method": recalibrate or calibration.get("method", "f1"), "keep_rate": keep_rate}
+        tau = calibrate(net, dm, calibration["method"], keep_rate, meta.get("tau"))
+    return evaluate(net, meta, dm, out, float(tau), calibration, seed=seed,
+                    extra={"checkpoint": str(checkpoint), "tau_source": "recalibrated" if recalibrate else "checkpoint"})

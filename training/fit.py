@@ -1,0 +1,157 @@
+"""``branchgate train``: LightningCLI (jsonargparse) over ControllerModule + DecisionDataModule.
+
+    branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
+
+Flow: fit (early stopping and checkpoint selection on val_auroc) → reload the best weights → calibrate τ
+on validation → save ``OUT/controller.ckpt`` (weights, standardisation, encoder, τ) → evaluate on test
+against the baselines → ``OUT/metrics.json`` + PNG plots → print the metrics table.
+Loggers: CSV (``OUT/logs``) and Weights & Biases (offline by default; ``--wandb.mode online`` when you
+have configured wandb, ``disabled`` to skip it). ``--trainer.logger false`` turns logging off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from branchgate.data.datamodule import DecisionDataModule
+from branchgate.training.module import ControllerModule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Calibration:
+    """How τ is chosen on the validation split (baselines use the same method; ``fixed`` → max F1 for them)."""
+
+    method: Literal["f1", "keep_rate", "fixed"] = "f1"
+    keep_rate: float | None = None  # target fraction kept, for method keep_rate
+    tau: float | None = None  # the threshold, for method fixed
+
+
+@dataclass
+class Wandb:
+    """Weights & Biases logging."""
+
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "branchgate"
+    name: str | None = None
+
+
+class TrainCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--out", type=Optional[str], default=None,
+                            help="run directory for checkpoints, logs, metrics.json and plots (default runs/<config>-<time>)")
+        parser.add_argument("--threads", type=int, default=1,
+                            help="torch CPU threads (the net is small: 1 avoids contention; 0 = torch's default)")
+        parser.add_argument("--calibration", type=Calibration, default=Calibration())
+        parser.add_argument("--wandb", type=Wandb, default=Wandb())
+        parser.add_lightning_class_args(EarlyStopping, "early_stopping")
+        parser.set_defaults({"early_stopping.monitor": "val_auroc", "early_stopping.mode": "max",
+                             "early_stopping.patience": 8})
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val_auroc", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
+                             "checkpoint.filename": "best-{epoch:03d}-{val_auroc:.4f}", "checkpoint.save_last": False})
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config
+        if not cfg.get("out"):
+            configs = cfg.get("config") or []
+            stem = Path(str(configs[-1])).stem if configs else "run"
+            cfg["out"] = str(Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+        out = Path(cfg["out"])
+        if cfg.get("checkpoint.dirpath") is None:
+            cfg["checkpoint.dirpath"] = str(out / "checkpoints")
+        if cfg.get("trainer.default_root_dir") is None:
+            cfg["trainer.default_root_dir"] = str(out)
+
+    def instantiate_trainer(self, **kwargs):
+        logger = self.config_init.get("trainer.logger")
+        if logger is None or logger is True:
+            kwargs["logger"] = make_loggers(Path(self.config["out"]), self.config_init["wandb"])
+        return super().instantiate_trainer(**kwargs)
+
+
+def make_loggers(out: Path, wb: Wandb) -> list:
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers = [CSVLogger(save_dir=str(out), name="logs", version="")]
+    if wb.mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        loggers.append(WandbLogger(project=wb.project, name=wb.name or out.name, save_dir=str(out),
+                                   offline=wb.mode == "offline"))
+    return loggers
+
+
+def train(argv: list[str] | None = None) -> dict:
+    """Run the whole training command; returns the metrics dict."""
+    import torch
+
+    from branchgate.fileio import atomic_write_text
+    from branchgate.training.evaluate import calibrate, evaluate, format_table
+
+    logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints its own INFO lines
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+
+    cli = TrainCLI(
+        ControllerModule, DecisionDataModule, run=False, args=argv, seed_everything_default=0,
+        save_config_callback=None, auto_configure_optimizers=False,
+        trainer_defaults={"accelerator": "cpu", "devices": 1, "deterministic": True, "log_every_n_steps": 5},
+        parser_kwargs={"prog": "branchgate train", "description": __doc__.split("\n\n")[0],
+                       "default_env": False},
+    )
+    if cli.config.get("threads"):
+        torch.set_num_threads(int(cli.config["threads"]))
+    out = Path(cli.config["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "config.yaml", cli.parser.dump(cli.config, skip_none=False))
+    trainer, model, dm = cli.trainer, cli.model, cli.datamodule
+    dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts
+    calib = cli.config_init["calibration"]
+    started = time.perf_counter()
+    trainer.fit(model, datamodule=dm)
+    fit_s = time.perf_counter() - started
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if best:
+        from branchgate.training.checkpoint import read_checkpoint
+
+        model.load_state_dict(read_checkpoint(best)["state_dict"])
+        log.info("best checkpoint %s (val_auroc %.4f)", best, float(trainer.checkpoint_callback.best_model_score or 0))
+    model.net.eval()
+    tau = calibrate(model.net, dm, calib.method, calib.keep_rate, calib.tau)
+    model.tau = tau
+    model.meta.update(tau=tau, calibration=asdict(calib))
+    final = out / "controller.ckpt"
+    tmp = out / ".controller.ckpt.tmp"
+    trainer.save_checkpoint(tmp, weights_only=True)
+    os.replace(tmp, final)
+    metrics = evaluate(model.net, model.meta, dm, out, tau, asdict(calib), seed=int(cli.config.get("seed_everything") or 0),
+                       extra={"checkpoint": str(final), "best_checkpoint": best or None,
+                              "epochs": int(trainer.current_epoch), "fit_seconds": round(fit_s, 2),
+                              "val_auroc_best": float(trainer.checkpoint_callback.best_model_score)
+                              if trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_score is not None else None})
+    for lg in trainer.loggers:
+        flat = {f"test/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        flat.update({f"test/{b}/{k}": v for b, m in metrics["baselines"].items() for k, v in m.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        lg.log_metrics(flat, step=trainer.global_step)
+        lg.finalize("success")
+    print(format_table(metrics))
+    print(f"encoder {metrics['encoder']}; tau {tau:.4f} ({calib.method}); embedding cache "
+          f"hits {dm.cache_stats.get('hits')} misses {dm.cache_stats.get('misses')}")
+    print(f"wrote {final}, {out / 'metrics.json'} and plots in {out}")
+    return metrics

@@ -1,0 +1,151 @@
+"""LightningModule: multitask training of the ValueNet on batches of decision points.
+
+Loss = w_bce · BCE(keep logit, y) with positive-class weight (class balancing; ``pos_weight: null`` =
+n_neg / n_pos on train) over rows with label != -1, plus w_reg · Huber(ĝ, g) on standardised utility over
+rows with a finite g. Validation logs ``val_auroc`` (early stopping / checkpoint selection) and ``val_loss``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from branchgate.models.value_model import ValueNet
+from branchgate.training.checkpoint import checkpoint_entry, make_meta
+
+log = logging.getLogger(__name__)
+
+
+class ControllerModule(L.LightningModule):
+    def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
+                 w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
+                 mmr_lambda: float = 0.35):
+        """
+        Args:
+            hidden: width of the towers and the MLP.
+            dropout: dropout on tower inputs and MLP layers.
+            lr: AdamW learning rate.
+            weight_decay: AdamW weight decay.
+            w_bce: weight of the keep (BCE) loss.
+            w_reg: weight of the utility (Huber) loss.
+            huber_delta: Huber transition point, in standard deviations of train utility.
+            pos_weight: BCE weight of positive rows; null = n_neg / n_pos on train (class balancing).
+            mmr_lambda: relevance weight of the in-graph MMR-like features.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.net: ValueNet | None = None
+        self.meta: dict = {}
+        self.tau: float | None = None
+        self._pos_weight = 1.0
+        self._val: list[tuple[np.ndarray, np.ndarray]] = []
+
+    # -- construction ------------------------------------------------------------------------------------
+    def build(self, dim: int) -> ValueNet:
+        hp = self.hparams
+        self.net = ValueNet(dim, hidden=hp.hidden, dropout=hp.dropout, mmr_lambda=hp.mmr_lambda)
+        return self.net
+
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule
+        if dm is None:
+            return
+        if self.net is None:
+            self.build(dm.dim)
+        stats = dm.train_stats()
+        self._pos_weight = float(self.hparams.pos_weight) if self.hparams.pos_weight is not None else stats["pos_weight"]
+        self.meta = make_meta(dm.encoder, tau=self.tau, data_sha256=dm.data_sha256(),
+                              dataset_encoder=dm.manifest.get("encoder"), label_kind=dm.manifest.get("label_kind"),
+                              label_threshold=dm.manifest.get("label_threshold"), teacher=dm.manifest.get("teacher"),
+                              dataset_schema_version=dm.manifest.get("schema_version"), train_stats=stats)
+        if stage == "fit":
+            fit_standardisation(self.net, dm.loader("train"), stats)
+            log.info("train: %d positive / %d negative labelled rows; BCE pos_weight %.3f",
+                     stats["n_pos"], stats["n_neg"], self._pos_weight)
+
+    # -- training ----------------------------------------------------------------------------------------
+    def _heads(self, batch):
+        return self.net.raw_heads(batch["root"], batch["frame"], batch["goal"], batch["retained"], batch["cand"],
+                                  batch["features"])
+
+    def _loss(self, batch, logit, z):
+        label, util = batch["label"], batch["utility"]
+        lab = label >= 0
+        terms = logit.sum() * 0.0
+        bce = reg = None
+        if lab.any():
+            pw = torch.tensor(self._pos_weight, dtype=logit.dtype)
+            bce = F.binary_cross_entropy_with_logits(logit[lab], label[lab].to(logit.dtype), pos_weight=pw)
+            terms = terms + self.hparams.w_bce * bce
+        fin = torch.isfinite(util) & batch["mask"]
+        if fin.any() and self.hparams.w_reg > 0:
+            target = (util[fin] - self.net.utility_mean) / self.net.utility_std
+            reg = F.huber_loss(z[fin], target, delta=self.hparams.huber_delta)
+            terms = terms + self.hparams.w_reg * reg
+        return terms, bce, reg
+
+    def training_step(self, batch, batch_idx):
+        logit, z = self._heads(batch)
+        loss, bce, reg = self._loss(batch, logit, z)
+        n = int(batch["mask"].sum())
+        self.log("train_loss", loss, prog_bar=True, batch_size=n)
+        if bce is not None:
+            self.log("train_bce", bce, batch_size=n)
+        if reg is not None:
+            self.log("train_huber", reg, batch_size=n)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        logit, z = self._heads(batch)
+        loss, _, _ = self._loss(batch, logit, z)
+        self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()))
+        lab = batch["label"] >= 0
+        self._val.append((torch.sigmoid(logit[lab]).detach().cpu().numpy(), batch["label"][lab].cpu().numpy()))
+
+    def on_validation_epoch_end(self):
+        from branchgate.training.metrics import safe_auroc
+
+        p = np.concatenate([a for a, _ in self._val]) if self._val else np.zeros(0)
+        y = np.concatenate([b for _, b in self._val]) if self._val else np.zeros(0)
+        self._val.clear()
+        auroc = safe_auroc(y, p)
+        self.log("val_auroc", 0.5 if auroc is None else auroc, prog_bar=True)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.net.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["branchgate"] = checkpoint_entry(self.net, dict(self.meta, tau=self.tau))
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        entry = checkpoint.get("branchgate") or {}
+        if self.net is None and entry:
+            self.net = ValueNet(**entry["net"])
+        if entry:
+            self.meta = dict(entry["meta"])
+            self.tau = self.meta.get("tau")
+
+
+@torch.no_grad()
+def fit_standardisation(net: ValueNet, loader, stats: dict) -> dict:
+    """Fit the scalar-feature standardisation on ``loader`` (the train split) and the utility scale from ``stats``."""
+    total = sq = None
+    count = 0
+    for batch in loader:
+        s = net.scalars(batch["root"], batch["frame"], batch["goal"], batch["retained"], batch["cand"],
+                        batch["features"]).double()
+        m = batch["mask"]
+        v = s[m]
+        total = v.sum(0) if total is None else total + v.sum(0)
+        sq = (v * v).sum(0) if sq is None else sq + (v * v).sum(0)
+        count += v.shape[0]
+    mean = total / max(count, 1)
+    std = (sq / max(count, 1) - mean * mean).clamp(min=0).sqrt()
+    std = torch.where(std < 1e-6, torch.ones_like(std), std)  # constant features stay unscaled
+    net.set_standardisation(mean.float(), std.float(), stats["utility_mean"], stats["utility_std"])
+    return net.standardisation()
