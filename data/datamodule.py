@@ -73,10 +73,15 @@ class DecisionDataModule(L.LightningDataModule):
         for name in SPLITS:
             s = self.sets[name]
             log.info("%s: %d decision points, %d rows, %d labelled", name, len(s), s.n_rows, int((s.label >= 0).sum()))
-        if len(self.sets["train"]) == 0:
-            from branchgate.errors import InputError
+        for name in SPLITS:
+            s = self.sets[name]
+            if not (s.label >= 0).any():
+                from branchgate.errors import InputError
 
-            raise InputError("the train split is empty", file=self.dataset_path)
+                runs = self.manifest.get("n_runs", {})
+                raise InputError(f"the {name} split has no labelled rows ({len(s)} decision points, "
+                                 f"runs per split {runs}); splits are by run hash, so add more runs",
+                                 file=self.dataset_path)
 
     # -- info used by the model --------------------------------------------------------------------------
     @property

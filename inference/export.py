@@ -14,6 +14,7 @@ must be within ``auroc_tol`` of the fp32 graph's. A model that fails is not writ
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -145,7 +146,8 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             qraw = tmp / "quant.onnx"
-            quantize_dynamic(str(tmp_paths["fp32"]), str(qraw), weight_type=QuantType.QInt8, per_channel=False)
+            with _quiet_root_logger():  # the quantizer logs every tensor at INFO on the root logger
+                quantize_dynamic(str(tmp_paths["fp32"]), str(qraw), weight_type=QuantType.QInt8, per_channel=False)
             write_metadata(qraw, tmp_paths["int8"], dict(props, precision="int8"))
             qraw.unlink()
             q = _run_gate(tmp_paths["int8"], decisions)
@@ -178,9 +180,21 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         for key, path in files.items():
             shutil.move(str(tmp_paths[key]), str(path))
         atomic_write_text(paths["card"], model_card(report, props, meta))
+        paths["card"].chmod(0o644)
         return report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_root_logger():
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 # -- pieces -----------------------------------------------------------------------------------------------

@@ -221,7 +221,29 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "embedding_cache": cache.stats(),
         "source_sha256": source_sha,
         "columns": columns(list(models)),
+        "warnings": _label_warnings(rows, thresholds),
     }
+
+
+def _label_warnings(rows, thresholds) -> list[str]:
+    """Say when labels cannot teach anything (one class only), with the utilities' quantiles."""
+    import numpy as np
+
+    out = []
+    realized = [r for s in SPLITS for r in rows[s] if r["label_source"] == "realized"]
+    if not realized:
+        if any(rows[s] for s in SPLITS):
+            out.append("no realized labels: no expanded candidate has known retrieved evidence")
+        return out
+    for kind, thr in thresholds.items():
+        rs = [r for r in realized if r["utility_kind"] == kind]
+        labels = {r["label"] for r in rs}
+        if len(rs) and len(labels) == 1:
+            u = np.asarray([r["utility"] for r in rs], dtype=np.float64)
+            q = ", ".join(f"{p}%={np.percentile(u, p):.4g}" for p in (25, 50, 75))
+            out.append(f"all {len(rs)} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
+                       f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose --label-threshold")
+    return out
 
 
 def _summary(values: list[float]) -> dict:

@@ -49,4 +49,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1
     print(summary_line(manifest, args.out), file=sys.stderr)
+    for warning in manifest["warnings"]:
+        print(f"branchgate: warning: {warning}", file=sys.stderr)
     return 0

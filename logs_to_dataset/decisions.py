@@ -2,8 +2,8 @@
 
 For each ``frame_open`` (a decision point) it collects the frame's candidates and, using ``seq`` order:
 
-- ``retained``: the branches expanded before the frame opened (``decision`` expand with smaller seq),
-  as ``texts.candidate_text(query, goal)``, in decision order;
+- ``retained``: the branches expanded before the frame opened (``decision`` expand, or else a
+  ``retrieval``, with smaller seq), as ``texts.candidate_text(query, goal)``, in that order;
 - ``context_ids`` (C_t): evidence ids retrieved before the frame opened, minus ids removed by
   ``prune`` events of stage ``post_retrieval`` before it, in retrieval order;
 - per candidate: ``expanded`` (an expand decision, or a retrieval for it) and ``evidence_ids`` E(c) (the
@@ -132,8 +132,8 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
     if unknown_ids:
         problems.append(f"{unknown_ids} retrieval(s) name evidence the run never emitted (utility unknown)")
 
-    first_expand: dict[str, int] = {}
-    for seq, cid in expands:
+    first_expand: dict[str, int] = {}  # a retrieval without a decision also means "expanded"
+    for seq, cid in sorted(expands + [(seq, cid) for seq, cid, _ in retrievals]):
         first_expand.setdefault(cid, seq)
     order = sorted(first_expand.items(), key=lambda kv: kv[1])
     timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in retrievals] + [(seq, "prune", ids) for seq, ids in prunes],

@@ -88,6 +88,7 @@ class Runner:
         self.embed_any = any(p.needs_embeddings for p in (self.pre, self.post, self.synth))
         self._ptok: dict[int, int] = {}
         self._embedded: set[str] = set()
+        self.score_log: list[tuple[str, float]] | None = None  # (stage, score) of every scored item, when a list
 
     # -- helpers -----------------------------------------------------------------------------------
     def passage_tokens(self, idx: list[int]) -> list[int]:
@@ -118,13 +119,14 @@ class Runner:
         return Items(list(texts), emb, None if tokens is None else np.asarray(tokens, dtype=np.float64))
 
     # -- one run -----------------------------------------------------------------------------------
-    def run(self, query, run_id: str, writer) -> dict:
+    def run(self, query, run_id: str, writer, rep: int = 0) -> dict:
         from branchgate.models.teachers import State
 
         env, cfg = self.env, self.cfg
         t_start = time.perf_counter()
         led = Ledger()
         self._embedded = set()
+        key = f"{query.id}.r{rep}"  # random choices depend on (seed, query, repetition, place): paired across policies
         w = lambda type_, **f: writer.write(type=type_, run_id=run_id, **f)  # noqa: E731
         root = query.query
         w("run_start", root_query=root, system=SYSTEM, config={
@@ -142,7 +144,7 @@ class Runner:
         stats["retrieval_calls"] += 1
         plan_texts = [env.texts[i] for i in plan_hits]
         with led.timed("generate"):
-            cands = self.gen.plan(root, plan_texts, self.levels[0], self._rng(run_id, "f0"))
+            cands = self.gen.plan(root, plan_texts, self.levels[0], self._rng(key, "f0"))
         self._llm(w, led, "plan", [root, *plan_texts], [candidate_text(c.query, c.goal) for c in cands])
 
         frames = [dict(frame_id="f0", parent_frame=None, parent_candidate=None, depth=0, frame_query=root,
@@ -174,8 +176,9 @@ class Runner:
                                   extra={"budget_left": self._budget_left(stats),
                                          "breadth": self.breadths[fr["depth"]]})
                     choice = self.pre.choose(self.items(texts, token_counts(texts), self.pre, led), state,
-                                             "pre_retrieval", self._rng(run_id, fid, "pre"))
+                                             "pre_retrieval", self._rng(key, fid, "pre"))
                 kept = set(choice.kept)
+                self._log("pre_retrieval", choice.scores)
                 for i, cid in enumerate(cids):
                     w("decision", candidate_id=cid, action="expand" if i in kept else "prune",
                       actor=self.pre.actor, score=choice.scores[i], p_keep=choice.p_keep[i])
@@ -211,8 +214,9 @@ class Runner:
                                                                   self.passage_tokens(context), self.post, led),
                                                frame_query=c.query, parent_goal=c.goal, depth=fr["depth"] + 1)
                             pc = self.post.choose(self.items([env.texts[j] for j in new], new_tokens, self.post, led),
-                                                  post_state, "post_retrieval", self._rng(run_id, cid, "post"))
+                                                  post_state, "post_retrieval", self._rng(key, cid, "post"))
                             keep_new = [new[j] for j in sorted(pc.kept)]
+                            self._log("post_retrieval", pc.scores)
                         else:
                             keep_new = list(new)
                     removed = [pi for pi in new if pi not in set(keep_new)]
@@ -233,7 +237,7 @@ class Runner:
                         child = f"{fid}.{i}"
                         with led.timed("generate"):
                             kids = self.gen.followups(root, c, kept_texts, self.levels[level + 1],
-                                                      self._rng(run_id, child), fr["depth"] + 1, learned)
+                                                      self._rng(key, child), fr["depth"] + 1, learned)
                         kid_texts = [candidate_text(k.query, k.goal) for k in kids]
                         self._llm(w, led, "followups", [root, texts[i], *learned], kid_texts)
                         for kt in kid_texts:
@@ -254,7 +258,7 @@ class Runner:
                 ctx_items = self.items([env.texts[j] for j in context], self.passage_tokens(context), self.synth, led)
                 sc = self.synth.choose(ctx_items, State(query=root_items,
                                                         context=Items.empty(ctx_items.emb.shape[1]), frame_query=root,
-                                                        depth=0), "pre_synthesis", self._rng(run_id, "synth"))
+                                                        depth=0), "pre_synthesis", self._rng(key, "synth"))
                 final = [context[j] for j in sorted(sc.kept)]
         removed = [pi for pi in context if pi not in set(final)]
         if removed:
@@ -291,13 +295,17 @@ class Runner:
         w("run_end", status="ok", totals=totals)
         return totals
 
+    def _log(self, stage: str, scores) -> None:
+        if self.score_log is not None:
+            self.score_log.extend((stage, float(v)) for v in scores if v is not None)
+
     def _budget_left(self, stats) -> int:
         if isinstance(self.pre, policies.ShallowPolicy):
             return max(0, self.pre.nodes - stats["nodes"])
         return 1 << 30
 
-    def _rng(self, run_id: str, *parts: str) -> random.Random:
-        return random.Random("|".join((str(self.cfg.seed), run_id, *parts)))
+    def _rng(self, key: str, *parts: str) -> random.Random:
+        return random.Random("|".join((str(self.cfg.seed), key, *parts)))
 
     def _llm(self, w, led: Ledger, purpose: str, prompt: list[str], output: list[str]) -> None:
         usage = getattr(self.gen, "last_usage", None) if purpose in ("plan", "followups") else None

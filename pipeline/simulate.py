@@ -69,11 +69,12 @@ def run_id_of(qid: str, rep: int, cfg: Config) -> str:
 _RUNNER: Runner | None = None
 
 
-def make_runner(env_path: str, cfg: Config, gen_kw: dict, threads: int | None = None) -> Runner:
+def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None) -> Runner:
+    """A Runner for ``cfg`` over an environment (a loaded ``Env`` or its path)."""
     from branchgate.pipeline import env as envmod
     from branchgate.pipeline import generate
 
-    env = envmod.load(env_path)
+    env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)
     runner = Runner(env, cfg, generate.make(cfg.generator, env, **gen_kw))
     if runner.embed_any or cfg.retriever == "dense":
         if threads:
@@ -107,7 +108,7 @@ def run_one(runner: Runner, qid: str, rep: int, out: str) -> tuple[str, dict]:
     tmp.unlink(missing_ok=True)
     try:
         with TraceWriter(tmp) as writer:
-            totals = runner.run(runner.env.query_by_id[qid], run_id, writer)
+            totals = runner.run(runner.env.query_by_id[qid], run_id, writer, rep=rep)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -151,7 +152,7 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
     try:
         if workers <= 1 or len(todo) <= 1:
-            runner = make_runner(env_path, cfg, gen_kw) if todo else None
+            runner = make_runner(env, cfg, gen_kw) if todo else None
             for job in todo:
                 run_one(runner, *job)
                 bar.update(1)

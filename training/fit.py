@@ -52,6 +52,8 @@ class TrainCLI(LightningCLI):
                             help="run directory for checkpoints, logs, metrics.json and plots (default runs/<config>-<time>)")
         parser.add_argument("--threads", type=int, default=1,
                             help="torch CPU threads (the net is small: 1 avoids contention; 0 = torch's default)")
+        parser.add_argument("--ckpt_path", type=Optional[str], default=None,
+                            help="resume fitting from this Lightning checkpoint")
         parser.add_argument("--calibration", type=Calibration, default=Calibration())
         parser.add_argument("--wandb", type=Wandb, default=Wandb())
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
@@ -121,7 +123,7 @@ def train(argv: list[str] | None = None) -> dict:
     dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts
     calib = cli.config_init["calibration"]
     started = time.perf_counter()
-    trainer.fit(model, datamodule=dm)
+    trainer.fit(model, datamodule=dm, ckpt_path=cli.config.get("ckpt_path"))
     fit_s = time.perf_counter() - started
     if trainer.interrupted:
         raise KeyboardInterrupt

@@ -104,6 +104,21 @@ def top1_accuracy(scores, utility, groups) -> float | None:
     return float(hits / n) if n else None
 
 
+def keep_rate_with_fallback(scores, groups, tau: float) -> float | None:
+    """Keep rate of the deployed gate: score ≥ τ, and the top-1 of a decision point where nothing passes."""
+    scores, groups = np.asarray(scores, np.float64), np.asarray(groups)
+    if len(scores) == 0:
+        return None
+    order = np.argsort(groups, kind="mergesort")
+    s, g = scores[order], groups[order]
+    keep = s >= tau
+    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    ends = np.r_[starts[1:], len(g)]
+    for a, b in zip(starts[~np.logical_or.reduceat(keep, starts)], ends[~np.logical_or.reduceat(keep, starts)]):
+        keep[a + int(np.argmax(s[a:b]))] = True
+    return float(keep.mean())
+
+
 def spearman(x, y) -> float | None:
     from scipy.stats import spearmanr
 
@@ -138,6 +153,7 @@ def gate_metrics(scores, probs, labels, utility, groups, tau: float, utility_pre
         "spearman_utility": spearman(scores if utility_pred is None else utility_pred, utility),
         "top1_accuracy": top1_accuracy(scores, utility, groups),
         "keep_rate": float((scores >= tau).mean()) if len(scores) else None,
+        "keep_rate_fallback": keep_rate_with_fallback(scores, groups, tau),
         "tau": float(tau),
         "n_rows": int(len(scores)), "n_labelled": int(m.sum()), "n_positive": int((y == 1).sum()),
     }

@@ -1,0 +1,128 @@
+"""ONNX export: one graph (encoder + towers + heads), metadata, tokenizer, card, parity checks, refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from branchgate.cli import main
+from branchgate.errors import MismatchError
+from branchgate.inference.export import auroc, export_model
+from branchgate.inference.gate import REQUIRED_METADATA, DecisionState, Gate, read_metadata
+from branchgate.texts import candidate_text
+from test_export_support import exported, max_abs, trained_controller
+
+
+def test_export_writes_model_int8_twin_tokenizer_and_card(encoder):
+    report = exported(encoder)
+    files = {k: Path(v) for k, v in report["files"].items()}
+    assert set(files) == {"fp32", "int8", "tokenizer", "card"}
+    assert all(p.is_file() for p in files.values())
+    assert files["int8"].name == "controller.int8.onnx" and files["tokenizer"].name == "controller.tokenizer.json"
+    assert files["int8"].stat().st_size < files["fp32"].stat().st_size / 2
+    for key, precision in (("fp32", "fp32"), ("int8", "int8")):
+        meta = read_metadata(files[key])
+        assert set(REQUIRED_METADATA) <= set(meta)
+        assert meta["precision"] == precision
+        assert meta["encoder"] == encoder.id and int(meta["dim"]) == encoder.dim
+        assert json.loads(meta["feature_names"]) == ["depth", "order", "n_candidates", "n_retained"]
+        assert json.loads(meta["standardisation"])["scalar_names"][0] == "depth"
+        assert meta["data_sha256"] == "0" * 64 and float(meta["tau"]) == 0.5
+    par = report["parity"]
+    assert par["decisions"] == 8 and par["candidates"] == 64
+    assert par["fp32_max_abs_diff_p_keep"] <= 1e-4
+    assert par["fp32_auroc"] is not None and par["int8_auroc"] is not None
+    assert par["int8_auroc_delta"] <= 0.01
+    assert report["passed"] and not report["forced"]
+    card = files["card"].read_text()
+    assert "max |Δp_keep|" in card and encoder.id in card and "controller.int8.onnx" in card
+
+
+def _edge_decisions():
+    long_text = " ".join(f"word{i} evidence" for i in range(400))  # far beyond 256 tokens
+    ret = [candidate_text(f"retained branch {i} about soil erosion", f"goal {i}") for i in range(6)]
+    return [
+        (DecisionState("soil erosion causes", "soil erosion causes", "", [], 0), ["terracing effectiveness"]),
+        (DecisionState("soil erosion causes", "", "", [], 0), ["a", "terracing effectiveness\nmeasure yield", "a"]),
+        (DecisionState("soil erosion causes", "frame q", "parent goal", ret, 2),
+         [ret[0], "wind erosion in drylands", long_text, "水土流失的原因", "érosion des sols 🌱 <b>&amp;</b>"]),
+        (DecisionState("", "", "", ["only retained"], 1), ["x", "y"]),
+    ]
+
+
+def test_fp32_gate_matches_torch_on_edge_shapes(encoder):
+    from branchgate.inference.torch_ref import TorchController
+
+    report = exported(encoder)
+    net, _ = trained_controller(encoder)
+    torch_ref = TorchController(net, encoder)
+    gate = Gate.load(report["files"]["fp32"])
+    worst = 0.0
+    for rounds in range(2):  # second round: every text cached (the dummy-text path)
+        for state, cands in _edge_decisions():
+            p_t, u_t = torch_ref.predict(state, cands)
+            p_o, u_o = gate.predict(state, cands)
+            assert p_o.shape == (len(cands),) and np.all(np.isfinite(p_o)) and np.all(np.isfinite(u_o))
+            worst = max(worst, max_abs(p_t, p_o))
+            assert np.all(np.abs(u_t - u_o) <= 1e-4 * np.maximum(1.0, np.abs(u_t))), (u_t, u_o)
+    assert worst <= 1e-4, worst
+
+
+def test_gate_embeddings_match_encoder_including_truncation(encoder):
+    gate = Gate.load(exported(encoder)["files"]["fp32"])
+    texts = ["short", "x " * 1000, "Gesundheit für alle – ça va?", "ñandú 🦤"]
+    got = gate.embed(texts)
+    want = encoder.encode(texts)
+    assert max_abs(got.ravel(), want.ravel()) <= 1e-5
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert np.all(gate.embed(["", "   "]) == 0)
+
+
+def test_export_refuses_failed_parity_and_force_writes_anyway(encoder, tmp_path, capsys):
+    ckpt = exported(encoder)["checkpoint"]
+    out = tmp_path / "m" / "controller.onnx"
+    rc = main(["export", "--checkpoint", ckpt, "--out", str(out), "--tol", "-1", "--max-decisions", "2"])
+    assert rc == 1
+    assert "parity check failed" in capsys.readouterr().err
+    assert not out.exists() and not list(out.parent.glob("*"))  # nothing written, no temp left behind
+    rc = main(["export", "--checkpoint", ckpt, "--out", str(out), "--tol", "-1", "--max-decisions", "2", "--force"])
+    assert rc == 0
+    assert out.is_file() and out.with_name("controller.tokenizer.json").is_file()
+    assert not out.with_name("controller.int8.onnx").exists()  # --int8 not asked
+    assert "FORCED" in out.with_name("controller.md").read_text()
+    assert "WARNING" in capsys.readouterr().err
+
+
+def test_export_rejects_a_checkpoint_whose_features_the_gate_cannot_compute(encoder, tmp_path):
+    net, meta = trained_controller(encoder)
+    with pytest.raises(MismatchError, match="feature_names"):
+        export_model(net, dict(meta, feature_names=["depth", "order"]), tmp_path / "c.onnx", encoder=encoder)
+    with pytest.raises(MismatchError, match="encoder"):
+        export_model(net, dict(meta, encoder="BAAI/bge-small-en-v1.5"), tmp_path / "c.onnx", encoder=encoder)
+    assert not list(tmp_path.iterdir())
+
+
+def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
+    report = exported(encoder)
+    from branchgate.inference.samples import sample_decisions
+
+    dec = tmp_path / "decisions.jsonl"
+    dec.write_text("".join(json.dumps({"state": s, "candidates": c}) + "\n" for s, c in sample_decisions()[:2]))
+    rc = main(["bench-gate", "--model", report["files"]["fp32"], "--checkpoint", report["checkpoint"], "--reps", "1",
+               "--decisions", str(dec), "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("torch_ms_p50", "onnx_fp32_ms_p50", "onnx_int8_ms_p50", "torch_ms_p95", "onnx_fp32_ms_p95",
+                "onnx_int8_ms_p95", "warm_torch_ms_p50", "warm_onnx_int8_ms_p50", "speedup_fp32", "speedup_int8"):
+        assert res[key] > 0, key
+    assert res["decisions"] == 2 and res["threads"] == 2
+    assert res["onnx_fp32_max_abs_diff_p_keep"] <= 1e-4
+
+
+def test_auroc_with_ties_and_single_class():
+    assert auroc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    assert auroc(np.array([0, 1]), np.array([0.5, 0.5])) == pytest.approx(0.5)
+    assert auroc(np.array([1, 1, -1]), np.array([0.1, 0.2, 0.3])) is None

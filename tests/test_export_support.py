@@ -1,0 +1,121 @@
+"""Shared helpers for the inference tests (no tests here): a small trained controller, exported once.
+
+The controller is the real ValueNet on the real packaged encoder, trained for a few seconds on the
+built-in sample decisions with a simple labelling rule, so p_keep spreads and AUROC means something.
+The export (fp32 + int8 + tokenizer + card) is done once per test session and shared by every file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+_TMP: list[Path] = []
+
+
+def tmp_root() -> Path:
+    if not _TMP:
+        path = Path(tempfile.mkdtemp(prefix="branchgate-inference-tests-"))
+        atexit.register(shutil.rmtree, path, True)
+        _TMP.append(path)
+    return _TMP[0]
+
+
+def labelled_decisions():
+    """The sample decisions with labels: off-topic tail candidates are 0, the rest 1."""
+    from branchgate.inference.samples import sample_decisions
+
+    out = []
+    for state, cands in sample_decisions():
+        n_bad = 2 if state["depth"] == 0 else 3
+        out.append((state, cands, [1] * (len(cands) - n_bad) + [0] * n_bad))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def trained_controller(encoder):
+    """(ValueNet in eval mode, checkpoint meta) trained briefly on ``labelled_decisions``."""
+    import torch
+
+    from branchgate.inference.gate import _candidate, as_state
+    from branchgate.inference.torch_ref import TorchController
+    from branchgate.models.value_model import ValueNet
+    from branchgate.training.checkpoint import make_meta
+
+    torch.manual_seed(0)
+    net = ValueNet(encoder.dim, hidden=32, dropout=0.0)
+    ref = TorchController(net, encoder, cache=True)
+    batches = []
+    varied = []  # also sub-lists, so the structured features (K, order) vary as in real data
+    for state, cands, labels in labelled_decisions():
+        varied.append((state, cands, labels))
+        for pick in ([0, len(cands) - 1], [0, 1, 2, len(cands) - 2, len(cands) - 1], [3]):
+            varied.append((state, [cands[i] for i in pick], [labels[i] for i in pick]))
+    for state, cands, labels in varied:
+        s = as_state(state)
+        texts = [_candidate(c, i) for i, c in enumerate(cands)]
+        emb = torch.from_numpy(ref.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained, *texts]))
+        r = len(s.retained)
+        ret = emb[3:3 + r] if r else torch.zeros(1, encoder.dim)
+        k = len(texts)
+        feats = torch.tensor([[float(s.depth), float(i), float(k), float(r)] for i in range(k)])
+        batches.append((emb[0], emb[1], emb[2], ret, emb[3 + r:], feats, torch.tensor(labels, dtype=torch.float32)))
+    with torch.no_grad():
+        scal = torch.cat([net.scalars(b[0][None], b[1][None], b[2][None], b[3][None], b[4][None], b[5][None])[0]
+                          for b in batches])
+        net.set_standardisation(scal.mean(0), scal.std(0), 0.0, 1.0)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(15):
+        for b in batches:
+            logit, util = net(*b[:6])
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, b[6]) + 0.1 * ((util - b[6]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    net.eval()
+    meta = make_meta(encoder, tau=0.5, data_sha256="0" * 64)
+    return net, meta
+
+
+def write_dataset(path: Path) -> Path:
+    """A decision dataset (save_to_disk) holding the labelled sample decisions in every split."""
+    import datasets
+
+    from branchgate.inference.gate import as_state
+
+    rows = []
+    for d, (state, cands, labels) in enumerate(labelled_decisions()):
+        s = as_state(state)
+        for i, (c, y) in enumerate(zip(cands, labels)):
+            rows.append({"run_id": f"run{d // 2}", "frame_id": f"f{d % 2}", "candidate_id": f"c{i}",
+                         "root_query": s.root_query, "frame_query": s.frame_query, "parent_goal": s.parent_goal,
+                         "retained": list(s.retained), "query": c["query"], "goal": c["goal"], "depth": s.depth,
+                         "order": i, "n_candidates": len(cands), "n_retained": len(s.retained), "label": y})
+    ds = datasets.Dataset.from_list(rows)
+    datasets.DatasetDict({"train": ds, "validation": ds, "test": ds}).save_to_disk(str(path))
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def exported(encoder) -> dict:
+    """Export the trained controller once (checkpoint → fp32 + int8 ONNX, parity on the dataset)."""
+    from branchgate.inference.export import export_controller
+    from branchgate.training.checkpoint import save_controller
+
+    root = tmp_root() / "exported"
+    net, meta = trained_controller(encoder)
+    ckpt = save_controller(root / "model.ckpt", net, meta)
+    dataset = write_dataset(root / "dataset")
+    report = export_controller(ckpt, root / "out" / "controller.onnx", int8=True, parity_dataset=dataset, encoder=encoder)
+    report["checkpoint"] = str(ckpt)
+    report["dataset"] = str(dataset)
+    return report
+
+
+def max_abs(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if len(a) else 0.0
