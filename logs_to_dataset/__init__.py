@@ -1,0 +1,9 @@
+"""Agent run logs → canonical traces → decision dataset.
+
+- ``schema``: canonical trace schema v1 (typed events, ``parse_event``, ``json_schema``; ``trace.schema.json``);
+- ``traces``: ``TraceWriter`` (append-only, flush per event) and ``read_events`` (streaming, tolerant);
+- ``readers``: one registered reader per log format (canonical JSONL, Search-o1, GPT-Researcher) → runs;
+- ``decisions``: a run's decision points (retained branches, context C_t, E(c)) and ``split_of(run_id)``;
+- ``labels``: rows with realized labels and per-teacher pre-retrieval scores;
+- ``build`` / ``build_cli``: ``branchgate dataset build``.
+"""

@@ -64,8 +64,12 @@ def features(teacher_names):
 def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
           encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
           cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
-          encoder_obj=None) -> dict:
-    """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read."""
+          encoder_obj=None, batch_texts: int = 512) -> dict:
+    """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
+
+    Texts are embedded through the ``EmbeddingCache`` in batches of whole runs (about ``batch_texts``
+    texts per cache call), so the encoder sees large, length-sorted batches.
+    """
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -83,22 +87,51 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     source_sha = sha256_files(files)
     timings["hash_s"] += time.perf_counter() - t0
 
-    t = time.perf_counter()
-    if encoder_obj is None:
-        from branchgate.models.encoder import Encoder
-
-        encoder_obj = Encoder.load(encoder)
-    emb_cache = EmbeddingCache(encoder_obj, cache)
-    timings["load_s"] += time.perf_counter() - t
     models = {name: T.get(name) for name in T.NAMES}
-    builder = RowBuilder(models, teacher, label_threshold, pruned_labels,
-                         max_chars=10 * int(getattr(encoder_obj, "max_length", 256) or 256))
+    builder = RowBuilder(models, teacher, label_threshold, pruned_labels)
+    loaded: dict = {}
+
+    def embeddings():
+        """The encoder and its cache, loaded on first use (a bad input fails before the slow load)."""
+        if not loaded:
+            t = time.perf_counter()
+            enc = encoder_obj
+            if enc is None:
+                from branchgate.models.encoder import Encoder
+
+                enc = Encoder.load(encoder)
+            loaded["encoder"], loaded["cache"] = enc, EmbeddingCache(enc, cache)
+            builder.max_chars = 10 * int(getattr(enc, "max_length", 0) or 256)  # beyond the encoder's window
+            timings["load_s"] += time.perf_counter() - t
+        return loaded["cache"]
 
     rows = {s: [] for s in SPLITS}
     n_runs, n_frames = Counter(), Counter()
     seen: dict[str, str] = {}
     kinds: Counter = Counter()
     problems: Counter = Counter()
+    pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
+    n_pending = 0
+
+    def flush() -> None:
+        nonlocal n_pending
+        if not pending:
+            return
+        emb_cache = embeddings()
+        t = time.perf_counter()
+        texts = list(dict.fromkeys(x for _, rd in pending for x in run_texts(rd, builder.max_chars)))
+        vecs = emb_cache.get(texts)
+        vectors = dict(zip(texts, vecs))
+        timings["embed_s"] += time.perf_counter() - t
+        t = time.perf_counter()
+        for split, rd in pending:
+            new = builder.rows(rd, vectors, vecs.shape[1])
+            rows[split].extend(new)
+            kinds[builder.kind(rd)] += len(new)
+        timings["teacher_s"] += time.perf_counter() - t
+        pending.clear()
+        n_pending = 0
+
     bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
                file=sys.stderr)
     try:
@@ -124,30 +157,27 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
                 split = split_of(rd.run_id)
                 n_runs[split] += 1
                 n_frames[split] += sum(1 for f in rd.frames if f.candidates)
-                if not rd.n_decisions:
-                    continue
-                t = time.perf_counter()
-                texts = run_texts(rd, builder.max_chars)
-                vecs = emb_cache.get(texts)
-                timings["embed_s"] += time.perf_counter() - t
-                t = time.perf_counter()
-                new = builder.rows(rd, dict(zip(texts, vecs)), vecs.shape[1])
-                timings["teacher_s"] += time.perf_counter() - t
-                rows[split].extend(new)
-                kinds[builder.kind(rd)] += len(new)
+                if rd.n_decisions:
+                    pending.append((split, rd))
+                    n_pending += len(run_texts(rd, builder.max_chars))
+                if n_pending >= batch_texts:
+                    flush()
             bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
+        flush()
     finally:
         bar.close()
     total_runs = sum(n_runs.values())
     if total_runs == 0:
-        emb_cache.close()
+        if loaded:
+            loaded["cache"].close()
         raise NothingParsed(
             f"no run could be read from {', '.join(map(str, traces))} "
             f"({report.files} file(s) read, {len(report.skipped)} record(s) skipped, {len(report.ignored)} file(s) not recognised)"
         )
 
+    emb_cache = embeddings()  # loads the encoder now only if no run had decisions: the manifest records its id
     manifest = _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models,
-                         encoder_obj, emb_cache, problems, pruned_labels, fmt)
+                         loaded["encoder"], emb_cache, problems, pruned_labels, fmt)
     emb_cache.close()
     _write(out, rows, list(models), manifest, timings)
     return manifest

@@ -28,6 +28,9 @@ from branchgate.logs_to_dataset.decisions import RunDecisions
 KEYPOINTS = "keypoints"
 DEFAULT_KEYPOINT_THRESHOLD = 1.0
 PRUNED_LABELS = ("excluded", "teacher_pre")
+# Evidence is cut to ~10 characters per token of the encoder's window before embedding (the build sets
+# it from the encoder): beyond what the encoder reads, so vectors are unchanged and tokenising stays cheap.
+EVIDENCE_MAX_CHARS = 5120
 
 
 def evidence_text(text: str, max_chars: int) -> str:
@@ -62,7 +65,7 @@ class RowBuilder:
     """Turns a run's decision points into rows, given embeddings for ``run_texts``."""
 
     def __init__(self, teachers: dict, label_teacher: str, label_threshold: float | None = None,
-                 pruned_labels: str = "excluded", max_chars: int = 2560):
+                 pruned_labels: str = "excluded", max_chars: int = EVIDENCE_MAX_CHARS):
         from branchgate.models.teachers import get
 
         if pruned_labels not in PRUNED_LABELS:

@@ -77,10 +77,11 @@ def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None)
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)
     runner = Runner(env, cfg, generate.make(cfg.generator, env, **gen_kw))
     if runner.embed_any or cfg.retriever == "dense":
-        if threads:
-            import torch
+        import torch
 
-            torch.set_num_threads(threads)
+        # one intra-op thread: the pipeline's encoder calls are small, and on shared cores extra threads
+        # spin (measured 20× slower for two short texts); parallelism comes from --workers
+        torch.set_num_threads(threads or 1)
         from branchgate.data.embedding_cache import EmbeddingCache
         from branchgate.models.encoder import Encoder
 
@@ -159,7 +160,7 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
         else:
             import multiprocessing as mp
 
-            threads = max(1, (os.cpu_count() or 1) // workers)
+            threads = 1
             ctx = mp.get_context("spawn")
             with ctx.Pool(workers, initializer=_init_worker, initargs=(env_path, asdict(cfg), gen_kw, threads)) as pool:
                 for _ in pool.imap_unordered(_do_run, todo):

@@ -271,7 +271,7 @@ def test_cli_exit_codes(cli_encoder, tmp_path, capsys):
     assert "unknown teacher 'nope'" in capsys.readouterr().err
 
 
-def test_real_searcho1_dataset_splits(encoder, tmp_path):
+def test_real_searcho1_dataset_splits():
     """The real traces → decision points; only the structure (embedding 2k+ documents is the benchmark's job)."""
     from conftest import shared_path
 

@@ -1,0 +1,92 @@
+"""Done means: a fresh venv with only the core install (no torch) loads an exported controller and gates.
+
+Builds a real venv (``python -m venv``), installs the package with ``--no-deps`` plus only the core
+runtime (numpy, onnxruntime, tokenizers, pydantic) from the package index, checks that torch is absent
+there and runs ``branchgate gate`` on a model exported in this (full) environment. Skipped with the
+reason when the venv or the index cannot be reached; any other failure fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from branchgate.inference.gate import Gate
+from test_export_support import exported
+
+REPO = Path(__file__).resolve().parents[1]
+CORE = ["numpy", "onnxruntime", "tokenizers", "pydantic"]
+NETWORK_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
+                 "Could not find a version that satisfies", "No matching distribution found", "Network is unreachable",
+                 "ConnectTimeoutError", "ReadTimeoutError", "ProxyError", "SSLError")
+DECISION = {"state": {"root_query": "Why are honeybee colonies collapsing?", "frame_query": "", "parent_goal": "",
+                      "retained": ["varroa mites\nparasites"], "depth": 1},
+            "candidates": [{"query": "neonicotinoid field studies", "goal": "pesticides"},
+                           {"query": "honey prices by country", "goal": ""}, {"query": "蜜蜂 病毒"}]}
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _run(cmd, what: str, timeout: int = 900, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), **kw)
+    if proc.returncode != 0:
+        out = proc.stdout[-3000:] + proc.stderr[-3000:]
+        if any(sign in out for sign in NETWORK_SIGNS):
+            pytest.skip(f"{what}: the package index is not reachable ({out.strip().splitlines()[-1][:200]})")
+        pytest.fail(f"{what} failed (exit {proc.returncode}):\n{out}")
+    return proc
+
+
+def _copy_source(dst: Path) -> Path:
+    """The repository without git data, caches, build output or tests (pip builds in the source tree)."""
+    ignore = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", "tests", ".pytest_cache",
+                                    "wandb", "lightning_logs", "quickstart", "envs", "traces", "runs", "out", "*.onnx")
+    shutil.copytree(REPO, dst, ignore=ignore)
+    return dst
+
+
+@pytest.mark.slow
+def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
+    model = exported(encoder)["files"]["int8"]
+    venv = tmp_path / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot create a venv here: {exc}")
+    py = venv / "bin" / "python"
+    src = _copy_source(tmp_path / "src")
+    _run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(src)], "pip install --no-deps <repo>")
+    _run([str(py), "-m", "pip", "install", "-q", *CORE], "pip install " + " ".join(CORE))
+
+    no_torch = subprocess.run([str(py), "-c", "import torch"], capture_output=True, text=True, env=_env())
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    listed = _run([str(py), "-m", "pip", "list", "--format", "json"], "pip list").stdout
+    names = {p["name"].lower() for p in json.loads(listed)}
+    assert "branchgate" in names and not names & {"torch", "transformers", "sentence-transformers", "datasets"}
+
+    cli = venv / "bin" / "branchgate"
+    proc = subprocess.run([str(cli), "gate", "--model", model], input=json.dumps(DECISION), capture_output=True,
+                          text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout)
+    want = Gate.load(model).select(DECISION["state"], DECISION["candidates"])
+    assert answer["kept"] == want.kept and answer["fallback"] == want.fallback
+    np.testing.assert_allclose(answer["p_keep"], want.p_keep, atol=1e-5)
+    assert len(answer["utility"]) == 3
+
+    bad = subprocess.run([str(cli), "gate", "--model", model], input='{"state": {}, "candidates": []}',
+                         capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+    assert bad.returncode == 2 and "state.root_query" in bad.stderr
+    helped = subprocess.run([str(cli), "--help"], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert helped.returncode == 0 and "gate" in helped.stdout
