@@ -43,6 +43,7 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
     calibration queries' unpruned trees."""
     import numpy as np
 
+    from branchgate.models.teachers import get
     from branchgate.pipeline import env as envmod
     from branchgate.pipeline.run import Config
     from branchgate.pipeline.simulate import make_runner
@@ -59,7 +60,7 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
             runner.run(q, f"calib.{q.id}", NullWriter())
         scores = np.array([v for st, v in runner.score_log if st == "post_retrieval"])
         out[t] = float(np.quantile(scores, 1 - args.post_keep))
-        print(f"calibrated post {t}: threshold {out[t]:.4g} (paper default {runner.post.model.threshold}; "
+        print(f"calibrated post {t}: threshold {out[t]:.4g} (paper default {get(t).threshold}; "
               f"{len(scores)} scores)", flush=True)
     return out
 

@@ -121,7 +121,8 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         from branchgate.inference.torch_ref import TorchController
 
         reference = TorchController(net, encoder)
-        ref = [reference.predict(s, c) for s, c, _ in decisions]
+        with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
+            ref = [reference.predict(s, c) for s, c, _ in decisions]
         fp32 = _run_gate(tmp_paths["fp32"], decisions)
         labels = np.concatenate([np.asarray(lab, np.float64) for _, _, lab in decisions]) if decisions else np.zeros(0)
         report = {
@@ -147,7 +148,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
 
             qraw = tmp / "quant.onnx"
             with _quiet_root_logger():  # the quantizer logs every tensor at INFO on the root logger
-                quantize_dynamic(str(tmp_paths["fp32"]), str(qraw), weight_type=QuantType.QInt8, per_channel=False)
+                quantize_dynamic(str(tmp_paths["fp32"]), str(qraw), weight_type=QuantType.QInt8, per_channel=True)
             write_metadata(qraw, tmp_paths["int8"], dict(props, precision="int8"))
             qraw.unlink()
             q = _run_gate(tmp_paths["int8"], decisions)
@@ -184,6 +185,19 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         return report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run a block with ``n`` torch intra-op threads, then restore the previous count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager
@@ -332,7 +346,7 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
 
 
 def _run_gate(path: Path, decisions) -> list[tuple[np.ndarray, np.ndarray]]:
-    gate = Gate.load(path)
+    gate = Gate.load(path, threads=1)
     return [gate.predict(s, c) for s, c, _ in decisions]
 
 

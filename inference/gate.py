@@ -294,11 +294,12 @@ class Gate:
         return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
 
     def _clean(self, text) -> str:
-        """Empty texts become "" (→ zero row); long texts are cut; unencodable characters are replaced."""
+        """Texts are stripped (as in training); empty ones become "" (→ zero row); long texts are cut;
+        unencodable characters are replaced."""
         if text is None:
             return ""
-        text = str(text)
-        if not text.strip():
+        text = str(text).strip()
+        if not text:
             return ""
         if len(text) > self._max_chars:
             text = text[: self._max_chars]

@@ -29,11 +29,12 @@ class TorchController:
 
     @torch.inference_mode()
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit-norm float32 rows; "" (or whitespace) → zero row. Cached only when ``cache=True``."""
+        """Unit-norm float32 rows of the stripped texts; "" (or whitespace) → zero row. Cached only when ``cache=True``."""
+        texts = [(t or "").strip() for t in texts]  # as training's text table does
         out = np.zeros((len(texts), self.dim), np.float32)
         todo = []
         for i, t in enumerate(texts):
-            if not t or not t.strip():
+            if not t:
                 continue
             if self.use_cache and t in self._cache:
                 out[i] = self._cache[t]

@@ -21,7 +21,8 @@ Design:
 - Interactions: the towers' product, plus parameter-free scalar features computed here from the
   embeddings (``INTERACTION_NAMES``): similarities to root/frame/goal, max/mean similarity to the
   retained set and to sibling candidates, rank of the candidate among its siblings, centroid drift,
-  MMR-like scores and a submodular coverage gain over the frame's pool. These are the "cheap teacher
+  MMR-like scores, a submodular coverage gain over the frame's pool, residual novelty (GRN, projection
+  by fixed-step conjugate gradient) and the DPP gain. These are the "cheap teacher
   scores" of DESIGN.md; the dataset's ``teacher_<name>`` columns are deliberately NOT inputs (a Gate
   would need a second scoring pass to produce them) — they serve as baselines only.
 - All scalar features are standardised with statistics fitted on the training split and stored as
@@ -44,11 +45,13 @@ INTERACTION_NAMES = [
     "retained_max", "retained_mean",
     "sibling_max", "sibling_mean",
     "rank_sim_root", "rank_mmr",
-    "centroid_drift", "mmr", "mmr_siblings", "coverage_gain",
+    "centroid_drift", "mmr", "mmr_siblings", "coverage_gain", "residual_novelty", "dpp_gain",
     "root_frame", "root_goal", "has_frame", "has_goal",
 ]
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
 MMR_LAMBDA = 0.35  # TEACHERS.md operating point
+CG_ITERS = 12  # conjugate-gradient steps of the residual-novelty projection (fixed: unrolled in the graph)
+CG_RIDGE = 1e-2
 
 
 def _valid(x: torch.Tensor) -> torch.Tensor:
@@ -60,6 +63,34 @@ def _masked_max(values: torch.Tensor, mask: torch.Tensor, any_valid: torch.Tenso
     """Max over the last dim where mask == 1; 0 where nothing is valid. Values lie in [-1, 1]-ish."""
     filled = values * mask + (mask - 1.0) * 4.0
     return filled.amax(-1) * any_valid
+
+
+def residual_novelty(retained: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """GRN-like ‖x − P_C x‖² per candidate, [B,R,D],[B,K,D] → [B,K], in [0, 1] for unit rows.
+
+    P_C x = Cᵀa with (CCᵀ + ridge·I) a = Cx solved by a fixed number of conjugate-gradient steps (matmuls
+    only: no decompositions, no data-dependent control flow). Zero rows of C (padding / nothing retained)
+    get a = 0, so with C empty the novelty is 1.
+    """
+    r_len = retained.shape[1]
+    idx = torch.arange(r_len, device=retained.device)
+    eye = (idx.unsqueeze(0) == idx.unsqueeze(1)).to(retained.dtype)
+    gram = torch.matmul(retained, retained.transpose(1, 2)) + CG_RIDGE * eye  # [B,R,R]
+    rhs = torch.matmul(retained, cand.transpose(1, 2))  # [B,R,K]
+    a = torch.zeros_like(rhs)
+    res = rhs
+    p = rhs
+    rr = (res * res).sum(1, keepdim=True)
+    for _ in range(CG_ITERS):
+        gp = torch.matmul(gram, p)
+        alpha = rr / ((p * gp).sum(1, keepdim=True) + 1e-12)
+        a = a + alpha * p
+        res = res - alpha * gp
+        rr_new = (res * res).sum(1, keepdim=True)
+        p = res + (rr_new / (rr + 1e-12)) * p
+        rr = rr_new
+    proj = torch.matmul(a.transpose(1, 2), retained)  # [B,K,D]
+    return ((cand - proj) ** 2).sum(-1).clamp(0.0, 1.0)
 
 
 def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: float = MMR_LAMBDA) -> torch.Tensor:
@@ -114,6 +145,10 @@ def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: flo
     gain = ((w_c.unsqueeze(-1) * s_sib - cov.unsqueeze(1)).clamp(min=0.0) * cmask.unsqueeze(1)).sum(-1)
     gain = gain / n_k.clamp(min=1.0)
 
+    # GRN-like residual novelty; the DPP gain det(L_{C+x})/det(L_C) equals w(x)^2 * GRN(x) for this kernel.
+    grn = residual_novelty(retained, cand)
+    dpp = w_c * w_c * grn
+
     ones = torch.ones_like(sim_root)
     root_frame = (root * frame).sum(-1, keepdim=True) * ones
     root_goal = (root * goal).sum(-1, keepdim=True) * ones
@@ -124,7 +159,7 @@ def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: flo
     order_frac = order / (n_cand - 1.0).clamp(min=1.0)
     derived = [order_frac, torch.log1p(n_cand.clamp(min=0.0)), torch.log1p(n_ret.clamp(min=0.0))]
     inter = [sim_root, sim_frame, sim_goal, ret_max, ret_mean, sib_max, sib_mean,
-             rank_frac(sim_root), rank_frac(mmr), drift, mmr, mmr_sib, gain,
+             rank_frac(sim_root), rank_frac(mmr), drift, mmr, mmr_sib, gain, grn, dpp,
              root_frame, root_goal, has_frame, has_goal]
     return torch.cat([features, torch.stack(derived + inter, dim=-1)], dim=-1)
 

@@ -134,6 +134,7 @@ class Runner:
             "candidates_per_level": self.levels, "depth_limit": self.depth_limit, "encoder_id": self.encoder_id,
             "tokenizer": accounting.TOKENIZER_ID})
         kp_ids = query.kp_ids
+        kp_set = set(kp_ids)  # evidence carries this query's key points only (the corpus is shared)
         stats = {"nodes": 1, "retrieval_calls": 0, "n_candidates": 0, "n_expanded": 0, "n_pruned_pre": 0,
                  "expansions_with_gain": 0}
         by_origin: dict[str, list[int]] = {}
@@ -152,6 +153,7 @@ class Runner:
         retained_branches: list[str] = []
         context: list[int] = []  # retained evidence, in admission order
         seen: set[int] = set()  # every passage admitted or pruned in this run
+        pruned: set[int] = set()
         emitted: set[int] = set()
         n_frames = 0
         root_items = self.items([root], None, _Embed(self.embed_any), led)
@@ -196,7 +198,7 @@ class Runner:
                         if pi not in emitted:
                             emitted.add(pi)
                             w("evidence", evidence_id=env.ids[pi], text=env.texts[pi], source=env.ids[pi], tokens=tok,
-                              labels=list(env.labels[pi]), doc=env.docs[pi])
+                              labels=[k for k in env.labels[pi] if k in kp_set], doc=env.docs[pi])
                     w("retrieval", candidate_id=cid, query=c.query, evidence_ids=[env.ids[pi] for pi in hits],
                       tokens=int(sum(hit_tokens)))
                     gain = covered_key_points((env.labels[pi] for pi in hits), kp_ids) - covered_open
@@ -220,8 +222,12 @@ class Runner:
                         else:
                             keep_new = list(new)
                     removed = [pi for pi in new if pi not in set(keep_new)]
-                    if removed:
-                        w("prune", stage="post_retrieval", item_ids=[env.ids[pi] for pi in removed],
+                    pruned.update(removed)
+                    # a re-retrieved passage that was pruned before stays pruned: say so again, so a reader
+                    # replaying retrievals and prunes in order gets the same C_t
+                    stale = [pi for pi in dict.fromkeys(hits) if pi in pruned and pi not in set(removed)]
+                    if removed or stale:
+                        w("prune", stage="post_retrieval", item_ids=[env.ids[pi] for pi in removed + stale],
                           tokens_before=int(sum(new_tokens)), tokens_after=int(sum(self.passage_tokens(keep_new))),
                           actor=self.post.actor)
                     context.extend(keep_new)

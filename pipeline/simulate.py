@@ -69,8 +69,9 @@ def run_id_of(qid: str, rep: int, cfg: Config) -> str:
 _RUNNER: Runner | None = None
 
 
-def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None) -> Runner:
-    """A Runner for ``cfg`` over an environment (a loaded ``Env`` or its path)."""
+def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None, encoder=None) -> Runner:
+    """A Runner for ``cfg`` over an environment (a loaded ``Env`` or its path); ``encoder`` (an already
+    loaded ``Encoder``) replaces ``Encoder.load(cfg.encoder)``."""
     from branchgate.pipeline import env as envmod
     from branchgate.pipeline import generate
 
@@ -85,7 +86,7 @@ def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None)
         from branchgate.data.embedding_cache import EmbeddingCache
         from branchgate.models.encoder import Encoder
 
-        cache = EmbeddingCache(Encoder.load(cfg.encoder))
+        cache = EmbeddingCache(encoder if encoder is not None else Encoder.load(cfg.encoder))
         runner.embedder, runner.encoder_id = cache.get, cache.encoder_id
     return runner
 
@@ -120,7 +121,7 @@ def run_one(runner: Runner, qid: str, rep: int, out: str) -> tuple[str, dict]:
 # -- driver --------------------------------------------------------------------------------------------
 
 def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = None, queries_file: str | None = None,
-             workers: int = 1, gen_kw: dict | None = None, progress: bool = True) -> dict:
+             workers: int = 1, gen_kw: dict | None = None, progress: bool = True, encoder=None) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.pipeline import env as envmod
@@ -153,7 +154,7 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
     try:
         if workers <= 1 or len(todo) <= 1:
-            runner = make_runner(env, cfg, gen_kw) if todo else None
+            runner = make_runner(env, cfg, gen_kw, encoder=encoder) if todo else None
             for job in todo:
                 run_one(runner, *job)
                 bar.update(1)
@@ -162,9 +163,16 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
 
             threads = 1
             ctx = mp.get_context("spawn")
-            with ctx.Pool(workers, initializer=_init_worker, initargs=(env_path, asdict(cfg), gen_kw, threads)) as pool:
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(env_path, asdict(cfg), gen_kw, threads))
+            try:
                 for _ in pool.imap_unordered(_do_run, todo):
                     bar.update(1)
+                pool.close()  # let workers exit cleanly (terminate() leaks their semaphores)
+            except BaseException:
+                pool.terminate()
+                raise
+            finally:
+                pool.join()
     finally:
         bar.close()
     summary = summarize(out, [run_id_of(q, r, cfg) for q, r, _ in jobs])

@@ -40,6 +40,13 @@ def labelled_decisions():
 @functools.lru_cache(maxsize=None)
 def trained_controller(encoder):
     """(ValueNet in eval mode, checkpoint meta) trained briefly on ``labelled_decisions``."""
+    from branchgate.inference.export import torch_threads
+
+    with torch_threads(1):  # small work: one thread is fastest, and robust on a shared machine
+        return _train(encoder)
+
+
+def _train(encoder):
     import torch
 
     from branchgate.inference.gate import _candidate, as_state

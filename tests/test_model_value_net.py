@@ -104,3 +104,17 @@ def test_onnx_export_matches_torch_for_varying_k_and_r(net, tmp_path):
 def test_wrong_feature_count_is_rejected():
     with pytest.raises(ValueError, match="structured features"):
         ValueNet(D, n_features=3)
+
+
+def test_residual_novelty_matches_exact_projection():
+    from branchgate.models.value_model import residual_novelty
+
+    ret = unit(1, 4, D, seed=5)
+    cand = torch.cat([unit(1, 3, D, seed=6), ret[:, :1]], dim=1)  # last candidate is a retained text
+    grn = residual_novelty(ret, cand)[0]
+    c = ret[0].double()
+    proj = cand[0].double() @ c.T @ torch.linalg.inv(c @ c.T) @ c
+    exact = ((cand[0].double() - proj) ** 2).sum(-1)
+    assert torch.allclose(grn.double(), exact, atol=0.02)
+    assert grn[-1] < 0.02
+    assert torch.allclose(residual_novelty(torch.zeros(1, 1, D), cand)[0], torch.ones(4))  # empty C → 1

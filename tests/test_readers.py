@@ -201,6 +201,24 @@ def test_gptr_broken_files():
         _runs(d, strict=True)
 
 
+def test_gptr_json_research_handler_events(tmp_path):
+    import json
+
+    doc = {"timestamp": "2025-03-02T10:00:00", "content": {"query": "root q", "report": "r"}, "events": [
+        {"timestamp": "2025-03-02T10:00:01", "type": "logs", "content": "subqueries", "output": "...",
+         "metadata": ["sub a", "root q"]},  # a bare logs event (no CustomLogsHandler wrapper)
+        {"timestamp": "2025-03-02T10:00:02", "type": "sub_query", "data": {"query": "sub a", "scraped_data_size": 0}},
+        {"timestamp": "2025-03-02T10:00:03", "type": "content_found", "data": {"sub_query": "sub a"}},
+    ]}
+    path = tmp_path / "research_20250302.json"
+    path.write_text(json.dumps(doc))
+    runs, report = _runs(path)
+    run = runs["research_20250302"]
+    assert [d.candidate_id for d in _of(run, "decision")] == ["f0.c0"]
+    assert [e.source_type for e in _of(run, "raw")] == ["gptr:content_found"]
+    assert _of(run, "frame_open")[0].depth == 0
+
+
 # --- real data ----------------------------------------------------------------------------------------
 
 def test_real_searcho1_traces():

@@ -180,8 +180,12 @@ class GPTResearcherReader:
                 warn(W + "research goals are not logged (goal left empty)", len(queries))
                 frames.append(cands)
             elif tag in RUNNING_TAGS or (tag is None and item.get("type") == "sub_query"):
-                m = RUNNING.search(output) if tag else None
-                query = m.group(1) if m else (data.get("query") if tag is None else None)
+                if tag:
+                    m = RUNNING.search(output)
+                    query = m.group(1) if m else None
+                else:  # JSONResearchHandler: {"type": "sub_query", "data": {"query": ...}}
+                    inner = item.get("data")
+                    query = inner.get("query") if isinstance(inner, dict) else None
                 cand = self._find(frames, query, lambda c: c.candidate_id not in expanded)
                 if cand is None:
                     warn(W + "subquery run that no 'subqueries' log announced (kept as raw)")

@@ -1,0 +1,220 @@
+"""The reference pipeline on the bundled sample: traces, determinism, accounting, policies, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from branchgate.cli import main
+from branchgate.errors import BranchgateError, MismatchError
+from branchgate.logs_to_dataset.traces import read_events
+from branchgate.pipeline import policies
+from branchgate.pipeline.accounting import count_tokens, kpr
+from branchgate.pipeline.run import Config
+from branchgate.pipeline.simulate import simulate
+
+VOLATILE = {"ts"}
+VOLATILE_TOTALS = {"wall_s", "wall_by_stage"}
+
+
+def events_of(out: Path) -> dict[str, list[dict]]:
+    runs = {}
+    for path in sorted((out / "traces").glob("*.jsonl")):
+        runs[path.stem] = [e.model_dump() for e in read_events(path, strict=True)]
+    return runs
+
+
+def stable(events: list[dict]) -> list[dict]:
+    out = []
+    for e in events:
+        e = {k: v for k, v in e.items() if k not in VOLATILE}
+        if e["type"] == "run_end":
+            e["totals"] = {k: v for k, v in e["totals"].items() if k not in VOLATILE_TOTALS}
+        out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def none_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("none")
+    simulate("sample", Config(depth=2), out, runs=3, progress=False)
+    return out
+
+
+def test_kpr_hand_made_cases():
+    kps = ["q#1", "q#2", "q#3", "q#4"]
+    assert kpr([["q#1"], ["q#2", "other#1"], []], kps) == 0.5
+    assert kpr([["q#1", "q#1"], ["q#1"]], kps) == 0.25  # duplicates count once
+    assert kpr([["other#1", "other#2"]], kps) == 0.0  # another query's key points do not count
+    assert kpr([], kps) == 0.0
+    assert kpr([["q#1"]], []) == 0.0
+    assert kpr([kps], kps + ["q#1"]) == 1.0  # repeated ids in the ground truth count once
+
+
+def test_tokens_use_a_real_tokenizer():
+    assert count_tokens("") == 0
+    assert count_tokens("hello world") == 2
+    assert count_tokens("unbelievably") > 1  # WordPiece splits, a whitespace count would say 1
+    assert count_tokens(["hello", "world"]) == 2
+
+
+def test_trace_contract_with_no_pruning(none_runs):
+    runs = events_of(none_runs)
+    assert len(runs) == 3
+    for run_id, evs in runs.items():
+        types = [e["type"] for e in evs]
+        assert types[0] == "run_start" and types[-1] == "run_end"
+        assert [e["seq"] for e in evs] == list(range(len(evs)))
+        kp_ids = set()
+        frames, cands, decisions, emitted = {}, {}, {}, set()
+        for e in evs:
+            if e["type"] == "frame_open":
+                if e["parent_candidate"] is not None:  # the child frame of an expanded candidate
+                    assert decisions[e["parent_candidate"]] == "expand"
+                    assert e["parent_goal"] == cands[e["parent_candidate"]]["goal"]
+                    assert cands[e["parent_candidate"]]["frame_id"] == e["parent_frame"]
+                frames[e["frame_id"]] = e
+            elif e["type"] == "candidate":
+                cands[e["candidate_id"]] = e
+            elif e["type"] == "decision":
+                assert e["actor"] == "default" and e["candidate_id"] not in decisions
+                decisions[e["candidate_id"]] = e["action"]
+            elif e["type"] == "evidence":
+                assert e["evidence_id"] not in emitted and e["source"] == e["evidence_id"]
+                assert isinstance(e["labels"], list) and e["tokens"] > 0
+                emitted.add(e["evidence_id"])
+                kp_ids.update(e["labels"])
+            elif e["type"] == "retrieval":
+                assert decisions[e["candidate_id"]] == "expand"
+                assert set(e["evidence_ids"]) <= emitted
+        assert set(decisions) == set(cands) and set(decisions.values()) == {"expand"}  # none expands everything
+        assert all(k.startswith(evs[0]["config"]["query_id"] + "#") for k in kp_ids)
+        totals = evs[-1]["totals"]
+        for key in ("nodes", "retrieval_calls", "tokens", "kpr", "wall_s"):
+            assert key in totals
+        assert totals["nodes"] == 1 + len(cands) and totals["retrieval_calls"] == totals["nodes"]
+        assert totals["tokens"] == sum(e["in_tokens"] + e["out_tokens"] for e in evs if e["type"] == "llm_call")
+        assert 0 <= totals["kpr"] <= 1
+
+
+def test_every_decision_gets_a_realized_label(none_runs):
+    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.traces import read_events
+
+    for path in sorted((none_runs / "traces").glob("*.jsonl")):
+        evs = list(read_events(path, strict=True))
+        rd = run_decisions(path.stem, evs, str(path))
+        assert not rd.problems and rd.has_labels
+        cands = [c for f in rd.frames for c in f.candidates]
+        assert cands and all(c.expanded and c.evidence_ids is not None for c in cands)
+
+
+def test_same_seed_same_traces(none_runs, tmp_path):
+    again = tmp_path / "again"
+    simulate("sample", Config(depth=2), again, runs=3, progress=False)
+    a, b = events_of(none_runs), events_of(again)
+    assert a.keys() == b.keys()
+    for run_id in a:
+        assert stable(a[run_id]) == stable(b[run_id])
+    other = tmp_path / "other"
+    simulate("sample", Config(depth=2, seed=1), other, runs=1, progress=False)
+    first = sorted(a)[0]
+    assert [e.get("query") for e in events_of(other)[sorted(events_of(other))[0]] if e["type"] == "candidate"] != \
+        [e.get("query") for e in a[first] if e["type"] == "candidate"]
+
+
+def test_resume_skips_finished_runs_and_refuses_other_config(none_runs, tmp_path):
+    out = tmp_path / "r"
+    simulate("sample", Config(depth=1), out, runs=2, progress=False)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "traces").glob("*.jsonl")}
+    s = simulate("sample", Config(depth=1), out, runs=3, progress=False)
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "traces").glob("*.jsonl")}
+    assert s["n_runs"] == 3 and len(after) == 3
+    assert all(after[k] == v for k, v in mtimes.items())
+    with pytest.raises(MismatchError, match="another configuration"):
+        simulate("sample", Config(depth=2), out, runs=1, progress=False)
+
+
+def test_shallow_levels():
+    per_level = [6, 3, 3]
+    assert policies.shallow_levels(0, per_level) == []
+    assert policies.shallow_levels(1, per_level) == [1]
+    assert policies.shallow_levels(9, per_level) == [3, 2]  # 3 + 3·2
+    assert policies.shallow_levels(28, per_level) == [4, 2, 2]  # 4 + 8 + 16: GPT-Researcher's tree
+    assert policies.shallow_levels(1000, per_level) == [6, 3, 2]  # widest tree: 6, then halving (floor 2)
+
+
+@pytest.mark.parametrize("budget", [1, 4, 12])
+def test_shallow_respects_its_node_budget(tmp_path, budget):
+    simulate("sample", Config(pre=f"shallow:{budget}"), tmp_path, runs=2, progress=False)
+    for evs in events_of(tmp_path).values():
+        totals = evs[-1]["totals"]
+        assert totals["nodes"] <= budget
+        pruned = [e for e in evs if e["type"] == "decision" and e["action"] == "prune"]
+        assert all(e["actor"] == "budget" for e in pruned)
+        if budget == 1:
+            assert totals["nodes"] == 1 and totals["kpr"] == 0.0
+
+
+def test_policy_specs_parse_or_fail_clearly():
+    p = policies.parse("mmr:threshold=0.4,lam=0.5", "post_retrieval")
+    assert p.actor == "teacher:mmr" and p.model.threshold == 0.4 and p.model.lam == 0.5
+    assert policies.parse("sc:max_items=10", "pre_synthesis").max_items == 10
+    assert policies.parse("random:0.5", "pre_retrieval").rate == 0.5
+    assert isinstance(policies.parse(None, "pre_retrieval"), policies.NonePolicy)
+    gate = policies.parse("gate:/no/such/controller.onnx", "pre_retrieval")  # loaded lazily, on first use
+    assert gate.actor == "controller:gate"
+    with pytest.raises(BranchgateError, match="controller"):
+        gate.model
+    for spec, stage, msg in [("nope", "pre_retrieval", "unknown policy"), ("mmr:threshold", "pre_retrieval", "key=value"),
+                             ("mmr:bogus=1", "pre_retrieval", "bogus"), ("random:2", "post_retrieval", r"\[0, 1\]"),
+                             ("shallow:5", "post_retrieval", "pre-retrieval"), ("shallow:x", "pre_retrieval", "integer"),
+                             ("gate:", "pre_retrieval", "gate:PATH"), ("sc:max_items=0", "pre_synthesis", "positive")]:
+        with pytest.raises(BranchgateError, match=msg):
+            policies.parse(spec, stage)
+
+
+def test_random_policy_prunes_and_is_seeded(tmp_path):
+    simulate("sample", Config(depth=2, pre="random:0.5"), tmp_path / "a", runs=2, progress=False)
+    simulate("sample", Config(depth=2, pre="random:0.5"), tmp_path / "b", runs=2, progress=False)
+    a, b = events_of(tmp_path / "a"), events_of(tmp_path / "b")
+    assert all(stable(a[k]) == stable(b[k]) for k in a)
+    actions = [e["action"] for evs in a.values() for e in evs if e["type"] == "decision"]
+    assert "prune" in actions and "expand" in actions
+
+
+def test_teacher_policies_at_each_stage(tmp_path, encoder, monkeypatch):
+    monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
+    cfg = Config(depth=2, pre="mmr", post="sc:threshold=0.0005", synth="cd", encoder="packaged")
+    s = simulate("sample", cfg, tmp_path / "t", runs=1, progress=False, encoder=encoder)
+    evs = next(iter(events_of(tmp_path / "t").values()))
+    actors = {e["actor"] for e in evs if e["type"] == "decision"}
+    assert actors == {"teacher:mmr"}
+    frame0 = [e for e in evs if e["type"] == "decision" and e["candidate_id"].startswith("f0.c")]
+    assert sum(e["action"] == "expand" for e in frame0) == 4  # breadth 4 chosen out of 6 candidates
+    assert all(e["score"] is not None for e in frame0)
+    prunes = [e for e in evs if e["type"] == "prune"]
+    assert {e["actor"] for e in prunes} <= {"teacher:sc", "teacher:cd"} and prunes
+    assert s["n_runs"] == 1 and evs[-1]["totals"]["tokens_by_stage"]["embed"] > 0
+    # the same configuration again: identical decisions and scores (embeddings come from the cache)
+    simulate("sample", cfg, tmp_path / "t2", runs=1, progress=False, encoder=encoder)
+    again = next(iter(events_of(tmp_path / "t2").values()))
+    assert stable(evs) == stable(again)
+
+
+def test_cli_simulate_and_bad_env(tmp_path, capsys):
+    assert main(["simulate", "--env", "sample", "--runs", "1", "--depth", "1", "--out", str(tmp_path / "o")]) == 0
+    assert "1 runs in" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["n_runs"] == 1 and summary["frac_expansions_with_gain"] is not None
+    assert main(["simulate", "--env", str(tmp_path / "nope"), "--out", str(tmp_path / "x")]) == 2
+    assert "environment folder not found" in capsys.readouterr().err
+    assert main(["simulate", "--env", "sample", "--post", "shallow:3", "--out", str(tmp_path / "y")]) == 2
+
+
+def test_workers_give_the_same_traces(none_runs, tmp_path):
+    simulate("sample", Config(depth=2), tmp_path, runs=3, workers=2, progress=False)
+    a, b = events_of(none_runs), events_of(tmp_path)
+    assert a.keys() == b.keys() and all(stable(a[k]) == stable(b[k]) for k in a)
