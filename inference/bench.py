@@ -81,6 +81,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     if bar:
         bar.close()
     out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
+           "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
            "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
            "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model}
     for (state, name), ts in times.items():

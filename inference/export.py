@@ -31,7 +31,7 @@ from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.fileio import atomic_write_text
 from branchgate.inference.gate import GATE_FEATURES, Gate, as_state, _candidate
 from branchgate.inference.graph import (DYNAMIC_AXES, GRAPH_IO_VERSION, INPUT_NAMES, OUTPUT_NAMES, ControllerGraph,
-                                        eager_attention)
+                                        eager_attention, set_attention)
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,17 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     notes.append(source_note)
 
     net = net.eval()
+    from branchgate.inference.torch_ref import TorchController
+
+    # The torch reference runs the encoder exactly as training embedded the texts (its default attention).
+    reference = TorchController(net, encoder)
+    with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
+        ref = [reference.predict(s, c) for s, c, _ in decisions]
     tower = encoder.torch_module().eval()
-    eager_attention(tower.transformer)
     graph = ControllerGraph(tower, net).eval()
     paths["fp32"].parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=paths["fp32"].parent))
+    previous_attention = eager_attention(tower.transformer)
     try:
         tmp_paths = {k: tmp / p.name for k, p in paths.items()}
         tok_text = tokenizer_json(encoder)
@@ -116,13 +122,8 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
                               opset_version=OPSET, do_constant_folding=True)
         write_metadata(raw, tmp_paths["fp32"], dict(props, precision="fp32"))
         raw.unlink()
+        set_attention(tower.transformer, previous_attention)
         t_export = time.perf_counter() - t0
-
-        from branchgate.inference.torch_ref import TorchController
-
-        reference = TorchController(net, encoder)
-        with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
-            ref = [reference.predict(s, c) for s, c, _ in decisions]
         fp32 = _run_gate(tmp_paths["fp32"], decisions)
         labels = np.concatenate([np.asarray(lab, np.float64) for _, _, lab in decisions]) if decisions else np.zeros(0)
         report = {
@@ -180,10 +181,14 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         report["total_s"] = round(time.perf_counter() - t0, 2)
         for key, path in files.items():
             shutil.move(str(tmp_paths[key]), str(path))
+        if not int8 and paths["int8"].exists():  # a twin left by an earlier export no longer matches
+            paths["int8"].unlink()
+            report["notes"].append(f"removed the stale {paths['int8'].name} of an earlier export")
         atomic_write_text(paths["card"], model_card(report, props, meta))
         paths["card"].chmod(0o644)
         return report
     finally:
+        set_attention(tower.transformer, previous_attention)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -34,18 +34,28 @@ DYNAMIC_AXES = {
 }
 
 
-def eager_attention(transformer: nn.Module) -> None:
-    """Use the plain (eager) attention path: the SDPA path's mask handling does not export exactly."""
+def eager_attention(transformer: nn.Module) -> str | None:
+    """Switch to the plain (eager) attention path, whose masking exports exactly (the SDPA path's does not);
+    returns the previous implementation for ``set_attention``."""
+    config = getattr(transformer, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    set_attention(transformer, "eager")
+    return previous
+
+
+def set_attention(transformer: nn.Module, implementation: str | None) -> None:
+    if implementation is None:
+        return
     setter = getattr(transformer, "set_attn_implementation", None)
     if setter is not None:
         try:
-            setter("eager")
+            setter(implementation)
             return
         except Exception:  # older transformers: fall through to the config attribute
             pass
     config = getattr(transformer, "config", None)
     if config is not None:
-        config._attn_implementation = "eager"
+        config._attn_implementation = implementation
 
 
 class ControllerGraph(nn.Module):

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 DATASET_SCHEMA_VERSION = 1
 DEFAULT_TEACHER = "sc"
+KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
+                  "evidence", "evidence_labelled",
+                  "labelled_by_id", "labelled_by_span_only", "key_points", "key_points_reachable", "bad_links")
 
 
 class NothingParsed(Exception):
@@ -64,12 +67,25 @@ def features(teacher_names):
 def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
           encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
           cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
-          encoder_obj=None, batch_texts: int = 512) -> dict:
+          encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto") -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
+
+    ``keypoints``: where the Search-o1 reader finds DeepResearchGym key points ("auto": the sibling
+    ``key_point/`` folder of the traces; a directory; None / "none": no key-point labels). The manifest's
+    ``keypoints`` section counts runs with ground truth, evidence labelled and key points reachable.
 
     Texts are embedded through the ``EmbeddingCache`` in batches of whole runs (about ``batch_texts``
     texts per cache call), so the encoder sees large, length-sorted batches.
     """
+    from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
+
+    with use_keypoints(keypoints):
+        return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
+                      encoder_obj, batch_texts, keypoints)
+
+
+def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
+           encoder_obj, batch_texts, keypoints) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -110,6 +126,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     seen: dict[str, str] = {}
     kinds: Counter = Counter()
     problems: Counter = Counter()
+    kp_stats: Counter = Counter()
     pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
     n_pending = 0
 
@@ -154,6 +171,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
                     timings["parse_s"] += time.perf_counter() - t
                 seen[run.run_id] = run.file
                 problems.update(rd.problems)
+                _count_keypoints(kp_stats, run, rd)
                 split = split_of(rd.run_id)
                 n_runs[split] += 1
                 n_frames[split] += sum(1 for f in rd.frames if f.candidates)
@@ -178,9 +196,29 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     emb_cache = embeddings()  # loads the encoder now only if no run had decisions: the manifest records its id
     manifest = _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models,
                          loaded["encoder"], emb_cache, problems, pruned_labels, fmt)
+    manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
+                             **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     emb_cache.close()
     _write(out, rows, list(models), manifest, timings)
     return manifest
+
+
+def _count_keypoints(stats: Counter, run, rd) -> None:
+    """Key-point ground truth of one run: runs with/without it, evidence labelled, key points reachable."""
+    start = next((e for e in run.events if e.type == "run_start"), None)
+    gt = (getattr(start, "config", None) or {}).get("keypoints") or {}
+    if not (gt or rd.has_labels):
+        stats["runs_without_ground_truth"] += 1
+        return
+    stats["runs_with_ground_truth"] += 1
+    stats["runs_with_labelled_evidence"] += rd.has_labels  # runs labelled by key points (they retrieved something)
+    evs = list(rd.evidence.values())
+    stats["evidence"] += len(evs)
+    stats["evidence_labelled"] += sum(1 for e in evs if e.labels)
+    stats["key_points_reachable"] += len({k for e in evs for k in (e.labels or [])})
+    for key in ("n_key_points", "labelled_by_id", "labelled_by_span_only", "bad_links"):
+        if isinstance(gt.get(key), int):
+            stats[{"n_key_points": "key_points"}.get(key, key)] += gt[key]
 
 
 def _write(out, rows, names, manifest, timings) -> None:
@@ -293,4 +331,11 @@ def summary_line(manifest: dict, out) -> str:
     return (f"branchgate dataset: {r['total']} runs from {manifest['n_files']} files → {d['total']} decisions "
             f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
             f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
-            f"embeddings {c['misses']} new, {c['hits']} cached")
+            f"embeddings {c['misses']} new, {c['hits']} cached{_keypoint_line(manifest.get('keypoints') or {})}")
+
+
+def _keypoint_line(kp: dict) -> str:
+    if not kp.get("runs_with_ground_truth"):
+        return ""
+    return (f"; key points for {kp['runs_with_ground_truth']} runs: {kp['evidence_labelled']}/{kp['evidence']} "
+            f"evidence labelled, {kp['key_points_reachable']}/{kp['key_points']} key points reachable")

@@ -4,6 +4,8 @@ Reads canonical JSONL traces, Search-o1 traces (``<qid>.q`` + ``<qid>.a``) and G
 ``outputs/task_*.json`` logs (auto-detected per file; ``--format`` forces one), turns every decision
 point into one row per candidate with realized labels and per-teacher pre-retrieval scores, and
 writes a Hugging Face ``DatasetDict`` (train / validation / test by hash of run_id) + ``manifest.json``.
+Search-o1 evidence gets DeepResearchGym key-point labels from ``--keypoints`` (default: a ``key_point/``
+folder beside the traces' folder), so its utility is the number of new key points covered.
 Bad records are skipped and listed in the manifest (``--strict``: the first one fails, exit 2); exit 1
 if nothing could be parsed.
 """
@@ -35,6 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "default) or teacher_pre (the teacher's pre-retrieval score thresholded)")
     parser.add_argument("--cache", default=None, metavar="PATH",
                         help="embedding cache file (default: $BRANCHGATE_CACHE or ~/.cache/branchgate/embeddings.sqlite)")
+    parser.add_argument("--keypoints", default="auto", metavar="DIR|auto|none",
+                        help="DeepResearchGym key_point/ folder giving Search-o1 evidence its key-point labels "
+                             "(auto: the key_point/ folder beside the traces' folder, if any; none: no labels)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -44,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         manifest = build(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
                          strict=args.strict, label_threshold=args.label_threshold, cache=args.cache,
-                         pruned_labels=args.pruned_labels, progress=False if args.no_progress else None)
+                         pruned_labels=args.pruned_labels, progress=False if args.no_progress else None,
+                         keypoints=args.keypoints)
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

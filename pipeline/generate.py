@@ -19,7 +19,6 @@ choice comes from the ``random.Random`` handed in (seeded by the caller from see
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 import urllib.error

@@ -30,7 +30,7 @@ import numpy as np
 from branchgate import __version__
 from branchgate.pipeline import accounting, policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
-from branchgate.pipeline.generate import Cand, learnings
+from branchgate.pipeline.generate import learnings
 from branchgate.texts import candidate_text
 
 SYSTEM = f"branchgate-reference {__version__}"

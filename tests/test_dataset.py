@@ -283,3 +283,38 @@ def test_real_searcho1_dataset_splits():
         decisions += rd.n_decisions
     assert len(seen) == 800 and 400 < decisions < 800
     assert set(seen.values()) == {"train", "validation", "test"}
+
+
+def test_searcho1_keypoint_labels_make_keypoint_utilities(tmp_path, encoder):
+    """Key points beside the traces → utility = NEW key points covered; a query without them → the teacher."""
+    cache = tmp_path / "emb.sqlite"
+    m = build([FIX / "searcho1_kp"], tmp_path / "o", encoder_obj=encoder, cache=cache, progress=False)
+    from datasets import load_from_disk
+
+    df = _frame(load_from_disk(str(tmp_path / "o"))).sort_values(["run_id", "frame_id"])
+    kp = df[df.run_id == "9100001"]
+    assert list(kp.utility_kind) == ["keypoints"] * 3
+    assert list(kp.utility) == [3.0, 0.0, 1.0]  # kp1+kp4+kp2; A again + unlabelled doc; kp5 (kp4 already covered)
+    assert list(kp.label) == [1, 0, 1]
+    assert list(df[df.run_id == "9100002"].utility_kind) == ["teacher:sc"]
+    assert m["label_kind"] == "mixed" and m["label_kinds"] == {"keypoints": 3, "teacher:sc": 1}
+    assert m["keypoints"] == {"source": "auto", "runs_with_ground_truth": 1, "runs_without_ground_truth": 1,
+                              "runs_with_labelled_evidence": 1,
+                              "evidence": 4, "evidence_labelled": 3, "labelled_by_id": 2, "labelled_by_span_only": 1,
+                              "key_points": 5, "key_points_reachable": 4, "bad_links": 1}
+    m2 = build([FIX / "searcho1_kp"], tmp_path / "o2", encoder_obj=encoder, cache=cache, progress=False,
+               keypoints="none")
+    assert m2["label_kind"] == "teacher:sc" and m2["keypoints"]["runs_with_ground_truth"] == 0
+    assert m2["source_sha256"] != m["source_sha256"]  # the key-point files are inputs too
+
+
+def test_cli_keypoints_option(cli_encoder, tmp_path, capsys):
+    traces = tmp_path / "so1"
+    shutil.copytree(FIX / "searcho1_kp" / "Searcho1_ClueWeb22", traces)
+    args = ["dataset", "build", "--traces", str(traces), "--out", str(tmp_path / "ds"), "--cache",
+            str(tmp_path / "c.sqlite"), "--no-progress"]
+    assert main([*args, "--keypoints", str(FIX / "searcho1_kp" / "key_point")]) == 0
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert manifest["label_kinds"]["keypoints"] == 3 and manifest["keypoints"]["evidence_labelled"] == 3
+    assert main([*args, "--keypoints", str(tmp_path / "nope")]) == 2
+    assert "not a directory" in capsys.readouterr().err

@@ -198,3 +198,22 @@ def test_real_drgym_subset_is_reachable_and_length_balanced(tmp_path):
     assert m["reachable_kpr"]["mean"] >= 0.99
     rel, oth = m["passage_words"]["relevant"], m["passage_words"]["other"]
     assert abs(rel["median"] - oth["median"]) <= 0.15 * rel["median"]
+
+
+def test_dense_retriever_over_cached_embeddings(tmp_path, encoder, monkeypatch):
+    from branchgate.errors import BranchgateError
+    from branchgate.pipeline.retrieve import DenseIndex
+    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.simulate import simulate
+
+    monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
+    out = envmod.build_drgym([str(write_drgym(tmp_path / "src"))], tmp_path / "env", chunk_words=20, progress=False)
+    env = envmod.load(out)
+    with pytest.raises(BranchgateError, match="no dense embeddings"):
+        env.dense(encoder.id)
+    DenseIndex.build(out, env.texts, encoder.encode, encoder.id)
+    hits = envmod.load(out).dense(encoder.id).search_vector(encoder.encode(["how do bees make honey"])[0], 2)
+    assert "q2#1" in env.labels[hits[0][0]] or "q2#1" in env.labels[hits[1][0]]
+    s = simulate(str(out), Config(depth=1, retriever="dense", encoder="packaged"), tmp_path / "t", runs=2,
+                 progress=False, encoder=encoder)
+    assert s["n_runs"] == 2 and s["kpr"]["mean"] > 0

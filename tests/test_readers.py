@@ -235,3 +235,71 @@ def test_real_searcho1_traces():
         ids = [e.evidence_id for e in _of(run, "evidence")]
         assert len(ids) == len(set(ids))
     assert 300 < n_search < 800  # a bit under half of the traces search at all
+
+
+# --- Search-o1 key-point labels (DeepResearchGym key_point/) ----------------------------------------------
+
+def _evidence_labels(run):
+    return {e.evidence_id: e.labels for e in _of(run, "evidence")}
+
+
+def test_searcho1_keypoint_labels_by_doc_id_and_span():
+    runs, report = _runs(FIX / "searcho1_kp")
+    assert report.ignored == [] and report.skipped == []  # key-point files are companions, not unknown files
+    labels = _evidence_labels(runs["9100001"])
+    assert labels == {
+        "clueweb22-en0000-00-00001": ["kp1", "kp4"],      # a ground-truth document (its own points)
+        "clueweb22-en0000-00-00002": ["kp2"],             # span of another document (case/space/quotes differ)
+        "clueweb22-en0000-00-00004": [],                  # holds only a span shorter than MIN_SPAN_WORDS
+        "CLUEWEB22-EN0000-00-00005": ["kp5"],             # id matched case-insensitively
+    }
+    kp = _of(runs["9100001"], "run_start")[0].config["keypoints"]
+    assert kp["n_key_points"] == 5 and kp["bad_links"] == 1
+    assert kp["labelled_by_id"] == 2 and kp["labelled_by_span_only"] == 1
+    w = report.warnings
+    assert w["searcho1: key-point link (original_point_number) out of range (ignored)"] == 1
+    assert w["searcho1: no key-point file for the query (no labels; utility falls back to the teacher)"] == 1
+    assert _evidence_labels(runs["9100002"]) == {"clueweb22-en0000-00-00009": None}
+    assert "keypoints" not in _of(runs["9100002"], "run_start")[0].config
+
+
+def test_searcho1_keypoints_explicit_dir_disabled_and_broken(tmp_path):
+    from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
+
+    traces = tmp_path / "elsewhere" / "so1"
+    shutil.copytree(FIX / "searcho1_kp" / "Searcho1_ClueWeb22", traces)
+    runs, _ = _runs(traces)  # no sibling key_point/: no labels, no warning about it
+    assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] is None
+    with use_keypoints(FIX / "searcho1_kp" / "key_point"):
+        runs, _ = _runs(traces)
+    assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] == ["kp1", "kp4"]
+    with use_keypoints("none"):
+        runs, _ = _runs(FIX / "searcho1_kp")
+    assert all(v is None for v in _evidence_labels(runs["9100001"]).values())
+    with pytest.raises(InputError, match="not a directory"), use_keypoints(tmp_path / "missing"):
+        pass
+    bad = tmp_path / "kp"
+    shutil.copytree(FIX / "searcho1_kp" / "key_point", bad)
+    (bad / "9100001_aggregated.json").write_text('{"key_points": [', encoding="utf-8")
+    with use_keypoints(bad):
+        runs, report = _runs(traces)
+        assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] is None
+        assert report.warnings["searcho1: unreadable key-point file 9100001_aggregated.json (no labels)"] == 1
+        with pytest.raises(InputError, match="unreadable key-point file"):
+            _runs(traces, strict=True)
+
+
+def test_real_searcho1_keypoint_labels():
+    d = shared_path("drgym", "Searcho1_ClueWeb22")
+    shared_path("drgym", "key_point")
+    runs, report = _runs(d)
+    starts = [_of(r, "run_start")[0].config.get("keypoints") for r in runs.values()]
+    assert all(starts)  # every real query has its key points
+    evs = [e for r in runs.values() for e in _of(r, "evidence")]
+    assert all(e.labels is not None for e in evs)
+    labelled = sum(1 for e in evs if e.labels)
+    by_id = sum(s["labelled_by_id"] for s in starts)
+    by_span = sum(s["labelled_by_span_only"] for s in starts)
+    assert labelled == by_id + by_span and by_id > 300 and by_span > 20
+    assert sum(s["bad_links"] for s in starts) == report.warnings[
+        "searcho1: key-point link (original_point_number) out of range (ignored)"] >= 1

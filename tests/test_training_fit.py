@@ -28,7 +28,7 @@ def trained(tmp_path_factory, encoder):
     EmbeddingCache(encoder, cache).get(texts.texts[1:])  # warm: training itself never loads the encoder
     out = root / "run"
     rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
-               "--out", str(out), "--wandb.mode", "disabled", "--trainer.max_epochs", "15", "--model.hidden", "32",
+               "--out", str(out), "--wandb.mode", "disabled", "--trainer.max_epochs", "15", "--model.hidden", "32", "--model.lr", "0.003", "--model.dropout", "0.1",
                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
     assert rc == 0
     return ds, cache, out
