@@ -154,10 +154,10 @@ def test_select_many_matches_one_by_one(fp32_model):
 
 
 def test_thread_safe_shared_gate(fp32_model):
-    decisions = sample_decisions()
-    ref = Gate.load(fp32_model)
+    decisions = sample_decisions()[:5]
+    ref = Gate.load(fp32_model, threads=1)
     expected = [ref.select(s, c).p_keep for s, c in decisions]
-    shared = Gate.load(fp32_model, cache_size=5)  # small cache: eviction races with lookups
+    shared = Gate.load(fp32_model, cache_size=5, threads=1)  # small cache: eviction races with lookups
     errors, results = [], {}
 
     def work(tid):
