@@ -95,7 +95,6 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         tau = DEFAULT_TAU
         notes.append(f"checkpoint has no calibrated tau; using {DEFAULT_TAU}")
     decisions, source_note = load_decisions(parity_dataset, split, max_decisions)
-    notes.append(source_note)
 
     net = net.eval()
     from branchgate.inference.torch_ref import TorchController
@@ -402,7 +401,12 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         f"- Encoder (frozen, inside the graph): `{props['encoder']}` (dim {props['dim']}, max {props['max_length']} tokens, "
         f"{props['pooling']} pooling)",
         f"- Value network: `{props['net']}`; structured features {props['feature_names']}; standardisation inside the graph",
-        f"- τ = {float(props['tau']):.4f}",
+        f"- τ = {float(props['tau']):.4f}"
+        + (f" (calibrated: {meta['calibration'].get('method')})" if isinstance(meta.get("calibration"), dict) else ""),
+        *([f"- Labels: {meta.get('label_kind')} ≥ {meta.get('label_threshold')}"
+           + (f", teacher `{meta['teacher']}`" if meta.get("teacher") else "")] if meta.get("label_kind") else []),
+        f"- `{Path(files['int8']).name}`: dynamic int8 quantisation (weights int8 per channel, activations "
+        "quantised at run time)" if "int8" in files else "- no int8 twin (export with --int8)",
         f"- Trained on data with sha256 `{props['data_sha256'] or 'unknown'}`, controller schema {props['schema_version']}, "
         f"trained with branchgate {props['trained_with'] or 'unknown'}, exported with branchgate {props['branchgate_version']} "
         f"({report['exporter']}, graph IO v{props['graph_io_version']})",

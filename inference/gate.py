@@ -38,6 +38,7 @@ REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version",
                      "tau", "feature_names", "tokenizer_file")
 STATE_FIELDS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
 CHARS_PER_TOKEN_LIMIT = 64  # texts are cut to max_length * this many characters before tokenising
+BUCKET_OVERHEAD_TOKENS = 16  # one extra graph run costs about as much as this many padded tokens
 
 
 @dataclass
@@ -126,7 +127,8 @@ class Gate:
     name = "gate"
     higher_is_better = True
 
-    def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096):
+    def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096,
+                 bucketing: bool = True):
         self.session = session
         self.tokenizer = tokenizer
         self.meta = dict(meta)
@@ -136,6 +138,7 @@ class Gate:
         self.max_length = int(meta["max_length"])
         self.tau = float(meta["tau"])
         self.cache_size = int(cache_size)
+        self.bucketing = bool(bucketing)  # encode texts of very different lengths in separate runs
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._max_chars = self.max_length * CHARS_PER_TOKEN_LIMIT
@@ -143,11 +146,13 @@ class Gate:
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
-             cache_size: int = 4096, tokenizer: str | Path | None = None) -> "Gate":
+             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool = True) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice). The tokenizer is
         the ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given.
+        ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
+        in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest.
         """
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -181,7 +186,7 @@ class Gate:
         tok.enable_truncation(max_length=int(meta["max_length"]))
         pad_id = int(meta.get("pad_token_id", 0))
         tok.enable_padding(pad_id=pad_id, pad_token=meta.get("pad_token", "[PAD]"))
-        return cls(session, tok, meta, path, cache_size=cache_size)
+        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing)
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
     @property
@@ -233,6 +238,9 @@ class Gate:
         texts = [self._clean(t) for t in (state.root_query, state.frame_query, state.parent_goal, *retained,
                                            *candidate_texts)]
         new, cached, rows = self._plan(texts)
+        feed = self._tokens(new)
+        if self.bucketing and len(new) > 1:
+            new, cached, rows, feed = self._encode_short_first(new, cached, rows, feed)
         n = max(len(new), 1)
         zero_row = n + len(cached)
         index = [zero_row if r is None else (r[1] if r[0] == "new" else n + r[1]) for r in rows]
@@ -242,7 +250,6 @@ class Gate:
         feats[:, 1] = np.arange(k, dtype=np.float32)
         feats[:, 2] = float(k)
         feats[:, 3] = float(n_ret)
-        feed = self._tokens(new)
         feed.update({
             "cached_emb": np.stack(cached).astype(np.float32) if cached else np.zeros((0, self.dim), np.float32),
             "root_idx": np.array(index[0:1], np.int64),
@@ -259,27 +266,24 @@ class Gate:
     def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Unit-norm embeddings of ``texts`` (zero rows for empty texts), computed by the graph and cached."""
         texts = [self._clean(t) for t in texts]
-        new, _, _ = self._plan(texts)
-        for start in range(0, len(new), batch_size):
-            chunk = new[start:start + batch_size]
-            feed = self._tokens(chunk)
-            feed.update({"cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
-                         "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
-                         "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(1, np.int64),
-                         "features": np.zeros((1, len(GATE_FEATURES)), np.float32)})
-            text_emb = self.session.run(["text_emb"], feed)[0]
-            self._remember(chunk, text_emb)
+        new, cached, rows = self._plan(texts)
+        fresh = np.zeros((len(new), self.dim), np.float32)
+        if new:
+            tokens = self._tokens(new)
+            lengths = tokens["attention_mask"].sum(1)
+            order = np.argsort(lengths, kind="stable")
+            for start in range(0, len(new), batch_size):
+                chunk = order[start:start + batch_size]
+                groups = length_buckets(lengths[chunk], BUCKET_OVERHEAD_TOKENS) if self.bucketing else [np.arange(len(chunk))]
+                for g in groups:
+                    idx = chunk[g]
+                    fresh[idx] = self._encode_rows(tokens, idx, lengths)
+            self._remember(new, fresh)
         out = np.zeros((len(texts), self.dim), np.float32)
-        with self._lock:
-            for i, t in enumerate(texts):
-                if t:
-                    vec = self._cache.get(t)
-                    if vec is None:  # evicted meanwhile by a small cache: compute it alone
-                        break
-                    out[i] = vec
-            else:
-                return out
-        return np.stack([self.embed([t], batch_size)[0] if t else np.zeros(self.dim, np.float32) for t in texts])
+        for i, row in enumerate(rows):
+            if row is not None:
+                out[i] = fresh[row[1]] if row[0] == "new" else cached[row[1]]
+        return out
 
     def clear_cache(self) -> None:
         with self._lock:
@@ -337,6 +341,39 @@ class Gate:
                         rows.append(("new", new_pos[t]))
         return new, cached, rows
 
+    def _encode_rows(self, tokens: dict[str, np.ndarray], idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Embeddings of the tokenised rows ``idx`` (cut to their longest; padding is on the right)."""
+        width = int(lengths[idx].max())
+        feed = {"input_ids": tokens["input_ids"][idx, :width], "attention_mask": tokens["attention_mask"][idx, :width],
+                "cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
+                "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
+                "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(1, np.int64),
+                "features": np.zeros((1, len(GATE_FEATURES)), np.float32)}
+        return np.asarray(self.session.run(["text_emb"], feed)[0], np.float32)
+
+    def _encode_short_first(self, new, cached, rows, tokens):
+        """Texts of very different lengths: encode the shorter groups first (less padding), so the decision
+        run itself encodes only the longest group. Returns the re-planned (new, cached, rows, tokens)."""
+        lengths = tokens["attention_mask"].sum(1)
+        groups = length_buckets(lengths, BUCKET_OVERHEAD_TOKENS)
+        if len(groups) == 1:
+            return new, cached, rows, tokens
+        cached = list(cached)
+        moved: dict[int, int] = {}
+        for g in groups[:-1]:
+            emb = self._encode_rows(tokens, g, lengths)
+            self._remember([new[j] for j in g], emb)
+            for p, j in enumerate(g):
+                moved[int(j)] = len(cached)
+                cached.append(emb[p])
+        final = groups[-1]
+        pos = {int(j): p for p, j in enumerate(final)}
+        rows = [r if r is None or r[0] == "cached" else (("new", pos[r[1]]) if r[1] in pos else ("cached", moved[r[1]]))
+                for r in rows]
+        width = int(lengths[final].max())
+        tokens = {"input_ids": tokens["input_ids"][final, :width], "attention_mask": tokens["attention_mask"][final, :width]}
+        return [new[j] for j in final], cached, rows, tokens
+
     def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         # The graph needs at least one text to encode: an all-cached decision feeds an empty dummy.
         encs = self.tokenizer.encode_batch(list(texts) if texts else [""])
@@ -353,6 +390,32 @@ class Gate:
                 self._cache.move_to_end(t)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
+
+
+def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
+    """Group rows by token length so that padded tokens plus ``overhead`` per extra run is smallest.
+
+    Returns index arrays in ascending length order (the last group holds the longest rows). Exact
+    dynamic programme over the sorted lengths; n is the number of texts in one decision.
+    """
+    lengths = np.asarray(lengths)
+    n = len(lengths)
+    if n <= 1:
+        return [np.arange(n)]
+    order = np.argsort(lengths, kind="stable")
+    ls = lengths[order]
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for i in range(1, n + 1):
+        for j in range(i):
+            cost = best[j] + (i - j) * float(ls[i - 1]) + (overhead if j else 0)
+            if cost < best[i]:
+                best[i], cut[i] = cost, j
+    groups, i = [], n
+    while i > 0:
+        groups.append(order[cut[i]:i])
+        i = cut[i]
+    return groups[::-1]
 
 
 def decide(p_keep: np.ndarray, utility: np.ndarray, tau: float, max_keep: int | None = None) -> Selection:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import logging
 import re
 import time
 import uuid
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from branchgate.inference.gate import DecisionState
 from branchgate.texts import candidate_text
+
+log = logging.getLogger(__name__)
 
 SYSTEM = "gpt-researcher"
 _GOAL = re.compile(r"Previous research goal:\s*(?P<goal>.*?)\s*(?:\n|Follow-up questions:|$)", re.S)
@@ -78,6 +81,7 @@ class DeepResearchHook:
         self.retained: list[str] = []
         self._evidence: set[str] = set()
         self._started = self._ended = False
+        self.write_errors = 0
         self._t0 = time.time()
         self.counts = {"frames": 0, "candidates": 0, "expanded": 0, "pruned": 0, "fallbacks": 0, "retrievals": 0}
         self._orig = {}
@@ -255,8 +259,15 @@ class DeepResearchHook:
         self._write("run_end", status=status, totals=totals)
 
     def _write(self, type_: str, **fields) -> None:
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        try:
             self.writer.write(type=type_, run_id=self.run_id, **fields)
+        except Exception as exc:  # recording must never break the research; say so once, count the rest
+            self.write_errors += 1
+            if self.write_errors == 1:
+                log.warning("branchgate: could not record a %s event of run %s (%s); further failures are counted "
+                            "in hook.write_errors", type_, self.run_id, exc)
 
 
 def gate_deep_research(researcher_or_skill, gate=None, trace=None, **options) -> DeepResearchHook:

@@ -39,12 +39,16 @@ def evidence_text(text: str, max_chars: int) -> str:
 
 
 def run_texts(rd: RunDecisions, max_chars: int) -> list[str]:
-    """Every text of a run that needs an embedding (one cache call per run)."""
+    """Every text of a run that needs an embedding (one cache call per run).
+
+    Evidence is embedded only for teacher-labelled runs: key-point labels need no evidence vectors.
+    """
     texts = [rd.root_query]
     for f in rd.frames:
         texts += f.retained
         texts += [c.text for c in f.candidates]
-    texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
+    if not rd.has_labels:
+        texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
     return list(dict.fromkeys(texts))
 
 

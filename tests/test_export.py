@@ -133,3 +133,12 @@ def test_auroc_with_ties_and_single_class():
     assert auroc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
     assert auroc(np.array([0, 1]), np.array([0.5, 0.5])) == pytest.approx(0.5)
     assert auroc(np.array([1, 1, -1]), np.array([0.1, 0.2, 0.3])) is None
+
+
+def test_gate_constants_agree_with_the_training_side():
+    from branchgate.inference import gate
+    from branchgate.models.value_model import FEATURE_NAMES
+    from branchgate.training.checkpoint import CONTROLLER_SCHEMA_VERSION
+
+    assert list(gate.GATE_FEATURES) == list(FEATURE_NAMES)
+    assert gate.SCHEMA_VERSION == CONTROLLER_SCHEMA_VERSION

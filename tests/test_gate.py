@@ -312,3 +312,37 @@ def test_gate_module_imports_and_runs_without_torch(model):
     proc = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(json.loads(proc.stdout)["p_keep"]) == 2
+
+
+def test_gate_without_cache_still_works(fp32_model):
+    nocache = Gate.load(fp32_model, cache_size=0, threads=1)
+    a = nocache.select(STATE, CANDS)
+    assert nocache.cache_len == 0
+    emb = nocache.embed(["varroa", "", "varroa"])
+    assert np.all(emb[1] == 0) and np.allclose(emb[0], emb[2]) and abs(np.linalg.norm(emb[0]) - 1) < 1e-5
+    np.testing.assert_allclose(a.p_keep, Gate.load(fp32_model, threads=1).select(STATE, CANDS).p_keep, atol=1e-5)
+
+
+def test_length_bucketing_saves_padding_without_changing_results(fp32_model):
+    from branchgate.inference.gate import length_buckets
+
+    groups = length_buckets(np.array([20, 22, 120, 21, 118]))
+    assert [sorted(g.tolist()) for g in groups] == [[0, 1, 3], [2, 4]]
+    long_frame = "Previous research goal: " + " ".join(f"aspect{i} of colony collapse" for i in range(40))
+    state = dict(STATE, frame_query=long_frame)
+    widths = []
+    bucketed = Gate.load(fp32_model, threads=1)
+    real = bucketed.session
+
+    class Spy:
+        def run(self, outputs, feed):
+            widths.append(feed["input_ids"].shape)
+            return real.run(outputs, feed)
+
+    bucketed.session = Spy()
+    a = bucketed.select(state, CANDS)
+    assert len(widths) == 2 and widths[0][0] == 4 and widths[0][1] < 20 and widths[1][0] == 1  # short texts first
+    b = Gate.load(fp32_model, threads=1, bucketing=False).select(state, CANDS)
+    np.testing.assert_allclose(a.p_keep, b.p_keep, atol=1e-5)
+    np.testing.assert_allclose(bucketed.embed([long_frame, "x", "varroa"]),
+                               Gate.load(fp32_model, bucketing=False).embed([long_frame, "x", "varroa"]), atol=1e-5)
