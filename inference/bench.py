@@ -42,10 +42,12 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         decisions = sample_decisions()
     decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
     int8_model = int8_model or _int8_sibling(model)
+    # Idle threads wait passively on both sides (OMP_WAIT_POLICY above, no onnxruntime spinning): with the
+    # methods interleaved, a spinning pool would steal the cores of the next one.
     methods = {"torch": TorchController(net, encoder, cache=True),
-               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}
+               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads, spinning=False)}
     if int8_model:
-        methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
+        methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads, spinning=False)
 
     def call(name, state, cands):
         m = methods[name]

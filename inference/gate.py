@@ -33,7 +33,7 @@ from branchgate.texts import candidate_text
 # What this Gate computes and feeds the graph; export refuses a model that expects anything else.
 GATE_FEATURES = ("depth", "order", "n_candidates", "n_retained")
 GRAPH_IO_VERSIONS = {"1"}
-SCHEMA_VERSION = 1  # newest decision-dataset schema version this Gate understands
+SCHEMA_VERSION = 1  # newest controller schema version (training.checkpoint) this Gate understands
 REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
                      "tau", "feature_names", "tokenizer_file")
 STATE_FIELDS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
@@ -146,13 +146,15 @@ class Gate:
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
-             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool = True) -> "Gate":
+             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool = True,
+             spinning: bool | None = None) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice). The tokenizer is
         the ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given.
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
         in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest.
+        ``spinning=False`` stops idle onnxruntime threads from busy-waiting (kinder on a shared machine).
         """
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -167,6 +169,8 @@ class Gate:
         if threads:
             opts.intra_op_num_threads = int(threads)
             opts.inter_op_num_threads = 1
+        if spinning is not None:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         try:
             session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
@@ -396,7 +400,7 @@ def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
     """Group rows by token length so that padded tokens plus ``overhead`` per extra run is smallest.
 
     Returns index arrays in ascending length order (the last group holds the longest rows). Exact
-    dynamic programme over the sorted lengths; n is the number of texts in one decision.
+    dynamic programme over the distinct lengths (at most the encoder's max_length of them).
     """
     lengths = np.asarray(lengths)
     n = len(lengths)
@@ -404,13 +408,17 @@ def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
         return [np.arange(n)]
     order = np.argsort(lengths, kind="stable")
     ls = lengths[order]
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for i in range(1, n + 1):
-        for j in range(i):
-            cost = best[j] + (i - j) * float(ls[i - 1]) + (overhead if j else 0)
-            if cost < best[i]:
-                best[i], cut[i] = cost, j
+    ends = [i for i in range(1, n + 1) if i == n or ls[i] != ls[i - 1]]  # group boundaries worth considering
+    best = {0: 0.0}
+    cut = {}
+    for e in ends:
+        best[e] = float("inf")
+        for p in [0, *ends]:
+            if p >= e:
+                break
+            cost = best[p] + (e - p) * float(ls[e - 1]) + (overhead if p else 0)
+            if cost < best[e]:
+                best[e], cut[e] = cost, p
     groups, i = [], n
     while i > 0:
         groups.append(order[cut[i]:i])

@@ -14,8 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from branchgate.errors import InputError
-
-STATE_KEYS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
+from branchgate.inference.gate import STATE_FIELDS as STATE_KEYS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
