@@ -76,6 +76,12 @@ def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None,
     from branchgate.pipeline import generate
 
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)
+    try:  # one BLAS thread as well: teachers' small SVDs/matmuls spin on shared cores (3× slower measured)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads or 1)
+    except ImportError:
+        pass
     runner = Runner(env, cfg, generate.make(cfg.generator, env, **gen_kw))
     if runner.embed_any or cfg.retriever == "dense":
         import torch

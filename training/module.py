@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class ControllerModule(L.LightningModule):
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
                  w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
-                 mmr_lambda: float = 0.35):
+                 mmr_lambda: float = 0.35, w_rank: float = 0.0):
         """
         Args:
             hidden: width of the towers and the MLP.
@@ -35,6 +35,8 @@ class ControllerModule(L.LightningModule):
             huber_delta: Huber transition point, in standard deviations of train utility.
             pos_weight: BCE weight of positive rows; null = n_neg / n_pos on train (class balancing).
             mmr_lambda: relevance weight of the in-graph MMR-like features.
+            w_rank: weight of the listwise loss per decision point (softmax cross-entropy of the keep logits
+                against the decision's positive candidates); it targets top-1 accuracy directly.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -86,6 +88,10 @@ class ControllerModule(L.LightningModule):
             target = (util[fin] - self.net.utility_mean) / self.net.utility_std
             reg = F.huber_loss(z[fin], target, delta=self.hparams.huber_delta)
             terms = terms + self.hparams.w_reg * reg
+        if self.hparams.w_rank > 0:
+            rank = listwise_loss(logit, label, batch["mask"])
+            if rank is not None:
+                terms = terms + self.hparams.w_rank * rank
         return terms, bce, reg
 
     def training_step(self, batch, batch_idx):
@@ -129,6 +135,20 @@ class ControllerModule(L.LightningModule):
         if entry:
             self.meta = dict(entry["meta"])
             self.tau = self.meta.get("tau")
+
+
+def listwise_loss(logit: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """Mean over decisions with ≥ 1 positive and ≥ 1 negative of −Σ t·log softmax(logit), t uniform on positives."""
+    valid = mask & (label >= 0)
+    pos = (label == 1) & valid
+    n_pos = pos.sum(1)
+    use = (n_pos > 0) & (valid.sum(1) > n_pos)
+    if not use.any():
+        return None
+    masked = logit.masked_fill(~valid, float("-inf"))
+    logp = torch.log_softmax(masked[use], dim=1)
+    target = pos[use].to(logit.dtype) / n_pos[use].unsqueeze(1).to(logit.dtype)
+    return -(target * logp.masked_fill(~valid[use], 0.0)).sum(1).mean()
 
 
 @torch.no_grad()
