@@ -48,3 +48,22 @@ def test_top1_ece_and_gate_metrics():
     assert 0.0 <= m["auroc"] <= 1.0 and m["n_labelled"] == 5
     # at tau 0.95 nothing passes: the gate still keeps the top-1 of each of the 3 decision points
     assert gate_metrics(scores, scores, labels, utility, groups, tau=0.95)["keep_rate_fallback"] == pytest.approx(3 / 6)
+
+
+def test_listwise_loss_prefers_positive_on_top():
+    import math
+
+    import torch
+
+    from branchgate.training.module import listwise_loss
+
+    label = torch.tensor([[1, 0, 0, -1], [0, 0, -1, -1], [1, 1, 0, 0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False], [True, True, True, True]])
+    good = torch.tensor([[5.0, 0.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0], [5.0, 5.0, 0.0, 0.0]])
+    bad = torch.tensor([[0.0, 5.0, 0.0, 9.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 5.0]])
+    # decision 2 has no positive and is ignored; padded/excluded rows never enter the softmax
+    assert listwise_loss(good, label, mask) < listwise_loss(bad, label, mask)
+    flat = torch.zeros(3, 4)
+    expected = (math.log(3) + math.log(4)) / 2  # uniform scores: −log(1/3), and −(½·log ¼ + ½·log ¼)
+    assert abs(float(listwise_loss(flat, label, mask)) - expected) < 1e-6
+    assert listwise_loss(flat, torch.tensor([[0, 0, -1, -1]] * 3), mask) is None
