@@ -13,7 +13,7 @@ from branchgate.inference.adapters import candidate_fields, gated
 from branchgate.inference.gate import Gate, as_state, decide
 from branchgate.inference.gpt_researcher import gate_deep_research
 from branchgate.logs_to_dataset.traces import read_events
-from test_export_support import exported
+from export_support import exported
 
 
 class RuleGate:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from branchgate.inference.gate import Gate
-from test_export_support import exported
+from export_support import exported
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["numpy", "onnxruntime", "tokenizers", "pydantic"]

@@ -13,7 +13,7 @@ from branchgate.errors import MismatchError
 from branchgate.inference.export import auroc, export_model, torch_threads
 from branchgate.inference.gate import REQUIRED_METADATA, DecisionState, Gate, read_metadata
 from branchgate.texts import candidate_text
-from test_export_support import exported, max_abs, trained_controller
+from export_support import exported, max_abs, trained_controller
 
 
 def test_export_writes_model_int8_twin_tokenizer_and_card(encoder):

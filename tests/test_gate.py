@@ -16,7 +16,7 @@ from branchgate.cli import main
 from branchgate.errors import InputError, MismatchError
 from branchgate.inference.gate import DecisionState, Gate, check_metadata, decide, read_metadata
 from branchgate.inference.samples import sample_decisions
-from test_export_support import exported, max_abs
+from export_support import exported, max_abs
 
 REPO = Path(__file__).resolve().parents[1]
 
