@@ -10,19 +10,26 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp"):
+    """Yield a temporary sibling path for any writer (text, torch.save, savefig, a trace writer); it replaces
+    ``path`` only if the block succeeds, with the permissions a plain ``open`` would give (umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
 
 
 def atomic_write_json(path: str | Path, obj) -> Path:

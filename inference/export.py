@@ -184,7 +184,6 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
             paths["int8"].unlink()
             report["notes"].append(f"removed the stale {paths['int8'].name} of an earlier export")
         atomic_write_text(paths["card"], model_card(report, props, meta))
-        paths["card"].chmod(0o644)
         return report
     finally:
         set_attention(tower.transformer, previous_attention)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.fileio import atomic_write_json
+from branchgate.fileio import atomic_path, atomic_write_json
 from branchgate.pipeline.run import Config, Runner
 
 log = logging.getLogger(__name__)
@@ -112,15 +112,8 @@ def run_one(runner: Runner, qid: str, rep: int, out: str) -> tuple[str, dict]:
 
     run_id = run_id_of(qid, rep, runner.cfg)
     final = Path(out) / "traces" / f"{run_id}.jsonl"
-    tmp = final.with_name(f".{final.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        with TraceWriter(tmp) as writer:
-            totals = runner.run(runner.env.query_by_id[qid], run_id, writer, rep=rep)
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(final) as tmp, TraceWriter(tmp) as writer:
+        totals = runner.run(runner.env.query_by_id[qid], run_id, writer, rep=rep)
     return run_id, totals
 
 

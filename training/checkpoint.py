@@ -11,14 +11,13 @@ Loading needs neither the dataset nor Lightning.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from branchgate import __version__
 from branchgate.errors import InputError, MismatchError
+from branchgate.fileio import atomic_path
 from branchgate.models.value_model import FEATURE_NAMES, ValueNet
 
 CONTROLLER_SCHEMA_VERSION = 1
@@ -57,14 +56,8 @@ def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     obj = {"state_dict": {f"net.{k}": v.detach().cpu() for k, v in net.state_dict().items()},
            "branchgate": checkpoint_entry(net, meta)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -99,7 +99,7 @@ def train(argv: list[str] | None = None) -> dict:
     """Run the whole training command; returns the metrics dict."""
     import torch
 
-    from branchgate.fileio import atomic_write_text
+    from branchgate.fileio import atomic_path, atomic_write_text
     from branchgate.training.evaluate import calibrate, evaluate, format_table
 
     logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints its own INFO lines
@@ -138,9 +138,8 @@ def train(argv: list[str] | None = None) -> dict:
     model.tau = tau
     model.meta.update(tau=tau, calibration=asdict(calib))
     final = out / "controller.ckpt"
-    tmp = out / ".controller.ckpt.tmp"
-    trainer.save_checkpoint(tmp, weights_only=True)
-    os.replace(tmp, final)
+    with atomic_path(final) as tmp:
+        trainer.save_checkpoint(tmp, weights_only=True)
     metrics = evaluate(model.net, model.meta, dm, out, tau, asdict(calib), seed=int(cli.config.get("seed_everything") or 0),
                        extra={"checkpoint": str(final), "best_checkpoint": best or None,
                               "epochs": int(trainer.current_epoch), "fit_seconds": round(fit_s, 2),

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from branchgate.fileio import atomic_path
 from branchgate.training.metrics import reliability
 
 PLOTS = ["roc.png", "pr.png", "reliability.png", "keep_recall_vs_tau.png"]
 
 
 def _save(fig, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, baselines: dict | None = None) -> list[Path]:
