@@ -36,11 +36,12 @@ def main() -> None:
 
     from branchgate.data.datamodule import DecisionDataModule
     from branchgate.training.checkpoint import load_controller
-    from branchgate.training.evaluate import encoder_spec_from_meta, predict
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.training.evaluate import predict
 
     net, meta = load_controller(args.checkpoint)
     dm = DecisionDataModule(args.dataset, encoder=meta["encoder"])
-    dm.encoder_spec = encoder_spec_from_meta(meta)
+    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
     dm.setup("test")
     test = dm.splits["test"]
     p, _ = predict(net, dm.sets["test"], dm.table)

@@ -216,18 +216,11 @@ def _quiet_root_logger():
 
 # -- pieces -----------------------------------------------------------------------------------------------
 def load_encoder(meta: dict):
-    """The checkpoint's encoder: by id (packaged / hub cache), else its recorded local path; never downloads."""
-    from branchgate.models.encoder import Encoder, EncoderSpec, resolve
+    """The checkpoint's encoder (``models.encoder.recorded_spec``); never downloads."""
+    from branchgate.models.encoder import Encoder, recorded_spec
 
-    name, path = meta.get("encoder"), meta.get("encoder_path")
     max_length = int(meta["max_length"]) if meta.get("max_length") else None
-    try:
-        spec = resolve(name, allow_download=False)
-    except BranchgateError:
-        if not path or not Path(path).is_dir():
-            raise
-        spec = EncoderSpec(name, path)
-    return Encoder(spec, max_length=max_length)
+    return Encoder(recorded_spec(meta.get("encoder"), meta.get("encoder_path")), max_length=max_length)
 
 
 def tokenizer_json(encoder) -> str:
@@ -359,25 +352,12 @@ def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 
 def auroc(labels: np.ndarray, scores: np.ndarray) -> float | None:
-    """Area under the ROC curve for labels in {0, 1} (other labels ignored); None without both classes."""
+    """AUROC over rows labelled 0/1 (other labels ignored); None without both classes."""
+    from branchgate.training.metrics import safe_auroc
+
     labels = np.asarray(labels)
-    scores = np.asarray(scores, np.float64)
     keep = (labels == 0) | (labels == 1)
-    y, s = labels[keep].astype(int), scores[keep]
-    n_pos, n_neg = int(y.sum()), int((1 - y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return None
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s), np.float64)
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):  # average ranks over ties
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    return safe_auroc(labels[keep], np.asarray(scores, np.float64)[keep])
 
 
 def model_card(report: dict, props: dict, meta: dict) -> str:

@@ -90,6 +90,18 @@ def resolve(name: str = "auto", allow_download: bool = True) -> EncoderSpec:
     raise EncoderUnavailable(f"encoder {name!r} is not in the local cache and cannot be downloaded; {OFFLINE_HINT}")
 
 
+def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
+    """The encoder a manifest/checkpoint recorded: by its id (packaged or hub cache, never downloading),
+    else its recorded local directory. The id stays the recorded one."""
+    try:
+        spec = resolve(name, allow_download=False)
+    except EncoderUnavailable:
+        if path and Path(path).is_dir():
+            return EncoderSpec(name, path)
+        raise
+    return spec if spec.id == name else EncoderSpec(name, spec.path)
+
+
 def _local_id(path: Path) -> str:
     """A local copy of the packaged model keeps the packaged id; other local dirs are named by path."""
     try:

@@ -94,30 +94,16 @@ def format_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def encoder_spec_from_meta(meta: dict):
-    """The checkpoint's encoder: by name (hub cache / packaged), else its recorded local path."""
-    from branchgate.models.encoder import EncoderSpec, EncoderUnavailable, resolve
-
-    name = meta["encoder"]
-    try:
-        spec = resolve(name, allow_download=False)
-    except EncoderUnavailable:
-        path = meta.get("encoder_path")
-        if path and Path(path).is_dir():
-            return EncoderSpec(name, path)
-        raise
-    return spec if spec.id == name else EncoderSpec(name, spec.path)
-
-
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | Path, cache: str | None = None,
                         recalibrate: str | None = None, keep_rate: float | None = None, seed: int = 0) -> dict:
     """``branchgate evaluate``: recompute metrics.json and plots for an existing checkpoint."""
     from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
     from branchgate.training.checkpoint import load_controller
 
     net, meta = load_controller(checkpoint)
     dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
-    dm.encoder_spec = encoder_spec_from_meta(meta)
+    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
     dm.setup("test")  # checks the dataset's encoder against the checkpoint's (MismatchError)
     calibration = dict(meta.get("calibration") or {"method": "f1", "keep_rate": None})
     tau = meta.get("tau")
