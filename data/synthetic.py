@@ -17,6 +17,7 @@ import random
 import re
 
 from branchgate import __version__
+from branchgate.logs_to_dataset.decisions import split_of
 from branchgate.texts import candidate_text
 
 TOPICS = [
@@ -39,11 +40,6 @@ ROOT_TEMPLATES = ["What are the main consequences of {topic}?", "Should society 
                   "How is {topic} changing the world?"]
 PLACES = ["in Norway", "in Brazil", "in Kenya", "in Japan", "in Canada", "in India", "in Germany", "in Chile",
           "in Vietnam", "in Egypt", "in Poland", "in Mexico", "in Australia", "in Spain", "in Nigeria", "in Peru"]
-
-
-def split_of(run_id: str) -> str:
-    bucket = int(hashlib.sha256(run_id.encode("utf-8")).hexdigest(), 16) % 100
-    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
 def _words(text: str) -> set[str]:
