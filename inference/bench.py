@@ -1,7 +1,9 @@
 """Latency of one gating decision: torch (checkpoint encoder + ValueNet, fp32) vs the ONNX Gate (fp32, int8).
 
-Same decisions, same intra-op thread count, one process. Methods are interleaved decision by decision
-(the order rotates each round) so a change in machine load hits them alike. Two states:
+Same decisions, same intra-op thread count, one process, each runtime with its default thread-pool
+behaviour (torch's OpenMP, onnxruntime's spinning pool). Methods run in blocks (all decisions, both
+states, after one untimed call) whose order rotates each round, so a change in machine load hits them
+alike and no idle pool of one method competes with another's run. Two states:
 
 - cold: no embedding cached — every text of the decision is encoded (both sides);
 - warm: the state texts (root, frame query, parent goal, retained) are cached, as they are within one
@@ -21,7 +23,6 @@ import numpy as np
 
 def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 5,
               decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle torch threads must not spin against onnxruntime's
     import torch
 
     from branchgate.inference.export import load_encoder
@@ -42,12 +43,10 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         decisions = sample_decisions()
     decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
     int8_model = int8_model or _int8_sibling(model)
-    # Idle threads wait passively on both sides (OMP_WAIT_POLICY above, no onnxruntime spinning): with the
-    # methods interleaved, a spinning pool would steal the cores of the next one.
     methods = {"torch": TorchController(net, encoder, cache=True),
-               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads, spinning=False)}
+               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}
     if int8_model:
-        methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads, spinning=False)
+        methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
 
     def call(name, state, cands):
         m = methods[name]
@@ -65,13 +64,14 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
 
     times = {(state, name): [] for state in ("cold", "warm") for name in methods}
     names = list(methods)
-    bar = _bar(progress, reps * len(decisions))
+    bar = _bar(progress, reps * len(names))
     for r in range(reps):
-        for d, (s, c) in enumerate(decisions):
-            order = names[(r + d) % len(names):] + names[:(r + d) % len(names)]
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            m = methods[name]
+            _clear(m)
+            call(name, *decisions[0])  # untimed: wakes this method's thread pool
             for state in ("cold", "warm"):
-                for name in order:
-                    m = methods[name]
+                for s, c in decisions:
                     _clear(m)
                     if state == "warm":
                         m.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained])

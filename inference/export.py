@@ -32,6 +32,7 @@ from branchgate.fileio import atomic_write_text
 from branchgate.inference.gate import GATE_FEATURES, Gate, as_state, _candidate
 from branchgate.inference.graph import (DYNAMIC_AXES, GRAPH_IO_VERSION, INPUT_NAMES, OUTPUT_NAMES, ControllerGraph,
                                         eager_attention, set_attention)
+from branchgate.inference.packed_tower import PackedBertTower, supports
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
         ref = [reference.predict(s, c) for s, c, _ in decisions]
     tower = encoder.torch_module().eval()
-    graph = ControllerGraph(tower, net).eval()
+    graph = ControllerGraph(graph_tower(tower), net).eval()
     paths["fp32"].parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=paths["fp32"].parent))
     previous_attention = eager_attention(tower.transformer)
@@ -113,6 +114,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         tok_text = tokenizer_json(encoder)
         tmp_paths["tokenizer"].write_text(tok_text, encoding="utf-8")
         props = metadata(meta, encoder, float(tau), tok_text, paths["tokenizer"].name, net)
+        props["text_tower"] = "packed" if isinstance(graph.tower, PackedBertTower) else "padded"
         raw = tmp / "raw.onnx"
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -221,6 +223,14 @@ def load_encoder(meta: dict):
 
     max_length = int(meta["max_length"]) if meta.get("max_length") else None
     return Encoder(recorded_spec(meta.get("encoder"), meta.get("encoder_path")), max_length=max_length)
+
+
+def graph_tower(tower):
+    """The text tower to export: the packed BERT tower (same embeddings, dense layers on real tokens only)
+    when the encoder is a BERT it reproduces, else the padded ``TextTower`` itself."""
+    if supports(tower.transformer):
+        return PackedBertTower(tower.transformer, tower.pooling).eval()
+    return tower
 
 
 def tokenizer_json(encoder) -> str:

@@ -146,14 +146,15 @@ class Gate:
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
-             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool = True,
+             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool | None = None,
              spinning: bool | None = None) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice). The tokenizer is
         the ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given.
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
-        in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest.
+        in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest;
+        by default on only for graphs whose text tower pays for padding (metadata ``text_tower`` ≠ packed).
         ``spinning=False`` stops idle onnxruntime threads from busy-waiting (kinder on a shared machine).
         """
         import onnxruntime as ort
@@ -190,6 +191,8 @@ class Gate:
         tok.enable_truncation(max_length=int(meta["max_length"]))
         pad_id = int(meta.get("pad_token_id", 0))
         tok.enable_padding(pad_id=pad_id, pad_token=meta.get("pad_token", "[PAD]"))
+        if bucketing is None:
+            bucketing = meta.get("text_tower") != "packed"
         return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing)
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
@@ -380,7 +383,9 @@ class Gate:
 
     def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         # The graph needs at least one text to encode: an all-cached decision feeds an empty dummy.
-        encs = self.tokenizer.encode_batch(list(texts) if texts else [""])
+        # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads.
+        encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
+        encs = encode(list(texts) if texts else [""])
         ids = np.array([e.ids for e in encs], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
         return {"input_ids": ids, "attention_mask": mask}

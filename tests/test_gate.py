@@ -331,7 +331,7 @@ def test_length_bucketing_saves_padding_without_changing_results(fp32_model):
     long_frame = "Previous research goal: " + " ".join(f"aspect{i} of colony collapse" for i in range(40))
     state = dict(STATE, frame_query=long_frame)
     widths = []
-    bucketed = Gate.load(fp32_model, threads=1)
+    bucketed = Gate.load(fp32_model, threads=1, bucketing=True)
     real = bucketed.session
 
     class Spy:
