@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 5,
+def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 10,
               decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
     import torch
 

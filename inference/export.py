@@ -389,9 +389,15 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         "",
         f"- Encoder (frozen, inside the graph): `{props['encoder']}` (dim {props['dim']}, max {props['max_length']} tokens, "
         f"{props['pooling']} pooling)",
+        "- Text tower in the graph: " + ("packed BERT (dense layers run on real tokens only, padding enters attention only; "
+                                          "the same embeddings as the encoder)" if props.get("text_tower") == "packed"
+                                          else "the encoder's transformer on padded batches"),
         f"- Value network: `{props['net']}`; structured features {props['feature_names']}; standardisation inside the graph",
         f"- τ = {float(props['tau']):.4f}"
         + (f" (calibrated: {meta['calibration'].get('method')})" if isinstance(meta.get("calibration"), dict) else ""),
+        "- p_keep: " + ("Platt-scaled on the validation split, a calibrated probability"
+                        if isinstance(meta.get("calibration"), dict) and meta["calibration"].get("platt")
+                        else "the keep head's sigmoid (not recalibrated)"),
         *([f"- Labels: {meta.get('label_kind')} ≥ {meta.get('label_threshold')}"
            + (f", teacher `{meta['teacher']}`" if meta.get("teacher") else "")] if meta.get("label_kind") else []),
         f"- `{Path(files['int8']).name}`: dynamic int8 quantisation (weights int8 per channel, activations "

@@ -9,8 +9,9 @@ an empty text being the zero vector:
     cand[K, D]                   candidate_text(query, goal) per candidate
     features[K, F]               raw structured features, columns FEATURE_NAMES
 
-``forward`` returns ``(logit[K], utility[K])``: the keep logit (p_keep = sigmoid) and the predicted
-realized utility ĝ in the dataset's units.
+``forward`` returns ``(logit[K], utility[K])``: the keep logit (p_keep = sigmoid; Platt-scaled on
+validation after training, so p_keep is a calibrated probability) and the predicted realized utility ĝ
+in the dataset's units. Training losses use ``raw_heads`` (before that scaling).
 
 Design:
 - State tower: [root, frame, goal, mean(retained)] → Linear → GELU. The retained set enters as a masked
@@ -190,6 +191,9 @@ class ValueNet(nn.Module):
         self.register_buffer("scalar_std", torch.ones(n_scalar))
         self.register_buffer("utility_mean", torch.zeros(()))
         self.register_buffer("utility_std", torch.ones(()))
+        # Platt scaling of the keep logit, fitted on validation after training (identity until then).
+        self.register_buffer("keep_scale", torch.ones(()))
+        self.register_buffer("keep_shift", torch.zeros(()))
 
     def config(self) -> dict:
         """Constructor arguments (stored in checkpoints)."""
@@ -211,9 +215,9 @@ class ValueNet(nn.Module):
         return out[..., 0], out[..., 1]
 
     def score_batch(self, root, frame, goal, retained, cand, features):
-        """Batched (padded) version of ``forward``: → (logit[B,K], utility[B,K])."""
+        """Batched (padded) version of ``forward``: → (calibrated logit[B,K], utility[B,K])."""
         logit, z = self.raw_heads(root, frame, goal, retained, cand, features)
-        return logit, z * self.utility_std + self.utility_mean
+        return logit * self.keep_scale + self.keep_shift, z * self.utility_std + self.utility_mean
 
     def forward(self, root, frame, goal, retained, cand, features):
         """One decision: root[D], frame[D], goal[D], retained[R,D], cand[K,D], features[K,F] → (logit[K], utility[K])."""
@@ -228,6 +232,14 @@ class ValueNet(nn.Module):
         self.scalar_std.copy_(std)
         self.utility_mean.fill_(float(utility_mean))
         self.utility_std.fill_(max(float(utility_std), 1e-6))
+
+    @torch.no_grad()
+    def set_keep_calibration(self, scale: float = 1.0, shift: float = 0.0) -> None:
+        """p_keep = sigmoid(scale * raw_logit + shift); scale must be positive (the ranking is kept)."""
+        if not scale > 0:
+            raise ValueError(f"keep calibration scale must be > 0, got {scale}")
+        self.keep_scale.fill_(float(scale))
+        self.keep_shift.fill_(float(shift))
 
     def standardisation(self) -> dict:
         return {

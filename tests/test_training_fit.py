@@ -64,6 +64,25 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
     assert meta["encoder"] == m["encoder"] and meta["dim"] == 384
     assert any(abs(v - 1.0) > 1e-3 for v in meta["standardisation"]["scalar_std"])  # fitted, not defaults
     assert float(net.scalar_std[0]) == pytest.approx(meta["standardisation"]["scalar_std"][0])
+    platt = meta["calibration"]["platt"]  # p_keep is Platt-scaled on validation, inside the net
+    assert platt["scale"] > 0 and float(net.keep_scale) == pytest.approx(platt["scale"])
+    assert float(net.keep_shift) == pytest.approx(platt["shift"])
+    m_brier = m["brier"]
+    assert m_brier <= m["baselines"]["random"]["brier"]  # calibrated: no worse than the base-rate guess
+
+
+def test_old_checkpoints_without_keep_calibration_load_as_identity(trained, tmp_path):
+    import torch
+
+    from branchgate.training.checkpoint import load_controller
+
+    _, _, out = trained
+    ckpt = torch.load(out / "controller.ckpt", map_location="cpu", weights_only=False)
+    for key in ("net.keep_scale", "net.keep_shift"):
+        del ckpt["state_dict"][key]
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    net, _ = load_controller(tmp_path / "old.ckpt")
+    assert float(net.keep_scale) == 1.0 and float(net.keep_shift) == 0.0
 
 
 def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):

@@ -51,18 +51,28 @@ def teacher_direction(name: str) -> float:
         return 1.0
 
 
-def platt(val_scores, val_labels):
-    """Scores → keep probabilities, logistic fit on validation's labelled rows."""
+def platt_coefficients(val_scores, val_labels) -> tuple[float, float] | None:
+    """(a, b) of the logistic fit P(keep) = sigmoid(a·score + b) on validation's labelled rows; None with
+    fewer than two classes."""
     from sklearn.linear_model import LogisticRegression
 
-    m = val_labels >= 0
-    x, y = np.asarray(val_scores, np.float64)[m].reshape(-1, 1), val_labels[m]
-    x = np.nan_to_num(x)
+    m = np.asarray(val_labels) >= 0
+    x, y = np.nan_to_num(np.asarray(val_scores, np.float64)[m]).reshape(-1, 1), np.asarray(val_labels)[m]
     if len(np.unique(y)) < 2:
+        return None
+    lr = LogisticRegression(C=1e4).fit(x, y)
+    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+
+
+def platt(val_scores, val_labels):
+    """Scores → keep probabilities, logistic fit on validation's labelled rows."""
+    coef = platt_coefficients(val_scores, val_labels)
+    if coef is None:
+        y = np.asarray(val_labels)[np.asarray(val_labels) >= 0]
         rate = float(y.mean()) if len(y) else 0.5
         return lambda s: np.full(len(s), rate)
-    lr = LogisticRegression(C=1e4).fit(x, y)
-    return lambda s: lr.predict_proba(np.nan_to_num(np.asarray(s, np.float64)).reshape(-1, 1))[:, 1]
+    a, b = coef
+    return lambda s: 1.0 / (1.0 + np.exp(-(a * np.nan_to_num(np.asarray(s, np.float64)) + b)))
 
 
 def _calib(method: str, keep_rate):

@@ -90,6 +90,8 @@ def load_controller(path: str | Path) -> tuple[ValueNet, dict]:
         raise MismatchError(f"{path}: checkpoint features {meta.get('feature_names')} != {FEATURE_NAMES}")
     net = ValueNet(**entry["net"])
     state = {k[len("net."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
+    for key, value in (("keep_scale", 1.0), ("keep_shift", 0.0)):  # checkpoints from before keep calibration
+        state.setdefault(key, torch.tensor(value))
     try:
         net.load_state_dict(state)
     except RuntimeError as exc:

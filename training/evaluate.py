@@ -38,6 +38,23 @@ def _col(split, name, dtype) -> np.ndarray:
     return np.asarray([np.nan if v is None else v for v in split[name]], dtype=dtype)
 
 
+def calibrate_probabilities(net, dm) -> dict | None:
+    """Platt-scale the net's keep logit on the validation split (in place), so p_keep is a calibrated
+    probability; the ranking, AUROC and the decisions at a τ recalibrated afterwards are unchanged.
+    Returns ``{"scale", "shift"}``, or None (identity kept) without both classes or with a fit that would
+    invert the ranking."""
+    from branchgate.training.baselines import platt_coefficients
+
+    net.set_keep_calibration(1.0, 0.0)
+    p, _ = predict(net, dm.sets["validation"], dm.table)
+    p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
+    coef = platt_coefficients(np.log(p) - np.log1p(-p), np.asarray(dm.splits["validation"]["label"], np.int64))
+    if coef is None or not coef[0] > 0:
+        return None
+    net.set_keep_calibration(*coef)
+    return {"scale": coef[0], "shift": coef[1]}
+
+
 def calibrate(net, dm, method: str = "f1", keep_rate: float | None = None, tau: float | None = None) -> float:
     """τ from the validation split."""
     p, _ = predict(net, dm.sets["validation"], dm.table)

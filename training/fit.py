@@ -35,6 +35,7 @@ class Calibration:
     method: Literal["f1", "keep_rate", "fixed"] = "f1"
     keep_rate: float | None = None  # target fraction kept, for method keep_rate
     tau: float | None = None  # the threshold, for method fixed
+    probabilities: bool = True  # Platt-scale p_keep on validation first, so p_keep is a calibrated probability
 
 
 @dataclass
@@ -100,7 +101,7 @@ def train(argv: list[str] | None = None) -> dict:
     import torch
 
     from branchgate.fileio import atomic_path, atomic_write_text
-    from branchgate.training.evaluate import calibrate, evaluate, format_table
+    from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
 
     logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints its own INFO lines
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")
@@ -134,13 +135,14 @@ def train(argv: list[str] | None = None) -> dict:
         model.load_state_dict(read_checkpoint(best)["state_dict"])
         log.info("best checkpoint %s (val_auroc %.4f)", best, float(trainer.checkpoint_callback.best_model_score or 0))
     model.net.eval()
+    platt = calibrate_probabilities(model.net, dm) if calib.probabilities else None
     tau = calibrate(model.net, dm, calib.method, calib.keep_rate, calib.tau)
     model.tau = tau
-    model.meta.update(tau=tau, calibration=asdict(calib))
+    model.meta.update(tau=tau, calibration=dict(asdict(calib), platt=platt))
     final = out / "controller.ckpt"
     with atomic_path(final) as tmp:
         trainer.save_checkpoint(tmp, weights_only=True)
-    metrics = evaluate(model.net, model.meta, dm, out, tau, asdict(calib), seed=int(cli.config.get("seed_everything") or 0),
+    metrics = evaluate(model.net, model.meta, dm, out, tau, model.meta["calibration"], seed=int(cli.config.get("seed_everything") or 0),
                        extra={"checkpoint": str(final), "best_checkpoint": best or None,
                               "epochs": int(trainer.current_epoch), "fit_seconds": round(fit_s, 2),
                               "val_auroc_best": float(trainer.checkpoint_callback.best_model_score)
