@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main() -> int:
@@ -25,7 +24,7 @@ def main() -> int:
     parser.add_argument("--checkpoint", default=None)
     parser.add_argument("--out", default=None, help="directory for the exported model (default: a temp dir)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
 
     from branchgate.inference.bench import run_bench

@@ -126,3 +126,17 @@ def exported(encoder) -> dict:
 
 def max_abs(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if len(a) else 0.0
+
+
+def spy_runs(gate) -> list[tuple[int, ...]]:
+    """Wrap ``gate``'s onnxruntime session; the returned list collects the ``input_ids`` shape of every run."""
+    shapes: list[tuple[int, ...]] = []
+    real = gate.session
+
+    class Spy:
+        def run(self, outputs, feed):
+            shapes.append(tuple(feed["input_ids"].shape))
+            return real.run(outputs, feed)
+
+    gate.session = Spy()
+    return shapes

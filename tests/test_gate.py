@@ -16,7 +16,7 @@ from branchgate.cli import main
 from branchgate.errors import InputError, MismatchError
 from branchgate.inference.gate import DecisionState, Gate, check_metadata, decide, read_metadata
 from branchgate.inference.samples import sample_decisions
-from export_support import exported, max_abs
+from export_support import exported, max_abs, spy_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,23 +96,15 @@ def test_state_forms_agree(gate):
 
 
 def test_cache_makes_work_proportional_to_new_texts(gate):
-    seen = []
-    real = gate.session
-
-    class Spy:
-        def run(self, outputs, feed):
-            seen.append(feed["input_ids"].shape[0])
-            return real.run(outputs, feed)
-
-    gate.session = Spy()
+    seen = spy_runs(gate)
     retained = ["deformed wing virus\nviral mechanisms"]
     cold = gate.select(dict(STATE, retained=retained), CANDS)
-    assert seen[-1] == 1 + 1 + 3  # root (= frame query), retained, 3 candidates
+    assert seen[-1][0] == 1 + 1 + 3  # root (= frame query), retained, 3 candidates
     more = CANDS + [{"query": "winter losses survey", "goal": "practices"}]
     gate.select(dict(STATE, retained=retained, depth=1), more)
-    assert seen[-1] == 1  # only the new candidate is encoded
+    assert seen[-1][0] == 1  # only the new candidate is encoded
     again = gate.select(dict(STATE, retained=retained), CANDS)
-    assert seen[-1] == 1  # all cached: one dummy row
+    assert seen[-1][0] == 1  # all cached: one dummy row
     np.testing.assert_allclose(cold.p_keep, again.p_keep, atol=1e-5)
     gate.clear_cache()
     assert gate.cache_len == 0
@@ -330,16 +322,8 @@ def test_length_bucketing_saves_padding_without_changing_results(fp32_model):
     assert [sorted(g.tolist()) for g in groups] == [[0, 1, 3], [2, 4]]
     long_frame = "Previous research goal: " + " ".join(f"aspect{i} of colony collapse" for i in range(40))
     state = dict(STATE, frame_query=long_frame)
-    widths = []
     bucketed = Gate.load(fp32_model, threads=1, bucketing=True)
-    real = bucketed.session
-
-    class Spy:
-        def run(self, outputs, feed):
-            widths.append(feed["input_ids"].shape)
-            return real.run(outputs, feed)
-
-    bucketed.session = Spy()
+    widths = spy_runs(bucketed)
     a = bucketed.select(state, CANDS)
     assert len(widths) == 2 and widths[0][0] == 4 and widths[0][1] < 20 and widths[1][0] == 1  # short texts first
     b = Gate.load(fp32_model, threads=1, bucketing=False).select(state, CANDS)

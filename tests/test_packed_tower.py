@@ -11,7 +11,7 @@ from branchgate.inference.export import graph_tower
 from branchgate.inference.gate import Gate, read_metadata
 from branchgate.inference.packed_tower import PackedBertTower, supports
 from branchgate.models.text_tower import TextTower
-from export_support import exported
+from export_support import exported, spy_runs
 
 TEXTS = ["varroa", "neonicotinoid pesticides and honeybee colony losses in field studies across Europe",
          "水土流失的原因", "ñandú 🦤 <b>&amp;</b>", "x " * 400]  # the last one is cut at max_length
@@ -48,15 +48,7 @@ def test_gate_runs_a_packed_graph_once_per_decision(encoder):
     assert read_metadata(path)["text_tower"] == "packed"
     gate = Gate.load(path, threads=1)
     assert gate.bucketing is False
-    runs = []
-    real = gate.session
-
-    class Spy:
-        def run(self, outputs, feed):
-            runs.append(feed["input_ids"].shape)
-            return real.run(outputs, feed)
-
-    gate.session = Spy()
+    runs = spy_runs(gate)
     long_frame = "Previous research goal: " + " ".join(f"aspect{i} of colony collapse" for i in range(40))
     sel = gate.select({"root_query": "Why are bees dying?", "frame_query": long_frame},
                       [{"query": "varroa", "goal": ""}, {"query": "pesticides", "goal": "field studies"}])
