@@ -115,3 +115,17 @@ def test_cli_encoder_errors(trained, tmp_path, capsys):
     rc = main(["evaluate", "--checkpoint", str(out / "controller.ckpt"), "--dataset", str(bge), "--cache", str(cache),
                "--out", str(tmp_path / "e")])
     assert rc == 2 and "was built with encoder 'BAAI/bge-small-en-v1.5'" in capsys.readouterr().err
+
+
+def test_config_names_resolve_to_packaged_files_even_beside_a_same_named_directory(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from branchgate.training.cli import resolve_config_names
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart").mkdir()  # what `branchgate quickstart` creates before it trains
+    argv = resolve_config_names(["--config", "quickstart", "--config=benchmark"])
+    assert Path(argv[1]).name == "quickstart.yaml" and Path(argv[1]).is_file()
+    assert argv[2].startswith("--config=") and argv[2].endswith("benchmark.yaml")
+    (tmp_path / "mine.yaml").write_text("seed_everything: 1\n")
+    assert resolve_config_names(["--config", "mine.yaml"])[1] == "mine.yaml"  # a real file wins

@@ -42,7 +42,7 @@ def resolve_config_names(argv: list[str]) -> list[str]:
 
 
 def _find(name: str, packaged: Path) -> str:
-    if Path(name).exists():
+    if Path(name).is_file():  # a directory of the same name (e.g. the quickstart's output) is not a config
         return name
     for cand in (packaged / name, packaged / f"{name}.yaml"):
         if cand.is_file():
