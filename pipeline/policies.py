@@ -12,8 +12,8 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 frame's oversampled candidates, greedily; its threshold applies there only
                                 when the spec sets ``threshold`` explicitly.
 - ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
-- ``gate:PATH``                 the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on
-                                first use), thresholded at its τ with the top-1 fallback
+- ``gate:PATH[,tau=T]``         the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on
+                                first use), thresholded at its τ (or ``T``) with the top-1 fallback
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``)
@@ -117,6 +117,7 @@ class RandomPolicy(Policy):
 class GatePolicy(Policy):
     path: str = ""
     spec: str = ""
+    tau: float | None = None  # overrides the controller's τ
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -139,15 +140,16 @@ class GatePolicy(Policy):
             return Choice([], [], [])
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
-        kept = [int(i) for i in gate(_Fixed(model, p), x, state, fallback_top1=stage != "post_retrieval")]
+        kept = [int(i) for i in gate(_Fixed(model, p, self.tau), x, state, fallback_top1=stage != "post_retrieval")]
         return Choice(kept, [float(v) for v in p], [float(v) for v in p])
 
 
 class _Fixed:
     """A value model returning precomputed scores (so ``gate`` does not score twice)."""
 
-    def __init__(self, model, scores):
-        self.name, self.threshold, self._scores = model.name, model.threshold, scores
+    def __init__(self, model, scores, threshold: float | None = None):
+        self.name, self._scores = model.name, scores
+        self.threshold = model.threshold if threshold is None else threshold
         self.higher_is_better = getattr(model, "higher_is_better", True)
 
     def score(self, x, state):
@@ -220,9 +222,16 @@ def parse(spec: str | None, stage: str) -> Policy:
             raise BranchgateError(f"{flag} {spec}: RATE must be in [0, 1]")
         return RandomPolicy(rate=rate, spec=spec)
     if name == "gate":
-        if not arg:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH (a controller.onnx or its folder)")
-        return GatePolicy(path=arg, spec=spec)
+        path, _, option = arg.partition(",tau=")
+        if not path:
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T] (a controller.onnx or its folder)")
+        try:
+            tau = float(option) if option else None
+        except ValueError:
+            raise BranchgateError(f"{flag} {spec}: tau must be a number, got {option!r}") from None
+        if tau is not None and not 0.0 <= tau <= 1.0:
+            raise BranchgateError(f"{flag} {spec}: tau must be in [0, 1]")
+        return GatePolicy(path=path, spec=spec, tau=tau)
     if name == "shallow":
         if stage != "pre_retrieval":
             raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")

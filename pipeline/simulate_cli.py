@@ -7,7 +7,7 @@ import os
 import sys
 
 POLICY_HELP = ("none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
-               "sc:max_items=10) | random:RATE | gate:PATH | shallow:NODES (pre only)")
+               "sc:max_items=10) | random:RATE | gate:PATH[,tau=T] | shallow:NODES (pre only)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -168,10 +168,13 @@ def test_policy_specs_parse_or_fail_clearly():
     assert gate.actor == "controller:gate"
     with pytest.raises(BranchgateError, match="controller"):
         gate.model
+    assert gate.tau is None and policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").tau == 0.25
+    assert policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").path == "/x/controller.onnx"
     for spec, stage, msg in [("nope", "pre_retrieval", "unknown policy"), ("mmr:threshold", "pre_retrieval", "key=value"),
                              ("mmr:bogus=1", "pre_retrieval", "bogus"), ("random:2", "post_retrieval", r"\[0, 1\]"),
                              ("shallow:5", "post_retrieval", "pre-retrieval"), ("shallow:x", "pre_retrieval", "integer"),
-                             ("gate:", "pre_retrieval", "gate:PATH"), ("sc:max_items=0", "pre_synthesis", "positive")]:
+                             ("gate:", "pre_retrieval", "gate:PATH"), ("gate:m.onnx,tau=x", "pre_retrieval", "number"),
+                             ("gate:m.onnx,tau=2", "pre_retrieval", r"\[0, 1\]"), ("sc:max_items=0", "pre_synthesis", "positive")]:
         with pytest.raises(BranchgateError, match=msg):
             policies.parse(spec, stage)
 
