@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Closed loop on held-out queries: no pruning, the learned gate, teachers at pre-retrieval, the gate combined
-# with later-stage teachers, and an equal-budget shallow search. Prints one summary line per configuration.
-#   bash benchmarks/closed_loop.sh ENV_DIR CONTROLLER.onnx QUERY_IDS_FILE OUT_DIR [SHALLOW_NODES]
+# Closed loop on held-out queries: no pruning, the learned gate (at its τ and at the τ values in GATE_TAUS,
+# to meet the teachers' token budgets), teachers at pre-retrieval, the gate combined with later-stage
+# teachers, and equal-budget shallow searches. Prints one summary line per configuration; then
+#   python benchmarks/closed_loop_compare.py OUT_DIR            (paired intervals against the gate)
+#   bash benchmarks/closed_loop.sh ENV_DIR CONTROLLER.onnx QUERY_IDS_FILE OUT_DIR ["SHALLOW_NODES..."]
+# GATE_TAUS (default "0.05 0.02") sets the extra gate thresholds.
 set -euo pipefail
-ENV=$1; G=$2; Q=$3; OUT=$4; SHALLOW=${5:-14}
-for cfg in "none none none" "gate:$G none none" "mmr none none" "sc none none" "dpp none none" \
-           "gate:$G sc cd" "shallow:$SHALLOW none none"; do
-  set -- $cfg
-  name=$(echo "$1-$2-$3" | sed 's#gate:[^-]*#gate#g; s#:#_#g')
-  branchgate simulate --env "$ENV" --queries "$Q" --out "$OUT/$name" --pre "$1" --post "$2" --synth "$3" \
+ENV=$1; G=$2; Q=$3; OUT=$4; SHALLOW=${5:-"14 24"}
+run() {  # name pre post synth
+  branchgate simulate --env "$ENV" --queries "$Q" --out "$OUT/$1" --pre "$2" --post "$3" --synth "$4" \
     --encoder packaged --seed 0 --no-progress 2>/dev/null | tail -1
-done
+}
+run none-none-none none none none
+run gate-none-none "gate:$G" none none
+for tau in ${GATE_TAUS:-0.05 0.02}; do run "gate_tau$tau" "gate:$G,tau=$tau" none none; done
+for t in mmr sc dpp; do run "$t-none-none" "$t" none none; done
+run gate-sc-cd "gate:$G" sc cd
+for n in $SHALLOW; do run "shallow_$n" "shallow:$n" none none; done
