@@ -26,7 +26,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     import torch
 
     from branchgate.inference.export import load_encoder
-    from branchgate.inference.gate import Gate, _candidate, as_state
+    from branchgate.inference.gate import Gate, as_decision
     from branchgate.inference.torch_ref import TorchController
     from branchgate.training.checkpoint import load_controller
 
@@ -41,7 +41,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         from branchgate.inference.samples import sample_decisions
 
         decisions = sample_decisions()
-    decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
+    decisions = [as_decision(s, cands) for s, cands in decisions]
     int8_model = int8_model or _int8_sibling(model)
     methods = {"torch": TorchController(net, encoder, cache=True),
                "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}

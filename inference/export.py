@@ -29,7 +29,7 @@ import numpy as np
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.fileio import atomic_write_text
-from branchgate.inference.gate import GATE_FEATURES, Gate, as_state, _candidate
+from branchgate.inference.gate import GATE_FEATURES, Gate, as_decision, as_state
 from branchgate.inference.graph import (DYNAMIC_AXES, GRAPH_IO_VERSION, INPUT_NAMES, OUTPUT_NAMES, ControllerGraph,
                                         eager_attention, set_attention)
 from branchgate.inference.packed_tower import PackedBertTower, supports
@@ -308,8 +308,7 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
     if dataset is None:
         from branchgate.inference.samples import sample_decisions
 
-        out = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)], [-1] * len(cands))
-               for s, cands in sample_decisions()]
+        out = [(*as_decision(s, cands), [-1] * len(cands)) for s, cands in sample_decisions()]
         return out[:max_decisions], "built-in sample decisions (no labels)"
     try:
         import datasets

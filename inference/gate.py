@@ -218,14 +218,13 @@ class Gate:
         tau = self.tau if tau is None else float(tau)
         if max_keep is not None and int(max_keep) < 1:
             raise InputError(f"max_keep must be ≥ 1, got {max_keep}", "max_keep")
-        texts = [_candidate(c, i) for i, c in enumerate(candidates)]
-        p, u = self.predict(as_state(state), texts)
+        p, u = self.predict(*as_decision(state, candidates))
         return decide(p, u, tau, max_keep)
 
     def select_many(self, decisions: Iterable[tuple], tau: float | None = None, max_keep: int | None = None,
                     batch_size: int = 64) -> list[Selection]:
         """Gate several ``(state, candidates)`` decisions, encoding their unseen texts in shared batches."""
-        decisions = [(as_state(s), [_candidate(c, i) for i, c in enumerate(cands)]) for s, cands in decisions]
+        decisions = [as_decision(s, cands) for s, cands in decisions]
         pending: list[str] = []
         for state, cands in decisions:
             pending.extend(self._decision_texts(state, cands))
@@ -476,6 +475,12 @@ def as_state(state) -> DecisionState:
         raise InputError(f"must be a non-negative number, got {depth!r}", "state.depth")
     return DecisionState(_text(get("root_query", ""), "state.root_query"), _text(get("frame_query", ""), "state.frame_query"),
                          _text(get("parent_goal", ""), "state.parent_goal"), items, int(depth))
+
+
+def as_decision(state, candidates) -> tuple[DecisionState, list[str]]:
+    """A decision in the Gate's terms: its ``DecisionState`` and the candidates' texts (``candidate_text``);
+    inputs as ``Gate.select`` takes them."""
+    return as_state(state), [_candidate(c, i) for i, c in enumerate(candidates)]
 
 
 def _text(value, where: str) -> str:

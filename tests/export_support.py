@@ -49,7 +49,7 @@ def trained_controller(encoder):
 def _train(encoder):
     import torch
 
-    from branchgate.inference.gate import _candidate, as_state
+    from branchgate.inference.gate import as_decision
     from branchgate.inference.torch_ref import TorchController
     from branchgate.models.value_model import ValueNet
     from branchgate.training.checkpoint import make_meta
@@ -64,8 +64,7 @@ def _train(encoder):
         for pick in ([0, len(cands) - 1], [0, 1, 2, len(cands) - 2, len(cands) - 1], [3]):
             varied.append((state, [cands[i] for i in pick], [labels[i] for i in pick]))
     for state, cands, labels in varied:
-        s = as_state(state)
-        texts = [_candidate(c, i) for i, c in enumerate(cands)]
+        s, texts = as_decision(state, cands)
         emb = torch.from_numpy(ref.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained, *texts]))
         r = len(s.retained)
         ret = emb[3:3 + r] if r else torch.zeros(1, encoder.dim)
