@@ -67,8 +67,7 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
     platt = meta["calibration"]["platt"]  # p_keep is Platt-scaled on validation, inside the net
     assert platt["scale"] > 0 and float(net.keep_scale) == pytest.approx(platt["scale"])
     assert float(net.keep_shift) == pytest.approx(platt["shift"])
-    m_brier = m["brier"]
-    assert m_brier <= m["baselines"]["random"]["brier"]  # calibrated: no worse than the base-rate guess
+    assert m["brier"] <= m["baselines"]["random"]["brier"]  # calibrated: no worse than the base-rate guess
 
 
 def test_old_checkpoints_without_keep_calibration_load_as_identity(trained, tmp_path):
