@@ -2,14 +2,16 @@
 
 Same decisions, same intra-op thread count, one process, each runtime with its default thread-pool
 behaviour (torch's OpenMP, onnxruntime's spinning pool). Methods run in blocks (all decisions, both
-states, after one untimed call) whose order rotates each round, so a change in machine load hits them
-alike and no idle pool of one method competes with another's run. Two states:
+states, after a short pause and one untimed call) whose order rotates each round, so a change in machine
+load hits them alike and no idle pool of one method competes with another's run. Two states:
 
 - cold: no embedding cached — every text of the decision is encoded (both sides);
 - warm: the state texts (root, frame query, parent goal, retained) are cached, as they are within one
   run; only the candidate texts are new (both sides keep the same cache).
 
-Ratios are torch p50 / ONNX p50 of the same state.
+Ratios are torch p50 / ONNX p50 of the same state. The ONNX Gates run as they load by default: with
+skippable parts and ≥ 2 threads, a decision's new texts are encoded as two groups at once
+(``onnx_text_groups``), then the head runs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin for a while after a run
 
 
 def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 10,
@@ -69,6 +73,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         for name in names[r % len(names):] + names[:r % len(names)]:
             m = methods[name]
             _clear(m)
+            time.sleep(SETTLE_S)  # the previous method's idle threads stop spinning
             call(name, *decisions[0])  # untimed: wakes this method's thread pool
             for state in ("cold", "warm"):
                 for s, c in decisions:
@@ -85,7 +90,8 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
            "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
            "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
-           "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model}
+           "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model,
+           "onnx_text_groups": methods["onnx_fp32"].text_groups}
     for (state, name), ts in times.items():
         prefix = name if state == "cold" else f"warm_{name}"
         out[f"{prefix}_ms_p50"] = round(float(np.percentile(ts, 50)), 3)

@@ -11,7 +11,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present")
     parser.add_argument("--checkpoint", required=True, help="the controller checkpoint the model was exported from (torch side)")
     parser.add_argument("--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of --model)")
-    parser.add_argument("--threads", type=int, default=2, help="intra-op threads for torch and onnxruntime alike (default 2)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and each ONNX Gate alike (default 2)")
     parser.add_argument("--reps", type=int, default=10, help="rounds over the decisions (default 10)")
     parser.add_argument("--decisions", default=None,
                         help="JSON Lines of decisions {state, candidates} (default: 8 built-in decisions, 8 candidates each)")

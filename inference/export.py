@@ -4,7 +4,7 @@
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
-``controller.md`` (model card). Metadata (``metadata_props``) records the encoder, feature schema,
+``controller.md`` (model card). Both graphs get skippable tower and head parts (``inference.parts``). Metadata (``metadata_props``) records the encoder, feature schema,
 standardisation, τ, versions and the training-data hash; ``Gate.load`` validates it.
 
 Parity: the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
@@ -33,6 +33,7 @@ from branchgate.inference.gate import GATE_FEATURES, Gate, as_decision, as_state
 from branchgate.inference.graph import (DYNAMIC_AXES, GRAPH_IO_VERSION, INPUT_NAMES, OUTPUT_NAMES, ControllerGraph,
                                         eager_attention, set_attention)
 from branchgate.inference.packed_tower import PackedBertTower, supports
+from branchgate.inference.parts import PARTS, skippable_parts
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -118,11 +119,16 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         raw = tmp / "raw.onnx"
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            register_onnx_ops()
             torch.onnx.export(graph, example_inputs(encoder, len(GATE_FEATURES)), str(raw), dynamo=False,
                               input_names=INPUT_NAMES, output_names=OUTPUT_NAMES, dynamic_axes=DYNAMIC_AXES,
                               opset_version=OPSET, do_constant_folding=True)
-        write_metadata(raw, tmp_paths["fp32"], dict(props, precision="fp32"))
-        raw.unlink()
+        try:  # the tower and head as skippable parts (see inference.parts)
+            write_metadata(raw, tmp_paths["fp32"], dict(props, precision="fp32", parts=PARTS), parts=encoder.dim)
+            props["parts"] = PARTS
+        except ValueError as exc:
+            notes.append(f"tower and head not separable ({exc}): the Gate runs each decision as one graph run")
+            write_metadata(raw, tmp_paths["fp32"], dict(props, precision="fp32"))
         set_attention(tower.transformer, previous_attention)
         t_export = time.perf_counter() - t0
         fp32 = _run_gate(tmp_paths["fp32"], decisions)
@@ -150,8 +156,9 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
 
             qraw = tmp / "quant.onnx"
             with _quiet_root_logger():  # the quantizer logs every tensor at INFO on the root logger
-                quantize_dynamic(str(tmp_paths["fp32"]), str(qraw), weight_type=QuantType.QInt8, per_channel=True)
-            write_metadata(qraw, tmp_paths["int8"], dict(props, precision="int8"))
+                # from the graph without parts: the quantizer leaves MatMuls inside If branches alone
+                quantize_dynamic(str(raw), str(qraw), weight_type=QuantType.QInt8, per_channel=True)
+            write_metadata(qraw, tmp_paths["int8"], dict(props, precision="int8"), parts=encoder.dim if "parts" in props else 0)
             qraw.unlink()
             q = _run_gate(tmp_paths["int8"], decisions)
             p_int8 = np.concatenate([x[0] for x in q]) if q else np.zeros(0)
@@ -190,6 +197,18 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     finally:
         set_attention(tower.transformer, previous_attention)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def register_onnx_ops() -> None:
+    """Teach the TorchScript ONNX exporter the ops the value network uses beyond standard ONNX:
+    ``torch.linalg.inv`` → onnxruntime's Inverse (com.microsoft)."""
+    import torch
+
+    torch.onnx.register_custom_op_symbolic("aten::linalg_inv", _inverse, OPSET)
+
+
+def _inverse(g, matrix):
+    return g.op("com.microsoft::Inverse", matrix).setType(matrix.type())
 
 
 @contextlib.contextmanager
@@ -273,10 +292,14 @@ def metadata(meta: dict, encoder, tau: float, tok_text: str, tok_name: str, net)
     }
 
 
-def write_metadata(src: Path, dst: Path, props: dict[str, str]) -> None:
+def write_metadata(src: Path, dst: Path, props: dict[str, str], parts: int = 0) -> None:
+    """Copy the model at ``src`` to ``dst`` with ``props`` as its metadata; ``parts`` = the embedding dim to
+    make tower and head skippable (``ValueError`` when the graph cannot be split), 0 to leave it whole."""
     import onnx
 
     model = onnx.load(str(src))
+    if parts:
+        model = skippable_parts(model, parts)
     del model.metadata_props[:]
     for key, value in props.items():
         entry = model.metadata_props.add()
@@ -351,7 +374,7 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
 
 
 def _run_gate(path: Path, decisions) -> list[tuple[np.ndarray, np.ndarray]]:
-    gate = Gate.load(path, threads=1)
+    gate = Gate.load(path, threads=2)  # as on a multi-core machine: text groups (one thread each), then the head
     return [gate.predict(s, c) for s, c, _ in decisions]
 
 
@@ -391,6 +414,9 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         "- Text tower in the graph: " + ("packed BERT (dense layers run on real tokens only, padding enters attention only; "
                                           "the same embeddings as the encoder)" if props.get("text_tower") == "packed"
                                           else "the encoder's transformer on padded batches"),
+"- Tower and head are skippable parts (an empty `input_ids` runs the head alone, an empty `cand_idx` the tower "
+        "alone): on ≥ 2 cores the Gate encodes a decision's new texts as two groups at once, then runs the head"
+        if props.get("parts") else "- One graph run per decision (tower and head not separable)",
         f"- Value network: `{props['net']}`; structured features {props['feature_names']}; standardisation inside the graph",
         f"- τ = {float(props['tau']):.4f}"
         + (f" (calibrated: {meta['calibration'].get('method')})" if isinstance(meta.get("calibration"), dict) else ""),

@@ -7,7 +7,9 @@
 
 A non-empty input never yields an empty selection (the top-1 fallback keeps the best candidate).
 Embeddings of texts already seen (root query, frame query, retained branches) are cached per Gate, so
-the work per decision is proportional to the texts it has not seen. The Gate is thread-safe.
+the work per decision is proportional to the texts it has not seen. On two or more cores the new texts
+of a decision are encoded as two groups at once (two threads, one session), then the head runs on them
+(models exported with skippable parts; ``text_groups``). The Gate is thread-safe.
 
 It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` →
 p_keep), so it plugs into every stage that takes a teacher.
@@ -18,6 +20,7 @@ Imports only numpy, onnxruntime, tokenizers, the standard library and core-safe 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +31,8 @@ import numpy as np
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError, MismatchError
+from branchgate.inference.model_file import read_metadata  # noqa: F401  (part of this module's interface)
+from branchgate.inference.parts import PARTS
 from branchgate.texts import candidate_text
 
 # What this Gate computes and feeds the graph; export refuses a model that expects anything else.
@@ -65,22 +70,6 @@ class DecisionState:
     parent_goal: str = ""
     retained: Sequence[str] = field(default_factory=tuple)  # candidate_text of retained branches, in order
     depth: int = 0
-
-
-def read_metadata(path: str | Path) -> dict[str, str]:
-    """The metadata_props of an ONNX file, without running it."""
-    import onnxruntime as ort
-
-    path = Path(path)
-    if not path.is_file():
-        raise BranchgateError(f"{path}: no such controller file")
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
-    return dict(sess.get_modelmeta().custom_metadata_map)
 
 
 def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_encoder: str | None = None) -> None:
@@ -128,8 +117,15 @@ class Gate:
     higher_is_better = True
 
     def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096,
-                 bucketing: bool = True):
+                 bucketing: bool = True, text_groups: int = 1):
         self.session = session
+        self.parts = meta.get("parts") == PARTS  # empty input_ids skips the tower, empty cand_idx the head
+        self.text_groups = int(text_groups)  # new texts of a decision are encoded as this many groups at once
+        self._pool = None
+        if self.text_groups > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.text_groups - 1, thread_name_prefix="branchgate-gate")
         self.tokenizer = tokenizer
         self.meta = dict(meta)
         self.path = path
@@ -147,15 +143,20 @@ class Gate:
     @classmethod
     def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
              cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool | None = None,
-             spinning: bool | None = None) -> "Gate":
+             spinning: bool | None = None, text_groups: int | None = None) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
-        ``threads`` sets onnxruntime's intra-op threads (default: onnxruntime's choice). The tokenizer is
-        the ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given.
+        ``threads``: CPU threads the Gate may use (default: all cores; onnxruntime's choice of intra-op
+        threads when there is one text group). The tokenizer is the ``tokenizer_file`` named in the
+        metadata, beside the model, unless ``tokenizer`` is given.
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
         in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest;
         by default on only for graphs whose text tower pays for padding (metadata ``text_tower`` ≠ packed).
         ``spinning=False`` stops idle onnxruntime threads from busy-waiting (kinder on a shared machine).
+        ``text_groups``: encode a decision's new texts as this many groups at once, each from its own thread
+        through a session of ``threads // text_groups`` intra-op threads, then run the head (needs metadata
+        ``parts``). Default: 2 when there are ≥ 2 threads (a decision's few hundred tokens keep two threads
+        busier as two runs than as one, int8 especially), else 1 (one graph run per decision).
         """
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -165,19 +166,31 @@ class Gate:
             path = path / "controller.onnx"
         if not path.is_file():
             raise BranchgateError(f"{path}: no such controller file (export one with `branchgate export`)")
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            opts.intra_op_num_threads = int(threads)
-            opts.inter_op_num_threads = 1
-        if spinning is not None:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        try:
-            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
-        meta = dict(session.get_modelmeta().custom_metadata_map)
+        def open_session(n_threads):
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if n_threads:
+                opts.intra_op_num_threads = int(n_threads)
+                opts.inter_op_num_threads = 1
+            if spinning is not None:
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+            try:
+                return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            except Exception as exc:
+                raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+
+        meta = read_metadata(path)
         check_metadata(meta, str(path), expected_encoder)
+        cores = int(threads) if threads else (os.cpu_count() or 1)
+        if text_groups is None:
+            text_groups = 2 if meta.get("parts") == PARTS and cores >= 2 else 1
+        if int(text_groups) < 1:
+            raise InputError(f"must be ≥ 1, got {text_groups}", "text_groups")
+        if int(text_groups) > 1 and meta.get("parts") != PARTS:
+            raise MismatchError(f"{path}: text_groups={text_groups} needs a model whose tower and head are separate "
+                                f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}")
+        groups = int(text_groups)
+        session = open_session(max(1, cores // groups) if groups > 1 else threads)  # run by each group's thread
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
             raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
@@ -193,7 +206,7 @@ class Gate:
         tok.enable_padding(pad_id=pad_id, pad_token=meta.get("pad_token", "[PAD]"))
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
-        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing)
+        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups)
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
     @property
@@ -244,46 +257,67 @@ class Gate:
         texts = [self._clean(t) for t in (state.root_query, state.frame_query, state.parent_goal, *retained,
                                            *candidate_texts)]
         new, cached, rows = self._plan(texts)
-        feed = self._tokens(new)
-        if self.bucketing and len(new) > 1:
-            new, cached, rows, feed = self._encode_short_first(new, cached, rows, feed)
-        n = max(len(new), 1)
-        zero_row = n + len(cached)
-        index = [zero_row if r is None else (r[1] if r[0] == "new" else n + r[1]) for r in rows]
-        n_ret = len(retained)
+        if self.parts and (not new or (self._pool is not None and len(new) > 1)):
+            # New texts in groups at once (or none), then the head alone; every text's embedding is now
+            # passed in cached_emb: the new ones first, then the cached ones.
+            n = len(new)
+            if new:
+                fresh = self._encode(new)
+                self._remember(new, fresh)
+                cached = [*fresh, *cached]
+                rows = [r if r is None else ("cached", r[1] if r[0] == "new" else n + r[1]) for r in rows]
+            feed = self._head_feed(state, k, rows, 0, cached)
+            feed.update({"input_ids": np.zeros((0, 1), np.int64), "attention_mask": np.zeros((0, 1), np.int64)})
+            p_keep, utility = self.session.run(["p_keep", "utility"], feed)
+        else:
+            feed = self._tokens(new)
+            if self.bucketing and len(new) > 1:
+                new, cached, rows, feed = self._encode_short_first(new, cached, rows, feed)
+            feed.update(self._head_feed(state, k, rows, max(len(new), 1), cached))
+            p_keep, utility, text_emb = self.session.run(None, feed)
+            self._remember(new, text_emb)
+        return np.asarray(p_keep, np.float32).reshape(k), np.asarray(utility, np.float32).reshape(k)
+
+    def _head_feed(self, state: DecisionState, k: int, rows, n_new: int, cached) -> dict[str, np.ndarray]:
+        """The head's inputs: graph row of every text (new rows first, then ``cached``, then the zero row)."""
+        zero_row = n_new + len(cached)
+        index = [zero_row if r is None else (r[1] if r[0] == "new" else n_new + r[1]) for r in rows]
+        n_ret = len(state.retained or [])
         feats = np.empty((k, len(GATE_FEATURES)), np.float32)
         feats[:, 0] = float(state.depth or 0)
         feats[:, 1] = np.arange(k, dtype=np.float32)
         feats[:, 2] = float(k)
         feats[:, 3] = float(n_ret)
-        feed.update({
-            "cached_emb": np.stack(cached).astype(np.float32) if cached else np.zeros((0, self.dim), np.float32),
+        return {
+            "cached_emb": np.stack(cached).astype(np.float32) if len(cached) else np.zeros((0, self.dim), np.float32),
             "root_idx": np.array(index[0:1], np.int64),
             "frame_idx": np.array(index[1:2], np.int64),
             "goal_idx": np.array(index[2:3], np.int64),
             "retained_idx": np.array(index[3:3 + n_ret] if n_ret else [zero_row], np.int64),
             "cand_idx": np.array(index[3 + n_ret:], np.int64),
             "features": feats,
-        })
-        p_keep, utility, text_emb = self.session.run(None, feed)
-        self._remember(new, text_emb)
-        return np.asarray(p_keep, np.float32).reshape(k), np.asarray(utility, np.float32).reshape(k)
+        }
 
     def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Unit-norm embeddings of ``texts`` (zero rows for empty texts), computed by the graph and cached."""
         texts = [self._clean(t) for t in texts]
         new, cached, rows = self._plan(texts)
         fresh = np.zeros((len(new), self.dim), np.float32)
-        if new:
+        if new and not self.bucketing:
+            order = np.argsort([len(t) for t in new], kind="stable")  # similar lengths share a batch
+            for start in range(0, len(new), batch_size):
+                chunk = order[start:start + batch_size]
+                fresh[chunk] = self._encode([new[i] for i in chunk])
+        elif new:
             tokens = self._tokens(new)
             lengths = tokens["attention_mask"].sum(1)
             order = np.argsort(lengths, kind="stable")
             for start in range(0, len(new), batch_size):
                 chunk = order[start:start + batch_size]
-                groups = length_buckets(lengths[chunk], BUCKET_OVERHEAD_TOKENS) if self.bucketing else [np.arange(len(chunk))]
-                for g in groups:
+                for g in length_buckets(lengths[chunk], BUCKET_OVERHEAD_TOKENS):
                     idx = chunk[g]
                     fresh[idx] = self._encode_rows(tokens, idx, lengths)
+        if new:
             self._remember(new, fresh)
         out = np.zeros((len(texts), self.dim), np.float32)
         for i, row in enumerate(rows):
@@ -350,12 +384,29 @@ class Gate:
     def _encode_rows(self, tokens: dict[str, np.ndarray], idx: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Embeddings of the tokenised rows ``idx`` (cut to their longest; padding is on the right)."""
         width = int(lengths[idx].max())
+        k = 0 if self.parts else 1  # no candidates: a graph with parts skips its head
         feed = {"input_ids": tokens["input_ids"][idx, :width], "attention_mask": tokens["attention_mask"][idx, :width],
                 "cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
                 "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
-                "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(1, np.int64),
-                "features": np.zeros((1, len(GATE_FEATURES)), np.float32)}
+                "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(k, np.int64),
+                "features": np.zeros((k, len(GATE_FEATURES)), np.float32)}
         return np.asarray(self.session.run(["text_emb"], feed)[0], np.float32)
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of ``texts``: with text groups, in groups of about equal token counts encoded at once
+        (one from this thread, the others from the pool's); else in one run."""
+        tokens = self._tokens(texts)
+        lengths = tokens["attention_mask"].sum(1)
+        n = min(self.text_groups, len(texts))
+        if n < 2:
+            return self._encode_rows(tokens, np.arange(len(texts)), lengths)
+        groups = balanced_groups(lengths, n)
+        jobs = [self._pool.submit(self._encode_rows, tokens, g, lengths) for g in groups[1:]]
+        out = np.empty((len(texts), self.dim), np.float32)
+        out[groups[0]] = self._encode_rows(tokens, groups[0], lengths)
+        for g, job in zip(groups[1:], jobs):
+            out[g] = job.result()
+        return out
 
     def _encode_short_first(self, new, cached, rows, tokens):
         """Texts of very different lengths: encode the shorter groups first (less padding), so the decision
@@ -428,6 +479,18 @@ def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
         groups.append(order[cut[i]:i])
         i = cut[i]
     return groups[::-1]
+
+
+def balanced_groups(lengths: np.ndarray, n: int) -> list[np.ndarray]:
+    """``n`` non-empty groups of row indices (n ≤ rows) with about equal total length: longest rows first,
+    each to the lightest group; indices ascending within a group."""
+    groups: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in np.argsort(-np.asarray(lengths), kind="stable"):
+        g = min(range(n), key=lambda j: (load[j], len(groups[j])))
+        groups[g].append(int(i))
+        load[g] += int(lengths[i])
+    return [np.array(sorted(g), dtype=np.int64) for g in groups]
 
 
 def decide(p_keep: np.ndarray, utility: np.ndarray, tau: float, max_keep: int | None = None) -> Selection:

@@ -23,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jsonl", action="store_true", help="one decision per input line, one answer per output line")
     parser.add_argument("--tau", type=float, default=None, help="keep threshold (default: the model's calibrated τ)")
     parser.add_argument("--max-keep", type=int, default=None, help="keep at most this many candidates")
-    parser.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate (default: all cores)")
     parser.add_argument("--expect-encoder", default=None, help="fail unless the model was built on this encoder id")
 
 

@@ -10,6 +10,9 @@ Inputs (graph_io_version 1):
   root_idx[1], frame_idx[1], goal_idx[1], retained_idx[R ≥ 1], cand_idx[K] int64
   features[K, F] float32                              raw FEATURE_NAMES, in order
 Outputs: p_keep[K], utility[K], text_emb[N, D] (unit-norm embeddings of the new texts, for the cache).
+
+Export then makes the two parts skippable (``inference.parts``, metadata ``parts``): N = 0 runs the head
+only, K = 0 the tower only.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class ControllerGraph(nn.Module):
     def forward(self, input_ids, attention_mask, cached_emb, root_idx, frame_idx, goal_idx, retained_idx,
                 cand_idx, features):
         new = self.tower(input_ids, attention_mask)
-        zero = torch.zeros_like(new[:1])
+        zero = new.new_zeros((1, self.net.dim))  # a constant: the row must exist when N = 0
         rows = torch.cat([new, cached_emb.to(new.dtype), zero], dim=0)
         root = rows.index_select(0, root_idx)[0]
         frame = rows.index_select(0, frame_idx)[0]

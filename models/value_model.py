@@ -22,8 +22,8 @@ Design:
 - Interactions: the towers' product, plus parameter-free scalar features computed here from the
   embeddings (``INTERACTION_NAMES``): similarities to root/frame/goal, max/mean similarity to the
   retained set and to sibling candidates, rank of the candidate among its siblings, centroid drift,
-  MMR-like scores, a submodular coverage gain over the frame's pool, residual novelty (GRN, projection
-  by fixed-step conjugate gradient) and the DPP gain. These are the "cheap teacher
+  MMR-like scores, a submodular coverage gain over the frame's pool, residual novelty (GRN, a ridge
+  projection) and the DPP gain. These are the "cheap teacher
   scores" of DESIGN.md; the dataset's ``teacher_<name>`` columns are deliberately NOT inputs (a Gate
   would need a second scoring pass to produce them) — they serve as baselines only.
 - All scalar features are standardised with statistics fitted on the training split and stored as
@@ -51,12 +51,11 @@ INTERACTION_NAMES = [
 ]
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
 MMR_LAMBDA = 0.35  # TEACHERS.md operating point
-# Residual-novelty projection: ridge-regularised least squares by a fixed number of conjugate-gradient
-# steps (unrolled in the graph). The ridge keeps near-duplicate retained texts well conditioned and the
-# steps converge it, so 1e-6 input noise (torch vs ONNX) moves the feature by ~1e-6; with ridge 0.1 the
-# feature correlates 0.999 with the exact GRN teacher.
-CG_ITERS = 32
-CG_RIDGE = 0.1
+# Residual-novelty projection: ridge-regularised least squares through the inverse of the small [R, R]
+# Gram matrix (one onnxruntime Inverse node in the exported graph). The ridge keeps near-duplicate retained
+# texts well conditioned, so 1e-6 input noise (torch vs ONNX) moves the feature by ~1e-6; with ridge 0.1
+# the feature correlates 0.999 with the exact GRN teacher.
+RIDGE = 0.1
 
 
 def _valid(x: torch.Tensor) -> torch.Tensor:
@@ -73,27 +72,14 @@ def _masked_max(values: torch.Tensor, mask: torch.Tensor, any_valid: torch.Tenso
 def residual_novelty(retained: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
     """GRN-like ‖x − P_C x‖² per candidate, [B,R,D],[B,K,D] → [B,K], in [0, 1] for unit rows.
 
-    P_C x = Cᵀa with (CCᵀ + ridge·I) a = Cx solved by a fixed number of conjugate-gradient steps (matmuls
-    only: no decompositions, no data-dependent control flow). Zero rows of C (padding / nothing retained)
-    get a = 0, so with C empty the novelty is 1.
+    P_C x = Cᵀa with a = (CCᵀ + ridge·I)⁻¹ Cx. Zero rows of C (padding / nothing retained) get a = 0, so
+    with C empty the novelty is 1.
     """
     r_len = retained.shape[1]
     idx = torch.arange(r_len, device=retained.device)
     eye = (idx.unsqueeze(0) == idx.unsqueeze(1)).to(retained.dtype)
-    gram = torch.matmul(retained, retained.transpose(1, 2)) + CG_RIDGE * eye  # [B,R,R]
-    rhs = torch.matmul(retained, cand.transpose(1, 2))  # [B,R,K]
-    a = torch.zeros_like(rhs)
-    res = rhs
-    p = rhs
-    rr = (res * res).sum(1, keepdim=True)
-    for _ in range(CG_ITERS):
-        gp = torch.matmul(gram, p)
-        alpha = rr / ((p * gp).sum(1, keepdim=True) + 1e-12)
-        a = a + alpha * p
-        res = res - alpha * gp
-        rr_new = (res * res).sum(1, keepdim=True)
-        p = res + (rr_new / (rr + 1e-12)) * p
-        rr = rr_new
+    gram = torch.matmul(retained, retained.transpose(1, 2)) + RIDGE * eye  # [B,R,R]
+    a = torch.matmul(torch.linalg.inv(gram), torch.matmul(retained, cand.transpose(1, 2)))  # [B,R,K]
     proj = torch.matmul(a.transpose(1, 2), retained)  # [B,K,D]
     return ((cand - proj) ** 2).sum(-1).clamp(0.0, 1.0)
 

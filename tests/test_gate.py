@@ -104,7 +104,7 @@ def test_cache_makes_work_proportional_to_new_texts(gate):
     gate.select(dict(STATE, retained=retained, depth=1), more)
     assert seen[-1][0] == 1  # only the new candidate is encoded
     again = gate.select(dict(STATE, retained=retained), CANDS)
-    assert seen[-1][0] == 1  # all cached: one dummy row
+    assert seen[-1][0] == 0  # all cached: the head alone (the tower part is skipped)
     np.testing.assert_allclose(cold.p_keep, again.p_keep, atol=1e-5)
     gate.clear_cache()
     assert gate.cache_len == 0
@@ -149,7 +149,9 @@ def test_thread_safe_shared_gate(fp32_model):
     decisions = sample_decisions()[:5]
     ref = Gate.load(fp32_model, threads=1)
     expected = [ref.select(s, c).p_keep for s, c in decisions]
-    shared = Gate.load(fp32_model, cache_size=5, threads=1)  # small cache: eviction races with lookups
+    # small cache: eviction races with lookups; two threads: text groups share the Gate's worker pool
+    shared = Gate.load(fp32_model, cache_size=5, threads=2)
+    assert shared.text_groups == 2
     errors, results = [], {}
 
     def work(tid):

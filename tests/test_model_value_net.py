@@ -85,6 +85,9 @@ def test_rank_feature_counts_higher_siblings():
 
 def test_onnx_export_matches_torch_for_varying_k_and_r(net, tmp_path):
     ort = pytest.importorskip("onnxruntime")
+    from branchgate.inference.export import register_onnx_ops
+
+    register_onnx_ops()  # torch.linalg.inv (residual novelty) → onnxruntime's Inverse
     names = ["root", "frame", "goal", "retained", "cand", "features"]
     path = tmp_path / "vn.onnx"
     torch.onnx.export(net, decision(k=4, r=2), str(path), dynamo=False, input_names=names,
@@ -107,14 +110,14 @@ def test_wrong_feature_count_is_rejected():
 
 
 def test_residual_novelty_matches_ridge_projection_and_is_stable():
-    from branchgate.models.value_model import CG_RIDGE, residual_novelty
+    from branchgate.models.value_model import RIDGE, residual_novelty
 
     ret = unit(1, 6, D, seed=5)
     ret = torch.cat([ret, ret[:, :2]], dim=1)  # exact duplicates: the ill-conditioned case
     cand = torch.cat([unit(1, 3, D, seed=6), ret[:, :1]], dim=1)  # last candidate is a retained text
     grn = residual_novelty(ret, cand)[0]
     c, x = ret[0].double(), cand[0].double()
-    a = torch.linalg.solve(c @ c.T + CG_RIDGE * torch.eye(len(c), dtype=torch.float64), c @ x.T)
+    a = torch.linalg.solve(c @ c.T + RIDGE * torch.eye(len(c), dtype=torch.float64), c @ x.T)
     exact = ((x - a.T @ c) ** 2).sum(-1)
     assert torch.allclose(grn.double(), exact, atol=1e-4)
     assert grn[-1] < 0.01 and grn[:3].min() > 0.3

@@ -1,0 +1,190 @@
+"""What a second core buys the ONNX Gate, fp32 vs int8 (prints figures).
+
+    python benchmarks/int8_threads.py --model DIR/controller.onnx [--reps 15]
+
+Feeds the graph exactly what the Gate feeds it for the built-in sample decisions (cold cache) and times,
+in one process with the order of configurations rotating each round (p50 ms per decision):
+
+- the whole graph and its text tower alone (the ``text_emb`` subgraph), fp32 and int8, on 1 and 2
+  intra-op threads; the ratio 1-thread / 2-thread is what the second core buys;
+- the same tower run as two halves of the texts on two 1-thread sessions at once (data parallel
+  instead of intra-op parallel);
+- one int8 and one fp32 matrix product the size of a feed-forward layer on these decisions
+  (256 × 384 · 384 × 1536), alone and as two concurrent 1-thread runs, to show whether the cores
+  themselves scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def gate_feeds(model: Path) -> list[dict]:
+    """The graph inputs the Gate builds for the sample decisions, each with an empty cache."""
+    from branchgate.inference.gate import Gate, as_decision
+    from branchgate.inference.samples import sample_decisions
+
+    gate = Gate.load(model, threads=1)
+    session, feeds = gate.session, []
+
+    class Recorder:
+        def run(self, names, feed):
+            feeds.append(dict(feed))
+            return session.run(names, feed)
+
+    gate.session = Recorder()
+    for state, cands in (as_decision(s, c) for s, c in sample_decisions()):
+        gate.clear_cache()
+        gate.predict(state, cands)
+    return feeds
+
+
+def tower_only(model: Path, out: Path) -> Path:
+    import onnx
+    from onnx.utils import Extractor
+
+    sub = Extractor(onnx.load(str(model))).extract_model(["input_ids", "attention_mask"], ["text_emb"])
+    onnx.save(sub, str(out))
+    return out
+
+
+def session(path, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def halves(feed: dict) -> tuple[dict, dict]:
+    """The texts of one feed in two groups of about equal token counts."""
+    lengths = feed["attention_mask"].sum(1)
+    groups, load = ([], []), [0, 0]
+    for i in np.argsort(-lengths, kind="stable"):
+        g = 0 if load[0] <= load[1] else 1
+        groups[g].append(i)
+        load[g] += int(lengths[i])
+
+    def take(rows):
+        rows = np.array(sorted(rows))
+        width = int(lengths[rows].max())
+        return {"input_ids": feed["input_ids"][rows, :width], "attention_mask": feed["attention_mask"][rows, :width]}
+
+    return take(groups[0]), take(groups[1])
+
+
+class Pair:
+    """Two 1-thread sessions of one model; ``run`` computes two feeds at once (the second on a standing
+    worker thread, so no thread is started per call)."""
+
+    def __init__(self, path):
+        self.a, self.b = session(path, 1), session(path, 1)
+        self.go, self.done, self.feed = threading.Event(), threading.Event(), None
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self):
+        while True:
+            self.go.wait()
+            self.go.clear()
+            self.b.run(None, self.feed)
+            self.done.set()
+
+    def run(self, feeds):
+        self.feed = feeds[1]
+        self.done.clear()
+        self.go.set()
+        self.a.run(None, feeds[0])
+        self.done.wait()
+
+
+def matmul_models(tmp: Path) -> dict[str, Path]:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    k, n = 384, 1536
+    w = (np.random.default_rng(0).standard_normal((k, n)) * 0.05).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp / "mm_fp32.onnx"))
+    quantize_dynamic(str(tmp / "mm_fp32.onnx"), str(tmp / "mm_int8.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+    return {"fp32": tmp / "mm_fp32.onnx", "int8": tmp / "mm_int8.onnx"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="controller.onnx (its .int8.onnx twin is used too) or its directory")
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args()
+
+    fp32 = Path(args.model)
+    fp32 = fp32 / "controller.onnx" if fp32.is_dir() else fp32
+    models = {"fp32": fp32, "int8": fp32.with_name(fp32.name[: -len(".onnx")] + ".int8.onnx")}
+    if not models["int8"].is_file():
+        raise SystemExit(f"{models['int8']}: missing (export with --int8)")
+    feeds = gate_feeds(models["fp32"])
+    tower_feeds = [{"input_ids": f["input_ids"], "attention_mask": f["attention_mask"]} for f in feeds]
+    split_feeds = [halves(f) for f in tower_feeds]
+    x = np.random.default_rng(1).standard_normal((256, 384)).astype(np.float32)
+    tmp = Path(tempfile.mkdtemp(prefix="int8-threads-"))
+
+    cases = {}  # name -> (callable(i) for decision i, number of calls per round)
+    for prec, path in models.items():
+        tower = tower_only(path, tmp / f"tower_{prec}.onnx")
+        for threads in (1, 2):
+            whole, alone = session(path, threads), session(tower, threads)
+            cases[f"{prec} graph, {threads} thread(s)"] = (lambda i, s=whole: s.run(None, feeds[i]), len(feeds))
+            cases[f"{prec} tower, {threads} thread(s)"] = (lambda i, s=alone: s.run(None, tower_feeds[i]), len(feeds))
+        pair = Pair(tower)
+        cases[f"{prec} tower, two halves on two 1-thread sessions"] = (lambda i, p=pair: p.run(split_feeds[i]), len(feeds))
+    for prec, path in matmul_models(tmp).items():
+        one, pair = session(path, 1), Pair(path)
+        two = session(path, 2)
+        cases[f"{prec} 256x384x1536 matmul, 1 thread"] = (lambda i, s=one: s.run(None, {"x": x}), 20)
+        cases[f"{prec} 256x384x1536 matmul, 2 threads"] = (lambda i, s=two: s.run(None, {"x": x}), 20)
+        cases[f"{prec} 256x384x1536 matmul, two at once on 1 thread each"] = (lambda i, p=pair: p.run([{"x": x}, {"x": x}]), 20)
+
+    names = list(cases)
+    times = {name: [] for name in names}
+    for r in range(args.reps):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            call, n = cases[name]
+            time.sleep(0.05)  # lets the previous configuration's threads stop spinning
+            call(0)  # untimed: wakes this configuration's threads
+            for i in range(n):
+                t = time.perf_counter()
+                call(i % len(feeds))
+                times[name].append((time.perf_counter() - t) * 1000.0)
+    p50 = {name: float(np.median(ts)) for name, ts in times.items()}
+    print(f"{len(feeds)} decisions, {int(np.mean([f['attention_mask'].sum() for f in feeds]))} tokens each on average, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    for name in names:
+        print(f"{p50[name]:8.3f} ms  {name}")
+    for prec in models:
+        print(f"{prec}: second core speeds the graph up {p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
+              f"the tower {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, 2 thread(s)']:.2f}x, "
+              f"two halves {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves on two 1-thread sessions']:.2f}x; "
+              f"the tower is {100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph")
+        mm = f"{prec} 256x384x1536 matmul"
+        print(f"{prec} matmul: 2 threads {p50[mm + ', 1 thread'] / p50[mm + ', 2 threads']:.2f}x, "
+              f"two concurrent 1-thread runs {2 * p50[mm + ', 1 thread'] / p50[mm + ', two at once on 1 thread each']:.2f}x throughput")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

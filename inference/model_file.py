@@ -1,0 +1,77 @@
+"""Read an ONNX file's ``metadata_props`` without loading the model (standard library only).
+
+An ONNX file is one protobuf ``ModelProto``; its metadata entries are top-level field 14
+(``StringStringEntryProto``: key = field 1, value = field 2). The scan reads the top-level field headers and
+seeks past everything else (the graph is almost all of the file), so it costs a few reads, not a model load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from branchgate.errors import BranchgateError
+
+METADATA_FIELD = 14
+
+
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """The metadata_props of an ONNX file, without running it."""
+    path = Path(path)
+    if not path.is_file():
+        raise BranchgateError(f"{path}: no such controller file")
+    props: dict[str, str] = {}
+    try:
+        with open(path, "rb") as f:
+            size = path.stat().st_size
+            while f.tell() < size:
+                field, wire = _key(f)
+                if wire == 0:
+                    _varint(f)
+                elif wire == 1 or wire == 5:
+                    f.seek(8 if wire == 1 else 4, 1)
+                elif wire == 2:
+                    length = _varint(f)
+                    if field == METADATA_FIELD:
+                        key, value = _entry(f.read(length))
+                        props[key] = value
+                    else:
+                        f.seek(length, 1)
+                else:
+                    raise ValueError(f"wire type {wire}")
+            if f.tell() != size:
+                raise ValueError("truncated")
+    except (ValueError, EOFError, UnicodeDecodeError) as exc:
+        raise BranchgateError(f"{path}: not a loadable ONNX model (unreadable protobuf: {exc})") from None
+    return props
+
+
+def _varint(f) -> int:
+    shift = value = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError("unexpected end of file")
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("bad varint")
+
+
+def _key(f) -> tuple[int, int]:
+    key = _varint(f)
+    return key >> 3, key & 7
+
+
+def _entry(data: bytes) -> tuple[str, str]:
+    import io
+
+    f, out = io.BytesIO(data), {1: "", 2: ""}
+    while f.tell() < len(data):
+        field, wire = _key(f)
+        if wire != 2:
+            raise ValueError("bad metadata entry")
+        length = _varint(f)
+        out[field] = f.read(length).decode("utf-8")
+    return out[1], out[2]
