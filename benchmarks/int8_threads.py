@@ -5,13 +5,15 @@
 Feeds the graph exactly what the Gate feeds it for the built-in sample decisions (cold cache) and times,
 in one process with the order of configurations rotating each round (p50 ms per decision):
 
-- the whole graph and its text tower alone (the ``text_emb`` subgraph), fp32 and int8, on 1 and 2
-  intra-op threads; the ratio 1-thread / 2-thread is what the second core buys;
-- the same tower run as two halves of the texts on two 1-thread sessions at once (data parallel
-  instead of intra-op parallel);
+- the whole graph and its text tower alone (the head part skipped: no candidates), fp32 and int8, on 1
+  and 2 intra-op threads; the ratio 1-thread / 2-thread is what the second core buys inside one run;
+- the same tower run as two halves of the texts at once, from two threads through one 1-thread session
+  (data parallel instead of intra-op parallel: what the Gate does);
 - one int8 and one fp32 matrix product the size of a feed-forward layer on these decisions
-  (256 × 384 · 384 × 1536), alone and as two concurrent 1-thread runs, to show whether the cores
-  themselves scale.
+  (256 × 384 · 384 × 1536), alone, on 2 intra-op threads, and as two concurrent 1-thread runs, to show
+  whether the cores themselves scale.
+
+Needs a controller exported with skippable parts (metadata ``parts``).
 """
 
 from __future__ import annotations
@@ -48,15 +50,6 @@ def gate_feeds(model: Path) -> list[dict]:
     return feeds
 
 
-def tower_only(model: Path, out: Path) -> Path:
-    import onnx
-    from onnx.utils import Extractor
-
-    sub = Extractor(onnx.load(str(model))).extract_model(["input_ids", "attention_mask"], ["text_emb"])
-    onnx.save(sub, str(out))
-    return out
-
-
 def session(path, threads: int):
     import onnxruntime as ort
 
@@ -78,17 +71,17 @@ def halves(feed: dict) -> tuple[dict, dict]:
     def take(rows):
         rows = np.array(sorted(rows))
         width = int(lengths[rows].max())
-        return {"input_ids": feed["input_ids"][rows, :width], "attention_mask": feed["attention_mask"][rows, :width]}
+        return dict(feed, input_ids=feed["input_ids"][rows, :width], attention_mask=feed["attention_mask"][rows, :width])
 
     return take(groups[0]), take(groups[1])
 
 
 class Pair:
-    """Two 1-thread sessions of one model; ``run`` computes two feeds at once (the second on a standing
-    worker thread, so no thread is started per call)."""
+    """One 1-thread session run from two threads; ``run`` computes two feeds at once (the second on a
+    standing worker thread, so no thread is started per call)."""
 
     def __init__(self, path):
-        self.a, self.b = session(path, 1), session(path, 1)
+        self.a = self.b = session(path, 1)
         self.go, self.done, self.feed = threading.Event(), threading.Event(), None
         threading.Thread(target=self._work, daemon=True).start()
 
@@ -136,21 +129,26 @@ def main() -> int:
     models = {"fp32": fp32, "int8": fp32.with_name(fp32.name[: -len(".onnx")] + ".int8.onnx")}
     if not models["int8"].is_file():
         raise SystemExit(f"{models['int8']}: missing (export with --int8)")
+    from branchgate.inference.gate import read_metadata
+    from branchgate.inference.parts import PARTS
+
+    if read_metadata(fp32).get("parts") != PARTS:
+        raise SystemExit(f"{fp32}: exported without skippable parts; re-export it with this branchgate")
     feeds = gate_feeds(models["fp32"])
-    tower_feeds = [{"input_ids": f["input_ids"], "attention_mask": f["attention_mask"]} for f in feeds]
+    no_head = {"cand_idx": np.zeros(0, np.int64), "features": np.zeros((0, feeds[0]["features"].shape[1]), np.float32)}
+    tower_feeds = [dict(f, **no_head) for f in feeds]
     split_feeds = [halves(f) for f in tower_feeds]
     x = np.random.default_rng(1).standard_normal((256, 384)).astype(np.float32)
     tmp = Path(tempfile.mkdtemp(prefix="int8-threads-"))
 
     cases = {}  # name -> (callable(i) for decision i, number of calls per round)
     for prec, path in models.items():
-        tower = tower_only(path, tmp / f"tower_{prec}.onnx")
         for threads in (1, 2):
-            whole, alone = session(path, threads), session(tower, threads)
+            whole = session(path, threads)
             cases[f"{prec} graph, {threads} thread(s)"] = (lambda i, s=whole: s.run(None, feeds[i]), len(feeds))
-            cases[f"{prec} tower, {threads} thread(s)"] = (lambda i, s=alone: s.run(None, tower_feeds[i]), len(feeds))
-        pair = Pair(tower)
-        cases[f"{prec} tower, two halves on two 1-thread sessions"] = (lambda i, p=pair: p.run(split_feeds[i]), len(feeds))
+            cases[f"{prec} tower, {threads} thread(s)"] = (lambda i, s=whole: s.run(None, tower_feeds[i]), len(feeds))
+        pair = Pair(path)
+        cases[f"{prec} tower, two halves at once"] = (lambda i, p=pair: p.run(split_feeds[i]), len(feeds))
     for prec, path in matmul_models(tmp).items():
         one, pair = session(path, 1), Pair(path)
         two = session(path, 2)
@@ -178,7 +176,7 @@ def main() -> int:
     for prec in models:
         print(f"{prec}: second core speeds the graph up {p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
               f"the tower {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, 2 thread(s)']:.2f}x, "
-              f"two halves {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves on two 1-thread sessions']:.2f}x; "
+              f"two halves at once {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves at once']:.2f}x; "
               f"the tower is {100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph")
         mm = f"{prec} 256x384x1536 matmul"
         print(f"{prec} matmul: 2 threads {p50[mm + ', 1 thread'] / p50[mm + ', 2 threads']:.2f}x, "
