@@ -1,6 +1,6 @@
 """Latency of one gating decision: torch (checkpoint encoder + ValueNet, fp32) vs the ONNX Gate (fp32, int8).
 
-Same decisions, same intra-op thread count, one process, each runtime with its default thread-pool
+Same decisions, same number of CPU threads, one process, each runtime with its default thread-pool
 behaviour (torch's OpenMP, onnxruntime's spinning pool). Methods run in blocks (all decisions, both
 states, after a short pause and one untimed call) whose order rotates each round, so a change in machine
 load hits them alike and no idle pool of one method competes with another's run. Two states:
