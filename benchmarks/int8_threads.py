@@ -59,21 +59,17 @@ def session(path, threads: int):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def halves(feed: dict) -> tuple[dict, dict]:
-    """The texts of one feed in two groups of about equal token counts."""
+def halves(feed: dict) -> list[dict]:
+    """The texts of one feed in two groups of about equal token counts, as the Gate splits them."""
+    from branchgate.inference.gate import balanced_groups
+
     lengths = feed["attention_mask"].sum(1)
-    groups, load = ([], []), [0, 0]
-    for i in np.argsort(-lengths, kind="stable"):
-        g = 0 if load[0] <= load[1] else 1
-        groups[g].append(i)
-        load[g] += int(lengths[i])
 
     def take(rows):
-        rows = np.array(sorted(rows))
         width = int(lengths[rows].max())
         return dict(feed, input_ids=feed["input_ids"][rows, :width], attention_mask=feed["attention_mask"][rows, :width])
 
-    return take(groups[0]), take(groups[1])
+    return [take(rows) for rows in balanced_groups(lengths, 2)]
 
 
 class Pair:
@@ -81,7 +77,7 @@ class Pair:
     standing worker thread, so no thread is started per call)."""
 
     def __init__(self, path):
-        self.a = self.b = session(path, 1)
+        self.session = session(path, 1)
         self.go, self.done, self.feed = threading.Event(), threading.Event(), None
         threading.Thread(target=self._work, daemon=True).start()
 
@@ -89,14 +85,14 @@ class Pair:
         while True:
             self.go.wait()
             self.go.clear()
-            self.b.run(None, self.feed)
+            self.session.run(None, self.feed)
             self.done.set()
 
     def run(self, feeds):
         self.feed = feeds[1]
         self.done.clear()
         self.go.set()
-        self.a.run(None, feeds[0])
+        self.session.run(None, feeds[0])
         self.done.wait()
 
 

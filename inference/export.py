@@ -4,8 +4,9 @@
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
-``controller.md`` (model card). Both graphs get skippable tower and head parts (``inference.parts``). Metadata (``metadata_props``) records the encoder, feature schema,
-standardisation, τ, versions and the training-data hash; ``Gate.load`` validates it.
+``controller.md`` (model card). Both graphs get skippable tower and head parts (``inference.parts``).
+Metadata (``metadata_props``) records the encoder, feature schema, standardisation, τ, versions and the
+training-data hash; ``Gate.load`` validates it.
 
 Parity: the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
 parity decisions within ``tol`` in p_keep (max |Δ|); the int8 graph's AUROC on the labelled decisions
@@ -414,7 +415,7 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         "- Text tower in the graph: " + ("packed BERT (dense layers run on real tokens only, padding enters attention only; "
                                           "the same embeddings as the encoder)" if props.get("text_tower") == "packed"
                                           else "the encoder's transformer on padded batches"),
-"- Tower and head are skippable parts (an empty `input_ids` runs the head alone, an empty `cand_idx` the tower "
+        "- Tower and head are skippable parts (an empty `input_ids` runs the head alone, an empty `cand_idx` the tower "
         "alone): on ≥ 2 cores the Gate encodes a decision's new texts as two groups at once, then runs the head"
         if props.get("parts") else "- One graph run per decision (tower and head not separable)",
         f"- Value network: `{props['net']}`; structured features {props['feature_names']}; standardisation inside the graph",

@@ -166,31 +166,27 @@ class Gate:
             path = path / "controller.onnx"
         if not path.is_file():
             raise BranchgateError(f"{path}: no such controller file (export one with `branchgate export`)")
-        def open_session(n_threads):
-            opts = ort.SessionOptions()
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            if n_threads:
-                opts.intra_op_num_threads = int(n_threads)
-                opts.inter_op_num_threads = 1
-            if spinning is not None:
-                opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-            try:
-                return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            except Exception as exc:
-                raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
-
         meta = read_metadata(path)
         check_metadata(meta, str(path), expected_encoder)
         cores = int(threads) if threads else (os.cpu_count() or 1)
-        if text_groups is None:
-            text_groups = 2 if meta.get("parts") == PARTS and cores >= 2 else 1
-        if int(text_groups) < 1:
+        groups = int(text_groups) if text_groups is not None else (2 if meta.get("parts") == PARTS and cores >= 2 else 1)
+        if groups < 1:
             raise InputError(f"must be ≥ 1, got {text_groups}", "text_groups")
-        if int(text_groups) > 1 and meta.get("parts") != PARTS:
-            raise MismatchError(f"{path}: text_groups={text_groups} needs a model whose tower and head are separate "
+        if groups > 1 and meta.get("parts") != PARTS:
+            raise MismatchError(f"{path}: text_groups={groups} needs a model whose tower and head are separate "
                                 f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}")
-        groups = int(text_groups)
-        session = open_session(max(1, cores // groups) if groups > 1 else threads)  # run by each group's thread
+        intra = max(1, cores // groups) if groups > 1 else threads  # each group's run gets this many
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra:
+            opts.intra_op_num_threads = int(intra)
+            opts.inter_op_num_threads = 1
+        if spinning is not None:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
             raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
@@ -257,7 +253,7 @@ class Gate:
         texts = [self._clean(t) for t in (state.root_query, state.frame_query, state.parent_goal, *retained,
                                            *candidate_texts)]
         new, cached, rows = self._plan(texts)
-        if self.parts and (not new or (self._pool is not None and len(new) > 1)):
+        if self.parts and (not new or (self.text_groups > 1 and len(new) > 1)):
             # New texts in groups at once (or none), then the head alone; every text's embedding is now
             # passed in cached_emb: the new ones first, then the cached ones.
             n = len(new)

@@ -7,6 +7,7 @@ seeks past everything else (the graph is almost all of the file), so it costs a 
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from branchgate.errors import BranchgateError
@@ -65,8 +66,6 @@ def _key(f) -> tuple[int, int]:
 
 
 def _entry(data: bytes) -> tuple[str, str]:
-    import io
-
     f, out = io.BytesIO(data), {1: "", 2: ""}
     while f.tell() < len(data):
         field, wire = _key(f)

@@ -43,10 +43,9 @@ def _subgraph_inputs(node) -> list[str]:
     return names
 
 
-def _empty(name: str, dims, helper, TensorProto):
-    """A node giving an empty float tensor of shape ``dims`` (first axis 0)."""
-    return helper.make_node("Constant", [], [name],
-                            value=helper.make_tensor(name + "_value", TensorProto.FLOAT, [0, *dims[1:]], []))
+def _empty(name: str, shape: list[int], helper, TensorProto):
+    """A node giving an empty float tensor of ``shape`` (one axis 0)."""
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name + "_value", TensorProto.FLOAT, shape, []))
 
 
 def skippable_parts(model, dim: int, tower_input: str = "input_ids", tower_output: str = "text_emb",
@@ -77,12 +76,12 @@ def skippable_parts(model, dim: int, tower_input: str = "input_ids", tower_outpu
 
     def branch(name: str, members: set[int], outs: list[str]):
         nodes = [graph.node[i] for i in sorted(members - shared)]
-        own = {n for n, users in uses.items() if n in inits and users and users <= members - shared}
+        own = {n for n, users in uses.items() if n in inits and users <= members - shared}
         body = helper.make_graph(nodes, name, [], [outputs[o] for o in outs], [inits[n] for n in sorted(own)])
         return body, own
 
     def empty(name: str, shapes: dict[str, list[int]]):
-        return helper.make_graph([_empty(o, dims, helper, TensorProto) for o, dims in shapes.items()], name, [],
+        return helper.make_graph([_empty(o, shape, helper, TensorProto) for o, shape in shapes.items()], name, [],
                                  [outputs[o] for o in shapes])
 
     def condition(prefix: str, source: str) -> list:
