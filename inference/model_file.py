@@ -33,7 +33,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
                 elif wire == 2:
                     length = _varint(f)
                     if field == METADATA_FIELD:
-                        key, value = _entry(f.read(length))
+                        key, value = _entry(_read(f, length))
                         props[key] = value
                     else:
                         f.seek(length, 1)
@@ -71,6 +71,12 @@ def _entry(data: bytes) -> tuple[str, str]:
         field, wire = _key(f)
         if wire != 2:
             raise ValueError("bad metadata entry")
-        length = _varint(f)
-        out[field] = f.read(length).decode("utf-8")
+        out[field] = _read(f, _varint(f)).decode("utf-8")
     return out[1], out[2]
+
+
+def _read(f, length: int) -> bytes:
+    data = f.read(length)
+    if len(data) != length:
+        raise EOFError("unexpected end of file")
+    return data

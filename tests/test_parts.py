@@ -114,3 +114,6 @@ def test_metadata_is_read_without_loading_and_bad_files_are_named(fp32_model, tm
     cut.write_bytes(Path(fp32_model).read_bytes()[:1000])
     with pytest.raises(BranchgateError, match="cut.onnx: not a loadable ONNX model"):
         read_metadata(cut)
+    cut.write_bytes(Path(fp32_model).read_bytes()[:-3])  # cut inside the last metadata entry
+    with pytest.raises(BranchgateError, match="cut.onnx: not a loadable ONNX model"):
+        read_metadata(cut)
