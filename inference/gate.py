@@ -169,10 +169,11 @@ class Gate:
         meta = read_metadata(path)
         check_metadata(meta, str(path), expected_encoder)
         cores = int(threads) if threads else (os.cpu_count() or 1)
-        groups = int(text_groups) if text_groups is not None else (2 if meta.get("parts") == PARTS and cores >= 2 else 1)
+        parts = meta.get("parts") == PARTS
+        groups = int(text_groups) if text_groups is not None else (2 if parts and cores >= 2 else 1)
         if groups < 1:
             raise InputError(f"must be ≥ 1, got {text_groups}", "text_groups")
-        if groups > 1 and meta.get("parts") != PARTS:
+        if groups > 1 and not parts:
             raise MismatchError(f"{path}: text_groups={groups} needs a model whose tower and head are separate "
                                 f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}")
         intra = max(1, cores // groups) if groups > 1 else threads  # each group's run gets this many

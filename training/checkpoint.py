@@ -53,7 +53,6 @@ def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
 def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
     """Write a minimal controller checkpoint (same layout as the trained .ckpt), atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     obj = {"state_dict": {f"net.{k}": v.detach().cpu() for k, v in net.state_dict().items()},
            "branchgate": checkpoint_entry(net, meta)}
     with atomic_path(path) as tmp:
