@@ -139,3 +139,14 @@ def spy_runs(gate) -> list[tuple[int, ...]]:
 
     gate.session = Spy()
     return shapes
+
+
+def relabelled(model, folder, props: dict[str, str]) -> Path:
+    """A copy of the exported ``model`` (with its tokenizer) in ``folder`` whose metadata is ``props``."""
+    from branchgate.inference.export import write_metadata
+
+    out = Path(folder) / "controller.onnx"
+    write_metadata(Path(model), out, props)
+    tokenizer = Path(model).with_name("controller.tokenizer.json")
+    out.with_name(tokenizer.name).write_bytes(tokenizer.read_bytes())
+    return out

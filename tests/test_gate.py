@@ -16,7 +16,7 @@ from branchgate.cli import main
 from branchgate.errors import InputError, MismatchError
 from branchgate.inference.gate import DecisionState, Gate, check_metadata, decide, read_metadata
 from branchgate.inference.samples import sample_decisions
-from export_support import exported, max_abs, spy_runs
+from export_support import exported, max_abs, relabelled, spy_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -216,15 +216,7 @@ def test_metadata_mismatch_errors_name_the_key(change, needle):
 
 
 def test_load_rejects_a_model_with_a_newer_schema_or_other_encoder(model, tmp_path):
-    import onnx
-
-    proto = onnx.load(model)
-    for entry in proto.metadata_props:
-        if entry.key == "schema_version":
-            entry.value = "99"
-    bad = tmp_path / "controller.onnx"
-    onnx.save(proto, str(bad))
-    (tmp_path / "controller.tokenizer.json").write_bytes(Path(model).with_name("controller.tokenizer.json").read_bytes())
+    bad = relabelled(model, tmp_path, dict(read_metadata(model), schema_version="99"))
     with pytest.raises(MismatchError, match="schema_version=99"):
         Gate.load(bad)
     with pytest.raises(MismatchError, match="encoder="):

@@ -11,7 +11,7 @@ from branchgate.errors import BranchgateError, MismatchError
 from branchgate.inference.gate import Gate, as_decision, balanced_groups, read_metadata
 from branchgate.inference.parts import PARTS, skippable_parts
 from branchgate.inference.samples import sample_decisions
-from export_support import exported, max_abs
+from export_support import exported, max_abs, relabelled
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +67,8 @@ def test_text_groups_change_nothing_in_fp32(fp32_model):
 
 
 def test_text_groups_need_a_model_with_parts(fp32_model, tmp_path):
-    import onnx
-
-    proto = onnx.load(fp32_model)
-    kept = [(e.key, e.value) for e in proto.metadata_props if e.key != "parts"]
-    del proto.metadata_props[:]
-    for key, value in kept:
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    old = tmp_path / "controller.onnx"
-    onnx.save(proto, str(old))
-    (tmp_path / "controller.tokenizer.json").write_bytes(Path(fp32_model).with_name("controller.tokenizer.json").read_bytes())
+    meta = {k: v for k, v in read_metadata(fp32_model).items() if k != "parts"}
+    old = relabelled(fp32_model, tmp_path, meta)
     assert Gate.load(old, threads=2).text_groups == 1  # an older export: one run per decision
     with pytest.raises(MismatchError, match="parts"):
         Gate.load(old, threads=2, text_groups=2)
