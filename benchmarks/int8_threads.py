@@ -120,9 +120,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
 
+    from branchgate.inference.export import paths_for
+
     fp32 = Path(args.model)
     fp32 = fp32 / "controller.onnx" if fp32.is_dir() else fp32
-    models = {"fp32": fp32, "int8": fp32.with_name(fp32.name[: -len(".onnx")] + ".int8.onnx")}
+    models = {"fp32": fp32, "int8": paths_for(fp32)["int8"]}
     if not models["int8"].is_file():
         raise SystemExit(f"{models['int8']}: missing (export with --int8)")
     from branchgate.inference.gate import read_metadata

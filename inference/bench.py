@@ -110,10 +110,12 @@ def _clear(method) -> None:
 def _int8_sibling(model: str) -> str | None:
     from pathlib import Path
 
+    from branchgate.inference.export import paths_for
+
     path = Path(model)
     if path.is_dir():
         path = path / "controller.onnx"
-    twin = path.with_name(path.name[: -len(".onnx")] + ".int8.onnx") if path.name.endswith(".onnx") else None
+    twin = paths_for(path)["int8"] if path.suffix == ".onnx" else None
     return str(twin) if twin and twin.is_file() else None
 
 
