@@ -14,30 +14,17 @@ import argparse
 import numpy as np
 
 
-def top1(scores, utility, groups, informative: bool) -> np.ndarray:
-    """Per decision point (≥ 2 candidates with known utility): 1 if the top-scored one has the best utility."""
-    out = {}
-    for g in np.unique(groups):
-        m = (groups == g) & np.isfinite(utility)
-        if m.sum() < 2 or (informative and utility[m].max() <= 0):
-            continue
-        u, s = utility[m], scores[m]
-        out[g] = float(u[int(np.argmax(s))] >= u.max() - 1e-9)
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--boot", type=int, default=1000)
     args = ap.parse_args()
-    from sklearn.metrics import roc_auc_score
-
     from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.training.checkpoint import load_controller
     from branchgate.models.encoder import recorded_spec
+    from branchgate.training.checkpoint import load_controller
     from branchgate.training.evaluate import predict
+    from branchgate.training.metrics import safe_auroc, top1_hits
 
     net, meta = load_controller(args.checkpoint)
     dm = DecisionDataModule(args.dataset, encoder=meta["encoder"])
@@ -59,8 +46,8 @@ def main() -> None:
     frame_run = {f: r for f, r in zip(frames, runs)}
 
     def auroc(s, rows):
-        y = labels[rows]
-        return roc_auc_score(y, s[rows]) if 0 < y.sum() < len(y) else np.nan
+        value = safe_auroc(labels[rows], s[rows])
+        return np.nan if value is None else value
 
     def top1_mean(d, run_list):
         by_run = {}
@@ -69,8 +56,8 @@ def main() -> None:
         vals = [v for r in run_list for v in by_run.get(r, [])]
         return float(np.mean(vals)) if vals else np.nan
 
-    t1 = {k: top1(s, utility, frames, False) for k, s in scorers.items()}
-    t1i = {k: top1(s, utility, frames, True) for k, s in scorers.items()}
+    t1 = {k: top1_hits(s, utility, frames) for k, s in scorers.items()}
+    t1i = {k: top1_hits(s, utility, frames, informative=True) for k, s in scorers.items()}
     all_rows = np.flatnonzero(lab)
     print(f"test: {len(unique_runs)} runs, {lab.sum()} labelled rows, {len(t1['model'])} decision points "
           f"({len(t1i['model'])} informative)")

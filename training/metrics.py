@@ -87,21 +87,26 @@ def reliability(probs, labels, bins: int = 10):
 def top1_accuracy(scores, utility, groups) -> float | None:
     """Share of decision points (≥ 2 candidates with known utility) whose top-scored candidate has the best
     realized utility (ties in utility count as correct)."""
+    hits = top1_hits(scores, utility, groups)
+    return float(np.mean(list(hits.values()))) if hits else None
+
+
+def top1_hits(scores, utility, groups, informative: bool = False) -> dict:
+    """{decision point: 1.0 if its top-scored candidate has the best realized utility, else 0.0} over points
+    with ≥ 2 candidates of known utility; ``informative`` keeps only points where some utility is positive
+    (where the choice matters)."""
     scores, utility, groups = np.asarray(scores, np.float64), np.asarray(utility, np.float64), np.asarray(groups)
     m = np.isfinite(utility)
     scores, utility, groups = scores[m], utility[m], groups[m]
-    if len(groups) == 0:
-        return None
     order = np.argsort(groups, kind="mergesort")
     scores, utility, groups = scores[order], utility[order], groups[order]
     starts = np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1, len(groups)]
-    hits = n = 0
+    out = {}
     for a, b in zip(starts[:-1], starts[1:]):
-        if b - a < 2:
+        if b - a < 2 or (informative and utility[a:b].max() <= 0):
             continue
-        n += 1
-        hits += utility[a + int(np.argmax(scores[a:b]))] >= utility[a:b].max() - 1e-9
-    return float(hits / n) if n else None
+        out[groups[a]] = float(utility[a + int(np.argmax(scores[a:b]))] >= utility[a:b].max() - 1e-9)
+    return out
 
 
 def keep_rate_with_fallback(scores, groups, tau: float) -> float | None:
