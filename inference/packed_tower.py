@@ -21,9 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# Attention softmax as exp(min(s, cap)) * key_mask / sum: no per-row max over tiny rows, and no huge negative
-# mask values (exp of -3.4e38 takes onnxruntime's slow path, 15x slower). The cap keeps exp from overflowing
-# even summed over 512 keys; real BERT attention logits stay far below it, so the result equals softmax.
+# Attention softmax as (e @ (v * key_mask)) / (e @ key_mask) with e = exp(min(s, cap)): no per-row max over
+# tiny rows, no huge negative mask values (exp of -3.4e38 takes onnxruntime's slow path, 15x slower), and no
+# per-layer broadcast multiply of the [N, heads, L, L] weights (onnxruntime broadcasts short rows slowly).
+# The cap keeps exp from overflowing even summed over 512 keys; real BERT attention logits stay far below it,
+# so the result equals softmax.
 SCORE_CAP = 80.0
 
 
@@ -78,7 +80,9 @@ class PackedBertTower(nn.Module):
         to_padded = src.reshape(1, n, 1, length) * (3 * heads) + s3 + hh  # [3, N, heads, L]
         # Row of (n, h, l) in the attention output viewed as [N*heads*L, head_dim], for each real token.
         to_packed = (text.unsqueeze(1) * heads + torch.arange(heads, device=input_ids.device)) * length + pos.unsqueeze(1)
-        keys = attention_mask.to(torch.float32).reshape(n, 1, 1, length)  # 1 = real key, 0 = padding
+        key_col = attention_mask.to(torch.float32).reshape(n, 1, length, 1)  # 1 = real key, 0 = padding
+        # Values of padding keys are zeroed by a same-shape multiply (the mask expanded once per call).
+        value_mask = key_col.expand(n, heads, length, head_dim).contiguous()
 
         emb = self.transformer.embeddings
         x = emb.word_embeddings(input_ids.reshape(-1)[flat]) + emb.position_embeddings(pos) + emb.token_type_embeddings.weight[0]
@@ -88,8 +92,8 @@ class PackedBertTower(nn.Module):
             qkv = torch.matmul(x, getattr(self, f"qkv_w{i}")) + getattr(self, f"qkv_b{i}")  # [T, 3D]
             rows = qkv.reshape(-1, head_dim)
             q, k, v = rows[to_padded[0]], rows[to_padded[1]], rows[to_padded[2]]  # each [N, heads, L, head_dim]
-            weights = torch.exp((torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP)) * keys
-            ctx = torch.matmul(weights * torch.reciprocal(weights.sum(-1, keepdim=True)), v)
+            weights = torch.exp((torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP))  # [N, heads, L, L]
+            ctx = torch.matmul(weights, v * value_mask) / torch.matmul(weights, key_col)  # sums over real keys only
             ctx = ctx.reshape(-1, head_dim)[to_packed].reshape(t, dim)
             out = layer.attention.output
             x = F.layer_norm(torch.matmul(ctx, getattr(self, f"out_w{i}")) + out.dense.bias + x, (dim,),
