@@ -137,7 +137,6 @@ def main() -> int:
     tower_feeds = [dict(f, **no_head) for f in feeds]
     split_feeds = [halves(f) for f in tower_feeds]
     x = np.random.default_rng(1).standard_normal((256, 384)).astype(np.float32)
-    tmp = Path(tempfile.mkdtemp(prefix="int8-threads-"))
 
     cases = {}  # name -> (callable(i) for decision i, number of calls per round)
     for prec, path in models.items():
@@ -147,12 +146,13 @@ def main() -> int:
             cases[f"{prec} tower, {threads} thread(s)"] = (lambda i, s=whole: s.run(None, tower_feeds[i]), len(feeds))
         pair = Pair(path)
         cases[f"{prec} tower, two halves at once"] = (lambda i, p=pair: p.run(split_feeds[i]), len(feeds))
-    for prec, path in matmul_models(tmp).items():
-        one, pair = session(path, 1), Pair(path)
-        two = session(path, 2)
-        cases[f"{prec} 256x384x1536 matmul, 1 thread"] = (lambda i, s=one: s.run(None, {"x": x}), 20)
-        cases[f"{prec} 256x384x1536 matmul, 2 threads"] = (lambda i, s=two: s.run(None, {"x": x}), 20)
-        cases[f"{prec} 256x384x1536 matmul, two at once on 1 thread each"] = (lambda i, p=pair: p.run([{"x": x}, {"x": x}]), 20)
+    with tempfile.TemporaryDirectory(prefix="int8-threads-") as tmp:  # sessions hold the models once loaded
+        for prec, path in matmul_models(Path(tmp)).items():
+            one, pair = session(path, 1), Pair(path)
+            two = session(path, 2)
+            cases[f"{prec} 256x384x1536 matmul, 1 thread"] = (lambda i, s=one: s.run(None, {"x": x}), 20)
+            cases[f"{prec} 256x384x1536 matmul, 2 threads"] = (lambda i, s=two: s.run(None, {"x": x}), 20)
+            cases[f"{prec} 256x384x1536 matmul, two at once on 1 thread each"] = (lambda i, p=pair: p.run([{"x": x}, {"x": x}]), 20)
 
     names = list(cases)
     times = {name: [] for name in names}

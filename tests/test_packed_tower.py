@@ -50,10 +50,9 @@ def test_gate_runs_a_packed_graph_once_per_decision(encoder):
     assert gate.bucketing is False
     runs = spy_runs(gate)
     long_frame = "Previous research goal: " + " ".join(f"aspect{i} of colony collapse" for i in range(40))
-    sel = gate.select({"root_query": "Why are bees dying?", "frame_query": long_frame},
-                      [{"query": "varroa", "goal": ""}, {"query": "pesticides", "goal": "field studies"}])
+    state = {"root_query": "Why are bees dying?", "frame_query": long_frame}
+    cands = [{"query": "varroa", "goal": ""}, {"query": "pesticides", "goal": "field studies"}]
+    sel = gate.select(state, cands)
     assert len(runs) == 1 and runs[0][0] == 4  # root, frame and both candidates in one run
-    want = Gate.load(path, threads=1, bucketing=True).select({"root_query": "Why are bees dying?", "frame_query": long_frame},
-                                                           [{"query": "varroa", "goal": ""},
-                                                            {"query": "pesticides", "goal": "field studies"}])
+    want = Gate.load(path, threads=1, bucketing=True).select(state, cands)
     np.testing.assert_allclose(sel.p_keep, want.p_keep, atol=1e-5)

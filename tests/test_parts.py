@@ -77,7 +77,6 @@ def test_text_groups_need_a_model_with_parts(fp32_model, tmp_path):
 
 
 def test_graphs_whose_parts_share_work_are_left_whole():
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])
