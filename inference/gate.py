@@ -31,7 +31,7 @@ import numpy as np
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.inference.model_file import read_metadata  # noqa: F401  (part of this module's interface)
+from branchgate.inference.model_file import read_metadata
 from branchgate.inference.parts import PARTS
 from branchgate.texts import candidate_text
 
