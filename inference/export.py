@@ -8,7 +8,8 @@ Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quant
 Metadata (``metadata_props``) records the encoder, feature schema, standardisation, τ, versions and the
 training-data hash; ``Gate.load`` validates it.
 
-Parity: the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
+Parity: the torch text tower must reproduce the encoder's own embeddings (what training used) within
+``tol``; the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
 parity decisions within ``tol`` in p_keep (max |Δ|); the int8 graph's AUROC on the labelled decisions
 must be within ``auroc_tol`` of the fp32 graph's. A model that fails is not written unless ``force``.
 """
@@ -106,6 +107,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     reference = TorchController(net, encoder)
     with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
         ref = [reference.predict(s, c) for s, c, _ in decisions]
+        tower_diff = tower_vs_encoder(reference, encoder, decisions)
     tower = encoder.torch_module().eval()
     graph = ControllerGraph(graph_tower(tower), net).eval()
     paths["fp32"].parent.mkdir(parents=True, exist_ok=True)
@@ -144,12 +146,16 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         par = report["parity"]
         par["fp32_max_abs_diff_p_keep"] = _max_diff([r[0] for r in ref], [f[0] for f in fp32])
         par["fp32_max_abs_diff_utility"] = _max_diff([r[1] for r in ref], [f[1] for f in fp32])
+        par["tower_max_abs_diff_embedding"] = tower_diff
         par["tolerance"] = tol
         p_torch = np.concatenate([r[0] for r in ref]) if ref else np.zeros(0)
         p_fp32 = np.concatenate([f[0] for f in fp32]) if fp32 else np.zeros(0)
         par["torch_auroc"] = auroc(labels, p_torch)
         par["fp32_auroc"] = auroc(labels, p_fp32)
         failures = []
+        if tower_diff > tol:
+            failures.append(f"the torch text tower differs from the encoder's own embeddings (what training used) "
+                            f"by {tower_diff:.3g} > {tol:g}: the towers do not reproduce encoder {encoder.id!r}")
         if par["fp32_max_abs_diff_p_keep"] > tol:
             failures.append(f"fp32 max |Δp_keep| = {par['fp32_max_abs_diff_p_keep']:.3g} > {tol:g}")
         if int8:
@@ -379,6 +385,16 @@ def _run_gate(path: Path, decisions) -> list[tuple[np.ndarray, np.ndarray]]:
     return [gate.predict(s, c) for s, c, _ in decisions]
 
 
+def tower_vs_encoder(reference, encoder, decisions, limit: int = 64) -> float:
+    """Max |Δ| between the torch text tower's embeddings (which the graph reproduces) and the encoder's own
+    ``encode`` (which training used) on up to ``limit`` non-empty texts of the parity decisions."""
+    texts = []
+    for state, cands, _ in decisions:
+        texts += [state.root_query, state.frame_query, state.parent_goal, *state.retained, *cands]
+    texts = list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))[:limit]
+    return _max_diff([reference.embed(texts)], [encoder.encode(texts)]) if texts else 0.0
+
+
 def _max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     diffs = [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b) if len(x)]
     return max(diffs) if diffs else 0.0
@@ -440,6 +456,7 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         "## Parity (checked at export)",
         "",
         f"- Decisions: {par['decisions']} ({par['candidates']} candidates) — {par['source']}",
+        f"- torch text tower vs the encoder's own embeddings: max |Δ| = {fmt(par.get('tower_max_abs_diff_embedding'))}",
         f"- fp32 ONNX vs torch: max |Δp_keep| = {fmt(par['fp32_max_abs_diff_p_keep'])} (tolerance {par['tolerance']:g}), "
         f"max |Δĝ| = {fmt(par['fp32_max_abs_diff_utility'])}",
         f"- AUROC torch {fmt(par['torch_auroc'])}, fp32 {fmt(par['fp32_auroc'])}"

@@ -143,8 +143,12 @@ class Encoder:
 
     @property
     def pooling_mode(self) -> str:
-        pooling = self.st[1]
-        return "cls" if getattr(pooling, "pooling_mode_cls_token", False) else "mean"
+        """``"cls"`` or ``"mean"``, the poolings the torch and ONNX towers implement; others are refused."""
+        modes = pooling_modes(self.st[1])
+        if modes not in (("cls",), ("mean",)):
+            raise BranchgateError(f"encoder {self.id!r} pools with {'+'.join(modes) or 'nothing'}; "
+                                  "the text towers support cls or mean pooling only")
+        return modes[0]
 
     def encode(self, texts: list[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
         if not texts:
@@ -157,4 +161,24 @@ class Encoder:
         """An ``nn.Module``: (input_ids, attention_mask) → unit-normalised embeddings, same as ``encode``."""
         from branchgate.models.text_tower import TextTower
 
+        extra = [type(m).__name__ for m in list(self.st)[2:] if type(m).__name__ != "Normalize"]
+        if extra:
+            raise BranchgateError(f"encoder {self.id!r} has modules after pooling ({', '.join(extra)}); "
+                                  "the text towers support transformer + pooling + normalize only")
         return TextTower(self.st[0].auto_model, self.pooling_mode)
+
+
+_POOLING_FLAGS = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+                  ("pooling_mode_max_tokens", "max"), ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
+                  ("pooling_mode_weightedmean_tokens", "weightedmean"), ("pooling_mode_lasttoken", "lasttoken"))
+
+
+def pooling_modes(pooling) -> tuple[str, ...]:
+    """The modes a sentence-transformers ``Pooling`` module combines: its ``pooling_mode`` (str or tuple,
+    sentence-transformers ≥ 6) or, in older versions, one boolean attribute per mode."""
+    mode = getattr(pooling, "pooling_mode", None)
+    if isinstance(mode, str):
+        return (mode,)
+    if isinstance(mode, (tuple, list)):
+        return tuple(mode)
+    return tuple(name for flag, name in _POOLING_FLAGS if getattr(pooling, flag, False))

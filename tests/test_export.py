@@ -10,7 +10,7 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.errors import MismatchError
-from branchgate.inference.export import auroc, export_model, torch_threads
+from branchgate.inference.export import ParityError, auroc, export_model, torch_threads
 from branchgate.inference.gate import REQUIRED_METADATA, DecisionState, Gate, read_metadata
 from branchgate.texts import candidate_text
 from export_support import exported, max_abs, trained_controller
@@ -33,7 +33,7 @@ def test_export_writes_model_int8_twin_tokenizer_and_card(encoder):
         assert meta["data_sha256"] == "0" * 64 and float(meta["tau"]) == 0.5
     par = report["parity"]
     assert par["decisions"] == 8 and par["candidates"] == 64
-    assert par["fp32_max_abs_diff_p_keep"] <= 1e-4
+    assert par["fp32_max_abs_diff_p_keep"] <= 1e-4 and par["tower_max_abs_diff_embedding"] <= 1e-5
     assert par["fp32_auroc"] is not None and par["int8_auroc"] is not None
     assert par["int8_auroc_delta"] <= 0.01
     assert report["passed"] and not report["forced"]
@@ -101,6 +101,21 @@ def test_export_refuses_failed_parity_and_force_writes_anyway(encoder, tmp_path,
     assert not out.with_name("controller.int8.onnx").exists()  # --int8 not asked
     assert "FORCED" in out.with_name("controller.md").read_text()
     assert "WARNING" in capsys.readouterr().err
+
+
+def test_export_refuses_a_tower_that_does_not_reproduce_the_encoder(encoder, tmp_path):
+    import copy
+
+    class PooledWrongly(type(encoder)):
+        pooling_mode = "cls"  # the packaged model pools by mean: the tower would not match training
+
+    wrong = copy.copy(encoder)
+    wrong.__class__ = PooledWrongly
+    net, meta = trained_controller(encoder)
+    with pytest.raises(ParityError, match="text tower differs from the encoder") as err:
+        export_model(net, meta, tmp_path / "c.onnx", encoder=wrong, int8=False)
+    assert err.value.report["parity"]["tower_max_abs_diff_embedding"] > 0.05
+    assert not (tmp_path / "c.onnx").exists()
 
 
 def test_export_rejects_a_checkpoint_whose_features_the_gate_cannot_compute(encoder, tmp_path):
