@@ -6,6 +6,8 @@ the work on typical decisions. This module computes exactly the same embeddings 
 ``models.text_tower.TextTower`` over the same ``BertModel`` weights, but packs the valid tokens into one
 ``[T, D]`` matrix for the dense layers, layer norms and GELU, and gathers them into the padded
 ``[N, H, L, d]`` layout only inside attention (through indices computed once per call, so no transposes).
+With CLS pooling (bge-small) the last layer runs its queries, attention output and feed-forward for each
+text's first token only, the one rows pooling reads.
 
 Inputs and output are those of ``TextTower``: ``(input_ids[N, L], attention_mask[N, L]) → [N, D]`` unit
 rows. Used by ``inference.export`` when the encoder is a BERT model with absolute positions; other
@@ -88,13 +90,21 @@ class PackedBertTower(nn.Module):
         x = emb.word_embeddings(input_ids.reshape(-1)[flat]) + emb.position_embeddings(pos) + emb.token_type_embeddings.weight[0]
         x = F.layer_norm(x, (dim,), emb.LayerNorm.weight, emb.LayerNorm.bias, self.eps)
         scale = 1.0 / math.sqrt(head_dim)
-        for i, layer in enumerate(self.transformer.encoder.layer):
+        layers = self.transformer.encoder.layer
+        for i, layer in enumerate(layers):
+            # CLS pooling reads only each text's first token after the last layer, so that layer's queries,
+            # attention output and feed-forward run for those N rows only (keys and values for all tokens).
+            cls_only = self.pooling == "cls" and i == len(layers) - 1
             qkv = torch.matmul(x, getattr(self, f"qkv_w{i}")) + getattr(self, f"qkv_b{i}")  # [T, 3D]
             rows = qkv.reshape(-1, head_dim)
-            q, k, v = rows[to_padded[0]], rows[to_padded[1]], rows[to_padded[2]]  # each [N, heads, L, head_dim]
-            weights = torch.exp((torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP))  # [N, heads, L, L]
+            q = rows[to_padded[0][:, :, :1] if cls_only else to_padded[0]]  # [N, heads, L or 1, head_dim]
+            k, v = rows[to_padded[1]], rows[to_padded[2]]  # each [N, heads, L, head_dim]
+            weights = torch.exp((torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP))  # [N, heads, L|1, L]
             ctx = torch.matmul(weights, v * value_mask) / torch.matmul(weights, key_col)  # sums over real keys only
-            ctx = ctx.reshape(-1, head_dim)[to_packed].reshape(t, dim)
+            if cls_only:
+                ctx, x = ctx.reshape(n, dim), x[src.reshape(n, length)[:, 0]]
+            else:
+                ctx = ctx.reshape(-1, head_dim)[to_packed].reshape(t, dim)
             out = layer.attention.output
             x = F.layer_norm(torch.matmul(ctx, getattr(self, f"out_w{i}")) + out.dense.bias + x, (dim,),
                              out.LayerNorm.weight, out.LayerNorm.bias, self.eps)
@@ -102,11 +112,9 @@ class PackedBertTower(nn.Module):
             out = layer.output
             x = F.layer_norm(torch.matmul(hidden, getattr(self, f"ffn_out_w{i}")) + out.dense.bias + x, (dim,),
                              out.LayerNorm.weight, out.LayerNorm.bias, self.eps)
+        if self.pooling == "cls":  # x holds each text's first token; a text without tokens gives a zero row
+            return F.normalize(x * attention_mask[:, :1].to(x.dtype), p=2.0, dim=-1)
         rows = torch.cat([x, torch.zeros_like(x[:1])])  # + a zero row for padding
         slot = torch.where(valid, packed_row, torch.zeros_like(packed_row) + t).reshape(n, length)
-        if self.pooling == "cls":
-            pooled = rows[slot[:, 0]]
-        else:
-            counts = attention_mask.sum(1, keepdim=True).to(x.dtype).clamp(min=1e-9)
-            pooled = rows[slot].sum(1) / counts
-        return F.normalize(pooled, p=2.0, dim=-1)
+        counts = attention_mask.sum(1, keepdim=True).to(x.dtype).clamp(min=1e-9)
+        return F.normalize(rows[slot].sum(1) / counts, p=2.0, dim=-1)
