@@ -38,12 +38,29 @@ def tower_embeddings(encoder, texts) -> np.ndarray:
         return encoder.torch_module().eval()(feats["input_ids"], feats["attention_mask"]).numpy()
 
 
-def test_cls_pooled_encoder_is_pooled_by_cls_in_the_tower(encoder, tmp_path):
-    cls = Encoder.load(str(cls_copy(tmp_path / "cls")))
-    assert cls.id.startswith("local:") and cls.pooling_mode == "cls" and encoder.pooling_mode == "mean"
-    got, want = tower_embeddings(cls, TEXTS), cls.encode(TEXTS)
+@pytest.fixture(scope="module")
+def cls_encoder(tmp_path_factory):
+    return Encoder.load(str(cls_copy(tmp_path_factory.mktemp("enc") / "cls")))
+
+
+def test_cls_pooled_encoder_is_pooled_by_cls_in_the_tower(encoder, cls_encoder):
+    assert cls_encoder.id.startswith("local:") and cls_encoder.pooling_mode == "cls" and encoder.pooling_mode == "mean"
+    got, want = tower_embeddings(cls_encoder, TEXTS), cls_encoder.encode(TEXTS)
     assert float(np.abs(got - want).max()) <= 1e-5
     assert float(np.abs(want - encoder.encode(TEXTS)).max()) > 0.05  # CLS and mean really differ here
+
+
+def test_cls_pooled_controller_exports_and_gates_like_the_encoder(cls_encoder, tmp_path):
+    from branchgate.inference.export import export_model
+    from branchgate.inference.gate import Gate, read_metadata
+    from export_support import trained_controller
+
+    net, meta = trained_controller(cls_encoder)
+    report = export_model(net, meta, tmp_path / "controller.onnx", encoder=cls_encoder, int8=False)
+    assert report["passed"] and report["parity"]["fp32_max_abs_diff_p_keep"] <= 1e-4
+    assert read_metadata(report["files"]["fp32"])["pooling"] == "cls"
+    got = Gate.load(report["files"]["fp32"], threads=1).embed(TEXTS)  # the packed graph, last layer on CLS rows
+    assert float(np.abs(got - cls_encoder.encode(TEXTS)).max()) <= 1e-5
 
 
 def test_pooling_modes_of_old_and_new_sentence_transformers():
