@@ -8,6 +8,7 @@ encoder actually used is what every manifest, checkpoint and ONNX file records.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import warnings
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.errors import BranchgateError
+from branchgate.errors import BranchgateError, MismatchError
 
 log = logging.getLogger(__name__)
 
@@ -92,24 +93,42 @@ def resolve(name: str = "auto", allow_download: bool = True) -> EncoderSpec:
 
 def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
     """The encoder a manifest/checkpoint recorded: by its id (packaged or hub cache, never downloading),
-    else its recorded local directory. The id stays the recorded one."""
+    else its recorded local directory, which must still hold the same files. The id stays the recorded one."""
     try:
         spec = resolve(name, allow_download=False)
     except EncoderUnavailable:
         if path and Path(path).is_dir():
+            recorded = name.rpartition("#")[2] if name.startswith("local:") and "#" in name else None
+            if recorded and content_hash(Path(path)) != recorded:
+                raise MismatchError(f"encoder directory {path} has changed since {name!r} was recorded "
+                                    f"(its files now hash to {content_hash(Path(path))})") from None
             return EncoderSpec(name, path)
         raise
     return spec if spec.id == name else EncoderSpec(name, spec.path)
 
 
 def _local_id(path: Path) -> str:
-    """A local copy of the packaged model keeps the packaged id; other local dirs are named by path."""
+    """A local copy of the packaged model keeps the packaged id; other local dirs are named by path and
+    content (``local:/abs/dir#<hash>``), so a model changed in place never matches what was recorded before."""
     try:
         if path.resolve() == Path(packaged_path()).resolve():
             return PACKAGED
     except EncoderUnavailable:
         pass
-    return f"local:{path.resolve()}"
+    return f"local:{path.resolve()}#{content_hash(path)}"
+
+
+def content_hash(path: Path) -> str:
+    """Short sha256 over the names and bytes of a model directory's files (not hidden ones, not Markdown)."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix != ".md"
+                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    for file in files:
+        digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
 
 
 class Encoder:

@@ -74,3 +74,20 @@ def test_unsupported_pooling_is_refused(encoder):
     fake = SimpleNamespace(id="x/max-pooled", st=[None, SimpleNamespace(pooling_mode="max")])
     with pytest.raises(BranchgateError, match="x/max-pooled.*max.*cls or mean"):
         Encoder.pooling_mode.fget(fake)
+
+
+def test_a_local_encoder_is_named_by_its_content(tmp_path):
+    from branchgate.errors import MismatchError
+    from branchgate.models.encoder import recorded_spec, resolve
+
+    folder = cls_copy(tmp_path / "mine")
+    first = resolve(str(folder))
+    assert first.id.startswith(f"local:{folder.resolve()}#") and recorded_spec(first.id, first.path).path == first.path
+    (folder / "README.md").write_text("notes do not change the model")
+    assert resolve(str(folder)).id == first.id
+    config = folder / "1_Pooling" / "config.json"
+    config.write_text(config.read_text().replace('"pooling_mode_cls_token": true', '"pooling_mode_cls_token": false'))
+    changed = resolve(str(folder))
+    assert changed.id != first.id  # cached embeddings, manifests and models of the old content no longer match
+    with pytest.raises(MismatchError, match=f"{folder}.* has changed since"):
+        recorded_spec(first.id, first.path)
