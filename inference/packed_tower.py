@@ -7,7 +7,7 @@ the work on typical decisions. This module computes exactly the same embeddings 
 ``[T, D]`` matrix for the dense layers, layer norms and GELU, and gathers them into the padded
 ``[N, H, L, d]`` layout only inside attention (through indices computed once per call, so no transposes).
 With CLS pooling (bge-small) the last layer runs its queries, attention output and feed-forward for each
-text's first token only, the one rows pooling reads.
+text's first token only, the only rows pooling reads.
 
 Inputs and output are those of ``TextTower``: ``(input_ids[N, L], attention_mask[N, L]) → [N, D]`` unit
 rows. Used by ``inference.export`` when the encoder is a BERT model with absolute positions; other
