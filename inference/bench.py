@@ -66,6 +66,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
                 _clear(methods[name])
                 call(name, s, c)
 
+    load_start = os.getloadavg()[0]
     times = {(state, name): [] for state in ("cold", "warm") for name in methods}
     names = list(methods)
     bar = _bar(progress, reps * len(names))
@@ -88,7 +89,8 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     if bar:
         bar.close()
     out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
-           "load_avg_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+           "load_avg_1min_start": round(load_start, 2), "load_avg_1min": round(os.getloadavg()[0], 2),
+           "cpus": os.cpu_count(),
            "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
            "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model,
            "onnx_text_groups": methods["onnx_fp32"].text_groups}

@@ -31,7 +31,8 @@ def run(args) -> int:
         print(json.dumps(res))
         return 0
     print(f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
-          f"{res['threads']} threads, encoder {res['encoder']}")
+          f"{res['threads']} threads, encoder {res['encoder']}; machine load (1-min average) "
+          f"{res['load_avg_1min_start']:.2f} at the start, {res['load_avg_1min']:.2f} at the end")
     print(f"{'state':6} {'method':10} {'p50 ms':>9} {'p95 ms':>9} {'speedup':>8}")
     for state, prefix in (("cold", ""), ("warm", "warm_")):
         for name in ("torch", "onnx_fp32", "onnx_int8"):

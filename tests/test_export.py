@@ -141,6 +141,7 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
                 "onnx_int8_ms_p95", "warm_torch_ms_p50", "warm_onnx_int8_ms_p50", "speedup_fp32", "speedup_int8"):
         assert res[key] > 0, key
     assert res["decisions"] == 2 and res["threads"] == 1
+    assert res["load_avg_1min_start"] >= 0 and res["load_avg_1min"] >= 0  # so a noisy run can be told apart
     assert res["onnx_fp32_max_abs_diff_p_keep"] <= 1e-4
 
 
