@@ -65,7 +65,8 @@ class LazyEncoder:
     @property
     def dim(self) -> int:
         if self._encoder is None:
-            dim = self._config("1_Pooling/config.json", "word_embedding_dimension")
+            dim = (self._config("1_Pooling/config.json", "word_embedding_dimension")  # sentence-transformers < 6
+                   or self._config("1_Pooling/config.json", "embedding_dimension"))
             if dim:
                 return int(dim)
         return self.load().dim

@@ -18,18 +18,22 @@ from branchgate.models.encoder import Encoder, packaged_path, pooling_modes
 TEXTS = ["varroa mites and colony losses", "electric bus battery degradation in cold climates", "水土流失的原因"]
 
 
-def cls_copy(folder: Path) -> Path:
-    """The packaged model with CLS pooling (bge-small pools this way); weights are linked, not copied."""
+def pooled_copy(folder: Path, pooling: dict) -> Path:
+    """The packaged model with ``pooling`` as its pooling config; weights are linked, not copied."""
     src = Path(packaged_path())
     folder.mkdir()
     for item in src.iterdir():
         if item.name != "1_Pooling":
             os.symlink(item, folder / item.name)
     (folder / "1_Pooling").mkdir()
-    config = json.loads((src / "1_Pooling" / "config.json").read_text())
-    config.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
     return folder
+
+
+def cls_copy(folder: Path) -> Path:
+    """The packaged model with CLS pooling (bge-small pools this way), in the config format it ships with."""
+    config = json.loads((Path(packaged_path()) / "1_Pooling" / "config.json").read_text())
+    return pooled_copy(folder, dict(config, pooling_mode_cls_token=True, pooling_mode_mean_tokens=False))
 
 
 def tower_embeddings(encoder, texts) -> np.ndarray:
@@ -61,6 +65,17 @@ def test_cls_pooled_controller_exports_and_gates_like_the_encoder(cls_encoder, t
     assert read_metadata(report["files"]["fp32"])["pooling"] == "cls"
     got = Gate.load(report["files"]["fp32"], threads=1).embed(TEXTS)  # the packed graph, last layer on CLS rows
     assert float(np.abs(got - cls_encoder.encode(TEXTS)).max()) <= 1e-5
+
+
+def test_a_model_saved_by_sentence_transformers_6_is_read_without_loading_it(encoder, tmp_path):
+    from branchgate.data.embedding_cache import LazyEncoder
+    from branchgate.models.encoder import resolve
+
+    folder = pooled_copy(tmp_path / "st6", {"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": True})
+    lazy = LazyEncoder(resolve(str(folder)))
+    assert lazy.dim == 384 and not lazy.loaded  # read from the new config key, weights untouched
+    assert lazy.load().pooling_mode == "mean"
+    assert float(np.abs(lazy.encode(TEXTS) - encoder.encode(TEXTS)).max()) <= 1e-5
 
 
 def test_pooling_modes_of_old_and_new_sentence_transformers():
