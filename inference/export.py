@@ -321,9 +321,8 @@ def example_inputs(encoder, n_features: int):
     """Tracing inputs with every dynamic axis > 1 and distinct sizes (N=3, L, M=2, R=2, K=3)."""
     import torch
 
-    st = encoder.st
     texts = ["what caused the decline", "a second, somewhat longer text to pad the batch", "third"]
-    feats = st.preprocess(texts) if hasattr(st, "preprocess") else st.tokenize(texts)
+    feats = encoder.features(texts)
     d = encoder.dim
     cached = torch.nn.functional.normalize(torch.randn(2, d), dim=-1)
     idx = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731

@@ -42,8 +42,7 @@ class TorchController:
                 todo.append(i)
         if todo:
             uniq = list(dict.fromkeys(texts[i] for i in todo))
-            st = self.encoder.st
-            feats = st.preprocess(uniq) if hasattr(st, "preprocess") else st.tokenize(uniq)
+            feats = self.encoder.features(uniq)
             emb = self.tower(feats["input_ids"], feats["attention_mask"]).float().numpy()
             pos = {t: j for j, t in enumerate(uniq)}
             for i in todo:

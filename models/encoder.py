@@ -191,6 +191,11 @@ class Encoder:
                              convert_to_numpy=True, normalize_embeddings=True)
         return np.asarray(out, dtype=np.float32)
 
+    def features(self, texts: list[str]) -> dict:
+        """The transformer's padded inputs for ``texts`` (``input_ids``, ``attention_mask``, ... as tensors),
+        exactly as ``encode`` tokenises them."""
+        return self.st.preprocess(texts) if hasattr(self.st, "preprocess") else self.st.tokenize(texts)
+
     def torch_module(self):
         """An ``nn.Module``: (input_ids, attention_mask) → unit-normalised embeddings, same as ``encode``."""
         from branchgate.models.text_tower import TextTower

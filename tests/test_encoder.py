@@ -37,7 +37,7 @@ def cls_copy(folder: Path) -> Path:
 
 
 def tower_embeddings(encoder, texts) -> np.ndarray:
-    feats = encoder.st.preprocess(texts) if hasattr(encoder.st, "preprocess") else encoder.st.tokenize(texts)
+    feats = encoder.features(texts)
     with torch.inference_mode():
         return encoder.torch_module().eval()(feats["input_ids"], feats["attention_mask"]).numpy()
 

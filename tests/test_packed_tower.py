@@ -18,7 +18,7 @@ TEXTS = ["varroa", "neonicotinoid pesticides and honeybee colony losses in field
 
 
 def _batch(encoder, texts):
-    feats = encoder.st.preprocess(texts) if hasattr(encoder.st, "preprocess") else encoder.st.tokenize(texts)
+    feats = encoder.features(texts)
     return feats["input_ids"].long(), feats["attention_mask"].long()
 
 
