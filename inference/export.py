@@ -170,6 +170,8 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
             q = _run_gate(tmp_paths["int8"], decisions)
             p_int8 = np.concatenate([x[0] for x in q]) if q else np.zeros(0)
             par["int8_max_abs_diff_p_keep"] = _max_diff([f[0] for f in fp32], [x[0] for x in q])
+            # share of candidates whose keep decision at τ is the same in int8 as in fp32 (reported, not checked)
+            par["int8_same_keep_at_tau"] = float(np.mean((p_int8 >= tau) == (p_fp32 >= tau))) if len(p_fp32) else None
             par["int8_auroc"] = auroc(labels, p_int8)
             par["auroc_tolerance"] = auroc_tol
             if par["int8_auroc"] is None or par["fp32_auroc"] is None:
@@ -460,7 +462,8 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         f"max |Δĝ| = {fmt(par['fp32_max_abs_diff_utility'])}",
         f"- AUROC torch {fmt(par['torch_auroc'])}, fp32 {fmt(par['fp32_auroc'])}"
         + (f", int8 {fmt(par.get('int8_auroc'))} (|Δ| {fmt(par.get('int8_auroc_delta'))}, tolerance {par.get('auroc_tolerance')}); "
-           f"int8 max |Δp_keep| vs fp32 = {fmt(par.get('int8_max_abs_diff_p_keep'))}" if "int8_auroc" in par else ""),
+           f"int8 max |Δp_keep| vs fp32 = {fmt(par.get('int8_max_abs_diff_p_keep'))}, same keep decision at τ for "
+           f"{fmt(par.get('int8_same_keep_at_tau'))} of candidates" if "int8_auroc" in par else ""),
         f"- Passed: {report['passed']}" + (" (FORCED despite: " + "; ".join(report["failures"]) + ")" if report["forced"] else ""),
         *[f"- Note: {n}" for n in report["notes"]],
         "",

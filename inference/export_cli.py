@@ -42,6 +42,8 @@ def run(args) -> int:
         if "int8_auroc" in par:
             delta = par["int8_auroc_delta"]
             line += f"; int8 |ΔAUROC| {'n/a' if delta is None else f'{delta:.4f}'}, max|Δp_keep| {par['int8_max_abs_diff_p_keep']:.3f}"
+            if par.get("int8_same_keep_at_tau") is not None:
+                line += f", same keep decision at tau {100 * par['int8_same_keep_at_tau']:.1f}%"
         print(line)
         for note in report["notes"]:
             print(f"note: {note}")

@@ -36,6 +36,7 @@ def test_export_writes_model_int8_twin_tokenizer_and_card(encoder):
     assert par["fp32_max_abs_diff_p_keep"] <= 1e-4 and par["tower_max_abs_diff_embedding"] <= 1e-5
     assert par["fp32_auroc"] is not None and par["int8_auroc"] is not None
     assert par["int8_auroc_delta"] <= 0.01
+    assert 0.9 <= par["int8_same_keep_at_tau"] <= 1.0
     assert report["passed"] and not report["forced"]
     card = files["card"].read_text()
     assert "max |Δp_keep|" in card and encoder.id in card and "controller.int8.onnx" in card
