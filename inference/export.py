@@ -31,7 +31,7 @@ import numpy as np
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.fileio import atomic_write_text
-from branchgate.inference.gate import GATE_FEATURES, Gate, as_decision, as_state
+from branchgate.inference.gate import GATE_FEATURES, Gate, as_decision, as_state, decision_texts
 from branchgate.inference.graph import (DYNAMIC_AXES, GRAPH_IO_VERSION, INPUT_NAMES, OUTPUT_NAMES, ControllerGraph,
                                         eager_attention, set_attention)
 from branchgate.inference.packed_tower import PackedBertTower, supports
@@ -389,10 +389,8 @@ def _run_gate(path: Path, decisions) -> list[tuple[np.ndarray, np.ndarray]]:
 def tower_vs_encoder(reference, encoder, decisions, limit: int = 64) -> float:
     """Max |Δ| between the torch text tower's embeddings (which the graph reproduces) and the encoder's own
     ``encode`` (which training used) on up to ``limit`` non-empty texts of the parity decisions."""
-    texts = []
-    for state, cands, _ in decisions:
-        texts += [state.root_query, state.frame_query, state.parent_goal, *state.retained, *cands]
-    texts = list(dict.fromkeys(t.strip() for t in texts if t and t.strip()))[:limit]
+    texts = [t.strip() for state, cands, _ in decisions for t in decision_texts(state, cands) if t and t.strip()]
+    texts = list(dict.fromkeys(texts))[:limit]
     return _max_diff([reference.embed(texts)], [encoder.encode(texts)]) if texts else 0.0
 
 

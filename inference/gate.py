@@ -237,7 +237,7 @@ class Gate:
         decisions = [as_decision(s, cands) for s, cands in decisions]
         pending: list[str] = []
         for state, cands in decisions:
-            pending.extend(self._decision_texts(state, cands))
+            pending.extend(decision_texts(state, cands))
         self.embed(pending, batch_size=batch_size)
         out = []
         for state, cands in decisions:
@@ -250,9 +250,7 @@ class Gate:
         k = len(candidate_texts)
         if k == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        retained = list(state.retained or [])
-        texts = [self._clean(t) for t in (state.root_query, state.frame_query, state.parent_goal, *retained,
-                                           *candidate_texts)]
+        texts = [self._clean(t) for t in decision_texts(state, candidate_texts)]
         new, cached, rows = self._plan(texts)
         if self.parts and (not new or (self.text_groups > 1 and len(new) > 1)):
             # New texts in groups at once (or none), then the head alone; every text's embedding is now
@@ -331,9 +329,6 @@ class Gate:
         return len(self._cache)
 
     # -- internals -------------------------------------------------------------------------------------
-    def _decision_texts(self, state: DecisionState, cands: Sequence[str]) -> list[str]:
-        return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
-
     def _clean(self, text) -> str:
         """Texts are stripped (as in training); empty ones become "" (→ zero row); long texts are cut;
         unencodable characters are replaced."""
@@ -476,6 +471,12 @@ def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
         groups.append(order[cut[i]:i])
         i = cut[i]
     return groups[::-1]
+
+
+def decision_texts(state: DecisionState, cands: Sequence[str]) -> list[str]:
+    """A decision's texts in the order the graph's row indices follow: root query, frame query, parent goal,
+    the retained branches, then the candidates."""
+    return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
 
 
 def balanced_groups(lengths: np.ndarray, n: int) -> list[np.ndarray]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from branchgate.inference.gate import GATE_FEATURES, DecisionState
+from branchgate.inference.gate import GATE_FEATURES, DecisionState, decision_texts
 
 
 class TorchController:
@@ -56,10 +56,8 @@ class TorchController:
         k = len(candidate_texts)
         if k == 0:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        retained = list(state.retained or [])
-        texts = [state.root_query, state.frame_query, state.parent_goal, *retained, *candidate_texts]
-        emb = torch.from_numpy(self.embed(texts))
-        n_ret = len(retained)
+        emb = torch.from_numpy(self.embed(decision_texts(state, candidate_texts)))
+        n_ret = len(state.retained or [])
         ret = emb[3:3 + n_ret] if n_ret else torch.zeros(1, self.dim)
         feats = torch.tensor([[float(state.depth or 0), float(i), float(k), float(n_ret)] for i in range(k)],
                              dtype=torch.float32).reshape(k, len(GATE_FEATURES))
