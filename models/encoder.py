@@ -114,9 +114,10 @@ def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
     except EncoderUnavailable:
         if path and Path(path).is_dir():
             recorded = name.rpartition("#")[2] if name.startswith("local:") and "#" in name else None
-            if recorded and content_hash(Path(path)) != recorded:
+            now = content_hash(Path(path)) if recorded else None
+            if now != recorded:
                 raise MismatchError(f"encoder directory {path} has changed since {name!r} was recorded "
-                                    f"(its files now hash to {content_hash(Path(path))})") from None
+                                    f"(its files now hash to {now})") from None
             return EncoderSpec(name, path)
         raise
     return spec if spec.id == name else EncoderSpec(name, spec.path)
