@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,8 @@ class Gate:
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._max_chars = self.max_length * CHARS_PER_TOKEN_LIMIT
+        self.pad_id = int(meta.get("pad_token_id", 0))
+        self._wordpiece = None  # fast path for plain ASCII texts (set by ``load`` when the tokenizer allows)
 
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
@@ -191,19 +194,23 @@ class Gate:
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
             raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
+        tok_bytes = tok_path.read_bytes()
         if "tokenizer_sha256" in meta and tokenizer is None:
             import hashlib
 
-            digest = hashlib.sha256(tok_path.read_bytes()).hexdigest()
-            if digest != meta["tokenizer_sha256"]:
+            if hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]:
                 raise MismatchError(f"{tok_path}: tokenizer does not match the model (metadata tokenizer_sha256)")
-        tok = Tokenizer.from_file(str(tok_path))
+        try:
+            tok_text = tok_bytes.decode("utf-8")
+            tok = Tokenizer.from_str(tok_text)
+        except Exception as exc:
+            raise BranchgateError(f"{tok_path}: not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
         tok.enable_truncation(max_length=int(meta["max_length"]))
-        pad_id = int(meta.get("pad_token_id", 0))
-        tok.enable_padding(pad_id=pad_id, pad_token=meta.get("pad_token", "[PAD]"))
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
-        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups)
+        gate = cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups)
+        gate._wordpiece = checked_wordpiece(tok_text, tok, int(meta["max_length"]))
+        return gate
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
     @property
@@ -424,13 +431,21 @@ class Gate:
         return [new[j] for j in final], cached, rows, tokens
 
     def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
-        # The graph needs at least one text to encode: an all-cached decision feeds an empty dummy.
-        # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads.
-        encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
-        encs = encode(list(texts) if texts else [""])
-        ids = np.array([e.ids for e in encs], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encs], dtype=np.int64)
-        return {"input_ids": ids, "attention_mask": mask}
+        """Token ids padded on the right to the longest text, and the attention mask. The graph needs at
+        least one text to encode: an all-cached decision feeds an empty dummy."""
+        texts = list(texts) if texts else [""]
+        fast = self._wordpiece
+        rows = [fast.ids(t) for t in texts] if fast is not None else [None] * len(texts)
+        slow = [i for i, r in enumerate(rows) if r is None]
+        if slow:  # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads
+            encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
+            for i, enc in zip(slow, encode([texts[i] for i in slow])):
+                rows[i] = enc.ids
+        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+        real = np.arange(int(lengths.max())) < lengths[:, None]
+        ids = np.full(real.shape, self.pad_id, np.int64)
+        ids[real] = np.fromiter(chain.from_iterable(rows), np.int64, int(lengths.sum()))
+        return {"input_ids": ids, "attention_mask": real.astype(np.int64)}
 
     def _remember(self, texts: Sequence[str], emb: np.ndarray) -> None:
         if not texts or self.cache_size <= 0:
@@ -441,6 +456,24 @@ class Gate:
                 self._cache.move_to_end(t)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
+
+
+# Plain ASCII texts that exercise lowercasing, punctuation, sub-words, unknown and over-long words.
+WORDPIECE_PROBES = ("What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
+                    "unaffordable xqzjwv antidisestablishmentarianism " + "z" * 120, "", "a   b")
+
+
+def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
+    """The ASCII fast path for this tokenizer, if it has one and agrees with ``tokenizer`` on the probes."""
+    from branchgate.inference.wordpiece import AsciiWordPiece
+
+    try:
+        fast = AsciiWordPiece.from_json(json.loads(tok_text), max_length)
+    except ValueError:
+        return None
+    if fast is None or any(fast.ids(t) != tokenizer.encode(t).ids for t in WORDPIECE_PROBES):
+        return None
+    return fast
 
 
 def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
