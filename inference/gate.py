@@ -9,7 +9,8 @@ A non-empty input never yields an empty selection (the top-1 fallback keeps the 
 Embeddings of texts already seen (root query, frame query, retained branches) are cached per Gate, so
 the work per decision is proportional to the texts it has not seen. On two or more cores the new texts
 of a decision are encoded as two groups at once (two threads, one session), then the head runs on them
-(models exported with skippable parts; ``text_groups``). The Gate is thread-safe.
+(models exported with skippable parts; ``text_groups``). The Gate is thread-safe. With a BERT WordPiece
+tokenizer, plain ASCII texts are tokenised by ``inference.wordpiece`` (the same ids, about 5x faster).
 
 It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` →
 p_keep), so it plugs into every stage that takes a teacher.
