@@ -207,6 +207,7 @@ class Gate:
         except Exception as exc:
             raise BranchgateError(f"{tok_path}: not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
         tok.enable_truncation(max_length=int(meta["max_length"]))
+        tok.no_padding()  # the Gate pads itself (a padding setting saved in the file would add pad ids)
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
         gate = cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups)

@@ -108,3 +108,16 @@ def test_gate_tokens_match_the_library_padded(encoder):
     for row, text in zip(got["input_ids"], texts):
         ids = lib.encode(text).ids
         assert list(row[:len(ids)]) == ids and not row[len(ids):].any()
+
+
+def test_padding_saved_in_a_tokenizer_file_is_ignored(encoder, tmp_path):
+    model = Path(exported(encoder)["files"]["fp32"])
+    data = json.loads(model.with_name("controller.tokenizer.json").read_text(encoding="utf-8"))
+    data["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                       "pad_type_id": 0, "pad_token": "[PAD]"}
+    (tmp_path / "padded.json").write_text(json.dumps(data), encoding="utf-8")
+    texts = ["Почему пчёлы умирают", "varroa mites"]
+    want = Gate.load(model, threads=1)._tokens(texts)
+    got = Gate.load(model, threads=1, tokenizer=tmp_path / "padded.json")._tokens(texts)
+    assert got["input_ids"].shape[1] < 64
+    assert np.array_equal(got["input_ids"], want["input_ids"]) and np.array_equal(got["attention_mask"], want["attention_mask"])
