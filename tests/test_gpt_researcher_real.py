@@ -15,6 +15,7 @@ import pytest
 
 from branchgate.inference.gate import Gate
 from branchgate.inference.gpt_researcher import gate_deep_research
+from branchgate.logs_to_dataset.build import build
 from branchgate.logs_to_dataset.traces import read_events
 from export_support import exported
 
@@ -78,7 +79,7 @@ def run(researcher, gate, trace):
     return hook, list(read_events(trace, strict=True))
 
 
-def test_records_the_whole_real_deep_research_tree(offline_researcher, tmp_path):
+def test_records_the_whole_real_deep_research_tree(offline_researcher, tmp_path, encoder):
     hook, events = run(offline_researcher(breadth=4, depth=2), None, tmp_path / "record.jsonl")
     frames = [e for e in events if e.type == "frame_open"]
     cands = {e.candidate_id: e for e in events if e.type == "candidate"}
@@ -93,6 +94,10 @@ def test_records_the_whole_real_deep_research_tree(offline_researcher, tmp_path)
     assert all(f.depth == 1 and f.parent_goal == goal[f.parent_candidate] for f in frames[1:])
     assert len([e for e in events if e.type == "retrieval"]) == len(cands)
     assert all(e.tokens > 0 for e in events if e.type == "retrieval")
+    # ... and the trace becomes a decision dataset: one row per candidate
+    manifest = build([tmp_path / "record.jsonl"], tmp_path / "dataset", encoder_obj=encoder,
+                     cache=tmp_path / "cache", progress=False)
+    assert manifest["n_decisions"]["total"] == len(cands) and manifest["n_runs"]["total"] == 1
 
 
 def test_gates_the_real_deep_research(offline_researcher, tmp_path, encoder):
