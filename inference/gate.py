@@ -119,7 +119,7 @@ class Gate:
     higher_is_better = True
 
     def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096,
-                 bucketing: bool = True, text_groups: int = 1):
+                 bucketing: bool = True, text_groups: int = 1, wordpiece=None):
         self.session = session
         self.parts = meta.get("parts") == PARTS  # empty input_ids skips the tower, empty cand_idx the head
         self.text_groups = int(text_groups)  # new texts of a decision are encoded as this many groups at once
@@ -141,7 +141,7 @@ class Gate:
         self._lock = threading.Lock()
         self._max_chars = self.max_length * CHARS_PER_TOKEN_LIMIT
         self.pad_id = int(meta.get("pad_token_id", 0))
-        self._wordpiece = None  # fast path for plain ASCII texts (set by ``load`` when the tokenizer allows)
+        self._wordpiece = wordpiece  # fast path for plain ASCII texts (``checked_wordpiece``), or None
 
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
@@ -210,9 +210,8 @@ class Gate:
         tok.no_padding()  # the Gate pads itself (a padding setting saved in the file would add pad ids)
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
-        gate = cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups)
-        gate._wordpiece = checked_wordpiece(tok_text, tok, int(meta["max_length"]))
-        return gate
+        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups,
+                   wordpiece=checked_wordpiece(tok_text, tok, int(meta["max_length"])))
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
     @property
