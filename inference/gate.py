@@ -157,10 +157,11 @@ class Gate:
         in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest;
         by default on only for graphs whose text tower pays for padding (metadata ``text_tower`` ≠ packed).
         ``spinning=False`` stops idle onnxruntime threads from busy-waiting (kinder on a shared machine).
-        ``text_groups``: encode a decision's new texts as this many groups at once, each from its own thread
-        through a session of ``threads // text_groups`` intra-op threads, then run the head (needs metadata
-        ``parts``). Default: 2 when there are ≥ 2 threads (a decision's few hundred tokens keep two threads
-        busier as two runs than as one, int8 especially), else 1 (one graph run per decision).
+        ``text_groups``: encode a decision's new texts as this many groups at once, each from its own thread,
+        then run the head (needs metadata ``parts``). The groups' runs share one onnxruntime intra-op pool
+        (``group_threads``), sized so that the calling threads and its workers together are ``threads``.
+        Default: 2 when there are ≥ 2 threads (a decision's few hundred tokens keep two threads busier as two
+        runs than as one, int8 especially), else 1 (one graph run per decision).
         """
         import onnxruntime as ort
         from tokenizers import Tokenizer
@@ -180,7 +181,7 @@ class Gate:
         if groups > 1 and not parts:
             raise MismatchError(f"{path}: text_groups={groups} needs a model whose tower and head are separate "
                                 f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}")
-        intra = max(1, cores // groups) if groups > 1 else threads  # each group's run gets this many
+        intra = group_threads(cores, groups) if groups > 1 else threads
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra:
@@ -475,6 +476,16 @@ def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
     if fast is None or any(fast.ids(t) != tokenizer.encode(t).ids for t in WORDPIECE_PROBES):
         return None
     return fast
+
+
+def group_threads(cores: int, groups: int) -> int:
+    """intra_op_num_threads for one session run by ``groups`` threads at once on ``cores`` cores.
+
+    onnxruntime gives a session ``intra_op_num_threads - 1`` pool workers, and every thread calling ``run``
+    also computes; concurrent runs share the workers. So ``groups`` callers plus ``cores - groups`` workers
+    keep every core busy without oversubscribing: 1 on two cores (each group on its own core), 3 on four.
+    """
+    return max(1, int(cores) - int(groups) + 1)
 
 
 def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:

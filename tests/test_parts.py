@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from branchgate.errors import BranchgateError, MismatchError
-from branchgate.inference.gate import Gate, as_decision, balanced_groups, read_metadata
+from branchgate.inference.gate import Gate, as_decision, balanced_groups, group_threads, read_metadata
 from branchgate.inference.parts import PARTS, skippable_parts
 from branchgate.inference.samples import sample_decisions
 from export_support import exported, max_abs, relabelled
@@ -64,6 +64,16 @@ def test_text_groups_change_nothing_in_fp32(fp32_model):
         assert max_abs(c.p_keep, b.p_keep) <= 1e-6
     texts = ["varroa mites", "", "neonicotinoid pesticides and colony losses", "varroa mites", "winter"]
     np.testing.assert_allclose(one.embed(texts), Gate.load(fp32_model, threads=2).embed(texts), atol=1e-6)
+
+
+def test_text_groups_keep_every_thread_busy(fp32_model):
+    # Both groups' runs share the session's intra-op pool: its workers plus the group threads make `threads`.
+    for threads, workers in ((2, 0), (3, 1), (4, 2), (8, 6)):
+        gate = Gate.load(fp32_model, threads=threads)
+        assert gate.text_groups == 2
+        assert gate.session.get_session_options().intra_op_num_threads - 1 == workers, threads
+    assert group_threads(2, 2) == 1 and group_threads(4, 3) == 2 and group_threads(1, 2) == 1
+    assert Gate.load(fp32_model, threads=4, text_groups=1).session.get_session_options().intra_op_num_threads == 4
 
 
 def test_text_groups_need_a_model_with_parts(fp32_model, tmp_path):
