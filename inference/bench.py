@@ -30,7 +30,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     import torch
 
     from branchgate.inference.export import load_encoder
-    from branchgate.inference.gate import Gate, as_decision
+    from branchgate.inference.gate import Gate, as_decision, decision_texts
     from branchgate.inference.torch_ref import TorchController
     from branchgate.training.checkpoint import load_controller
 
@@ -80,7 +80,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
                 for s, c in decisions:
                     _clear(m)
                     if state == "warm":
-                        m.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained])
+                        m.embed(decision_texts(s, []))  # the state texts, cached as within one run
                     t = time.perf_counter()
                     call(name, s, c)
                     times[(state, name)].append((time.perf_counter() - t) * 1000.0)
