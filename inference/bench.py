@@ -9,7 +9,9 @@ load hits them alike and no idle pool of one method competes with another's run.
 - warm: the state texts (root, frame query, parent goal, retained) are cached, as they are within one
   run; only the candidate texts are new (both sides keep the same cache).
 
-Ratios are torch p50 / ONNX p50 of the same state. The ONNX Gates run as they load by default: with
+Ratios are torch p50 / ONNX p50 of the same state; ``speedup_*_ci95`` is a bootstrap 95% interval of that
+ratio over rounds (rounds resampled with replacement, each keeping all its timings), i.e. how far the figure
+moves with the machine's speed from round to round. The ONNX Gates run as they load by default: with
 skippable parts and ≥ 2 threads, a decision's new texts are encoded as two groups at once
 (``onnx_text_groups``), then the head runs.
 """
@@ -67,7 +69,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
                 call(name, s, c)
 
     load_start = os.getloadavg()[0]
-    times = {(state, name): [] for state in ("cold", "warm") for name in methods}
+    times = {(state, name): [] for state in ("cold", "warm") for name in methods}  # reps x decisions, round by round
     names = list(methods)
     bar = _bar(progress, reps * len(names))
     for r in range(reps):
@@ -100,9 +102,24 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         out[f"{prefix}_ms_p95"] = round(float(np.percentile(ts, 95)), 3)
     for state, prefix in (("cold", ""), ("warm", "warm_")):
         for name in names[1:]:
-            out[f"{prefix}speedup_{name.split('_', 1)[1]}"] = round(out[f"{prefix}torch_ms_p50"] / out[f"{prefix}{name}_ms_p50"], 2)
+            key = f"{prefix}speedup_{name.split('_', 1)[1]}"
+            out[key] = round(out[f"{prefix}torch_ms_p50"] / out[f"{prefix}{name}_ms_p50"], 2)
+            lo, hi = ratio_interval(times[(state, "torch")], times[(state, name)], reps)
+            out[f"{key}_ci95"] = [round(lo, 2), round(hi, 2)]
     out.update(parity)
     return out
+
+
+def ratio_interval(base: Sequence[float], other: Sequence[float], rounds: int, resamples: int = 1000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 95% interval of p50(base) / p50(other), resampling whole rounds (both lists hold ``rounds``
+    equal blocks of timings, in round order)."""
+    base = np.asarray(base, np.float64).reshape(rounds, -1)
+    other = np.asarray(other, np.float64).reshape(rounds, -1)
+    picks = np.random.default_rng(seed).integers(0, rounds, size=(resamples, rounds))
+    ratios = np.median(base[picks].reshape(resamples, -1), 1) / np.median(other[picks].reshape(resamples, -1), 1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def _clear(method) -> None:

@@ -33,13 +33,17 @@ def run(args) -> int:
     print(f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
           f"{res['threads']} threads, encoder {res['encoder']}; machine load (1-min average) "
           f"{res['load_avg_1min_start']:.2f} at the start, {res['load_avg_1min']:.2f} at the end")
-    print(f"{'state':6} {'method':10} {'p50 ms':>9} {'p95 ms':>9} {'speedup':>8}")
+    print(f"{'state':6} {'method':10} {'p50 ms':>9} {'p95 ms':>9} {'speedup':>8}  (95% interval over rounds)")
     for state, prefix in (("cold", ""), ("warm", "warm_")):
         for name in ("torch", "onnx_fp32", "onnx_int8"):
             if f"{prefix}{name}_ms_p50" not in res:
                 continue
-            sp = res.get(f"{prefix}speedup_{name.split('_', 1)[1]}", 1.0) if name != "torch" else 1.0
-            print(f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x")
+            key = f"{prefix}speedup_{name.split('_', 1)[-1]}"
+            sp, ci = 1.0, ""
+            if name != "torch":
+                sp, (lo, hi) = res[key], res[key + "_ci95"]
+                ci = f"  ({lo:.2f}-{hi:.2f}x)"
+            print(f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}")
     for key in [k for k in res if k.endswith("max_abs_diff_p_keep")]:
         print(f"{key}: {res[key]:.2e}", file=sys.stdout)
     return 0

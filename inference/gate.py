@@ -11,6 +11,9 @@ the work per decision is proportional to the texts it has not seen. On two or mo
 of a decision are encoded as two groups at once (two threads, one session), then the head runs on them
 (models exported with skippable parts; ``text_groups``). The Gate is thread-safe. With a BERT WordPiece
 tokenizer, plain ASCII texts are tokenised by ``inference.wordpiece`` (the same ids, about 5x faster).
+An int8 model quantises activations per run, so a text's embedding depends slightly on the texts encoded
+with it (and so on what is cached): p_keep can differ by a few hundredths between a cold and a cached
+call; an fp32 model gives the same p_keep either way.
 
 It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` →
 p_keep), so it plugs into every stage that takes a teacher.

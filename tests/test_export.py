@@ -134,7 +134,7 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
 
     dec = tmp_path / "decisions.jsonl"
     dec.write_text("".join(json.dumps({"state": s, "candidates": c}) + "\n" for s, c in sample_decisions()[:2]))
-    rc = main(["bench-gate", "--model", report["files"]["fp32"], "--checkpoint", report["checkpoint"], "--reps", "1",
+    rc = main(["bench-gate", "--model", report["files"]["fp32"], "--checkpoint", report["checkpoint"], "--reps", "2",
                "--decisions", str(dec), "--json", "--threads", "1"])
     assert rc == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -144,6 +144,18 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
     assert res["decisions"] == 2 and res["threads"] == 1
     assert res["load_avg_1min_start"] >= 0 and res["load_avg_1min"] >= 0  # so a noisy run can be told apart
     assert res["onnx_fp32_max_abs_diff_p_keep"] <= 1e-4
+    for key in ("speedup_fp32", "speedup_int8", "warm_speedup_int8"):
+        lo, hi = res[key + "_ci95"]  # how far the ratio moves from round to round
+        assert 0 < lo <= hi, key
+
+
+def test_ratio_interval_resamples_whole_rounds():
+    from branchgate.inference.bench import ratio_interval
+
+    steady = ratio_interval([40.0] * 6, [10.0] * 6, rounds=3)
+    assert steady == pytest.approx((4.0, 4.0))
+    lo, hi = ratio_interval([40, 40, 40, 40, 40, 40], [10, 10, 8, 8, 12, 12], rounds=3)  # rounds 4x, 5x, 3.3x
+    assert 3.3 <= lo < 4.0 < hi <= 5.0
 
 
 def test_auroc_with_ties_and_single_class():
