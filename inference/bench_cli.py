@@ -38,9 +38,9 @@ def run(args) -> int:
         for name in ("torch", "onnx_fp32", "onnx_int8"):
             if f"{prefix}{name}_ms_p50" not in res:
                 continue
-            key = f"{prefix}speedup_{name.split('_', 1)[-1]}"
             sp, ci = 1.0, ""
             if name != "torch":
+                key = f"{prefix}speedup_{name.split('_', 1)[1]}"
                 sp, (lo, hi) = res[key], res[key + "_ci95"]
                 ci = f"  ({lo:.2f}-{hi:.2f}x)"
             print(f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}")

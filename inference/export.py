@@ -389,8 +389,8 @@ def _run_gate(path: Path, decisions) -> list[tuple[np.ndarray, np.ndarray]]:
 def tower_vs_encoder(reference, encoder, decisions, limit: int = 64) -> float:
     """Max |Δ| between the torch text tower's embeddings (which the graph reproduces) and the encoder's own
     ``encode`` (which training used) on up to ``limit`` non-empty texts of the parity decisions."""
-    texts = [t.strip() for state, cands, _ in decisions for t in decision_texts(state, cands) if t and t.strip()]
-    texts = list(dict.fromkeys(texts))[:limit]
+    texts = [(t or "").strip() for state, cands, _ in decisions for t in decision_texts(state, cands)]
+    texts = list(dict.fromkeys(t for t in texts if t))[:limit]
     return _max_diff([reference.embed(texts)], [encoder.encode(texts)]) if texts else 0.0
 
 
