@@ -32,6 +32,8 @@ def main() -> int:
     parser.add_argument("--target-fp32", type=float, default=1.5)
     parser.add_argument("--out", default=None, help="JSON Lines file for every run's figures")
     args = parser.parse_args()
+    if args.runs < 1 or args.reps < 1:
+        parser.error("--runs and --reps must be at least 1")
 
     cmd = [sys.executable, "-m", "branchgate.cli", "bench-gate", "--model", args.model, "--checkpoint",
            args.checkpoint, "--reps", str(args.reps), "--threads", str(args.threads), "--json"]
