@@ -39,7 +39,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-FEATURE_NAMES = ["depth", "order", "n_candidates", "n_retained"]
+from branchgate.features import FEATURE_NAMES as STRUCTURED
+
+FEATURE_NAMES = list(STRUCTURED)  # branchgate.features: computed once, for training and the Gate alike
 DERIVED_NAMES = ["order_frac", "log_n_candidates", "log_n_retained"]
 INTERACTION_NAMES = [
     "sim_root", "sim_frame", "sim_goal",

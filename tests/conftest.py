@@ -23,6 +23,13 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture
+def shared():
+    """``shared("drgym", "key_point")``: a path under ../shared/data, or the test is skipped (tests import only
+    ``branchgate.*``, so they take this helper as a fixture rather than importing conftest)."""
+    return shared_path
+
+
 @pytest.fixture(scope="session")
 def encoder():
     """The packaged all-MiniLM-L6-v2 encoder (real weights, offline)."""

@@ -1,0 +1,27 @@
+"""The structured features of a decision's candidates: the one place they are computed (core-safe: numpy).
+
+Dataset rows (``logs_to_dataset.labels``), training batches (``data.decisions``), the torch reference
+(``export.torch_ref``) and the Gate (``inference.gate``) all call ``structured_features``, so the value
+network sees the same numbers in training and in service.
+
+A decision's candidates are in their list order: ``order`` is the position 0..K-1 in that list (a trace's
+own ``order`` field only sorts the candidates when decisions are built; it is renumbered there), so
+``order / (K - 1)`` lies in [0, 1].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FEATURE_NAMES = ("depth", "order", "n_candidates", "n_retained")
+
+
+def structured_features(depth: float, n_candidates: int, n_retained: int) -> np.ndarray:
+    """``[n_candidates, len(FEATURE_NAMES)]`` float32: depth, position in the list, K, number retained."""
+    k = int(n_candidates)
+    out = np.empty((k, len(FEATURE_NAMES)), np.float32)
+    out[:, 0] = float(depth)
+    out[:, 1] = np.arange(k, dtype=np.float32)
+    out[:, 2] = float(k)
+    out[:, 3] = float(n_retained)
+    return out
