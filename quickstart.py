@@ -3,7 +3,7 @@
 simulate (reference pipeline, no pruning, bundled MuSiQue sample) → dataset build (realized key-point
 labels, split by run) → train (configs/quickstart.yaml) → evaluate on test vs every baseline →
 export controller.onnx (+ int8 twin, model card) with the parity check.
-Leaves DIR/traces, DIR/dataset, DIR/run (checkpoint, logs, plots), DIR/metrics.json, DIR/controller.onnx.
+Leaves DIR/traces, DIR/dataset, DIR/run (controller.safetensors, logs, plots), DIR/metrics.json, DIR/controller.onnx.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ def run(args) -> int:
     if args.epochs:
         train.append(f"--trainer.max_epochs={args.epochs}")
     _step("train", train)
-    ckpt = out / "run" / "controller.ckpt"
+    controller = out / "run" / "controller.safetensors"
     shutil.copyfile(out / "run" / "metrics.json", out / "metrics.json")
     if not args.no_export:
-        _step("export", ["export", "--checkpoint", str(ckpt), "--out", str(out / "controller.onnx"), "--int8",
+        _step("export", ["export", "--checkpoint", str(controller), "--out", str(out / "controller.onnx"), "--int8",
                          "--dataset", str(out / "dataset")])
     metrics = json.loads((out / "metrics.json").read_text())
     print(f"\nquickstart finished in {time.perf_counter() - start:.0f}s: {out / 'metrics.json'}"

@@ -1,8 +1,8 @@
 """Gate latency benchmark: torch fp32 vs ONNX fp32 vs ONNX int8 on identical decisions (prints figures).
 
-    python benchmarks/bench_gate.py                        # untrained controller on the packaged encoder
-    python benchmarks/bench_gate.py --checkpoint CKPT      # a trained one (exported next to --out)
-    python benchmarks/bench_gate.py --encoder bge-shape    # untrained, on a stand-in shaped like bge-small
+    python benchmarks/bench_gate.py                                     # untrained controller on the packaged encoder
+    python benchmarks/bench_gate.py --checkpoint RUN/controller.safetensors # a trained one (exported next to --out)
+    python benchmarks/bench_gate.py --encoder bge-shape                 # untrained, on a stand-in shaped like bge-small
 
 Latency does not depend on the weights, so without a checkpoint an untrained ValueNet is exported.
 Same as `branchgate bench-gate`, plus the export step.
@@ -50,7 +50,7 @@ def main() -> int:
 
         torch.manual_seed(0)
         encoder = Encoder.load(bge_shape(out / "bge-shape") if args.encoder == "bge-shape" else args.encoder)
-        ckpt = str(save_controller(out / "untrained.ckpt", ValueNet(encoder.dim).eval(), make_meta(encoder, tau=0.5)))
+        ckpt = str(save_controller(out / "untrained.safetensors", ValueNet(encoder.dim).eval(), make_meta(encoder, tau=0.5)))
     model = out / "controller.onnx"
     report = export_controller(ckpt, model, int8=True)
     print(f"export parity: {json.dumps(report['parity'])}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Run `branchgate bench-gate --json` several times, each in a fresh process, and summarise the speed ratios.
 
     python benchmarks/bench_gate_runs.py --model quickstart/controller.onnx \
-        --checkpoint quickstart/run/controller.ckpt --runs 8
+        --checkpoint quickstart/run/controller.safetensors --runs 8
 
 One run's ratio moves with the machine's speed at the time (see benchmarks/LATENCY.md), so a single run
 cannot say how often a target holds. This prints every run's p50s and ratios with their 95% intervals over

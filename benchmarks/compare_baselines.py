@@ -4,7 +4,7 @@ Prints AUROC and top-1 accuracy (all decision points, and only the informative o
 has positive utility, so the choice matters) for the model and each `teacher_*` column, with paired
 bootstrap 95% intervals over runs for model − teacher.
 
-    python benchmarks/compare_baselines.py --checkpoint RUN/controller.ckpt --dataset DS [--boot 1000]
+    python benchmarks/compare_baselines.py --checkpoint RUN/controller.safetensors --dataset DS [--boot 1000]
 """
 
 from __future__ import annotations

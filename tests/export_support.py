@@ -115,7 +115,7 @@ def exported(encoder) -> dict:
 
     root = tmp_root() / "exported"
     net, meta = trained_controller(encoder)
-    ckpt = save_controller(root / "model.ckpt", net, meta)
+    ckpt = save_controller(root / "controller.safetensors", net, meta)
     dataset = write_dataset(root / "dataset")
     report = export_controller(ckpt, root / "out" / "controller.onnx", int8=True, parity_dataset=dataset, encoder=encoder)
     report["checkpoint"] = str(ckpt)

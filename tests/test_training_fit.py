@@ -1,4 +1,4 @@
-"""End to end: `branchgate train` learns a planted signal; metrics, plots, checkpoint; `evaluate`; CLI errors."""
+"""End to end: `branchgate train` learns a planted signal; metrics, plots, controller.safetensors; `evaluate`; CLI errors."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
 
     _, _, out = trained
     m = json.loads((out / "metrics.json").read_text())
-    net, meta = load_controller(out / "controller.ckpt")
+    net, meta = load_controller(out / "controller.safetensors")
     assert set(META_KEYS) <= set(meta)
     assert meta["tau"] == pytest.approx(m["tau"]) and meta["calibration"]["method"] == "f1"
     assert meta["encoder"] == m["encoder"] and meta["dim"] == 384
@@ -70,23 +70,29 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
     assert m["brier"] <= m["baselines"]["random"]["brier"]  # calibrated: no worse than the base-rate guess
 
 
-def test_old_checkpoints_without_keep_calibration_load_as_identity(trained, tmp_path):
-    import torch
+def test_train_ships_safetensors_and_keeps_lightning_ckpt_for_resuming_only(trained):
+    from safetensors import safe_open
 
-    from branchgate.training.checkpoint import load_controller
+    from branchgate.training.checkpoint import load_controller, read_lightning_checkpoint
 
     _, _, out = trained
-    ckpt = torch.load(out / "controller.ckpt", map_location="cpu", weights_only=False)
-    for key in ("net.keep_scale", "net.keep_shift"):
-        del ckpt["state_dict"][key]
-    torch.save(ckpt, tmp_path / "old.ckpt")
-    net, _ = load_controller(tmp_path / "old.ckpt")
-    assert float(net.keep_scale) == 1.0 and float(net.keep_shift) == 0.0
+    m = json.loads((out / "metrics.json").read_text())
+    final = out / "controller.safetensors"
+    assert m["checkpoint"] == str(final) and not (out / "controller.ckpt").exists()
+    with safe_open(str(final), framework="pt") as f:  # weights + one JSON entry, no pickle
+        assert set(f.metadata()) == {"branchgate"} and "keep_scale" in f.keys()
+        assert json.loads(f.metadata()["branchgate"])["meta"]["tau"] == pytest.approx(m["tau"])
+    best = m["best_checkpoint"]
+    assert best and best.endswith(".ckpt")
+    ckpt = read_lightning_checkpoint(best)  # what train reloads: torch.load(weights_only=True) suffices
+    assert "optimizer_states" in ckpt and "branchgate" in ckpt  # still a full resume checkpoint
+    _, meta = load_controller(best)  # and export/evaluate may read it the same safe way
+    assert meta["encoder"] == m["encoder"]
 
 
 def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):
     ds, cache, out = trained
-    rc = main(["evaluate", "--checkpoint", str(out / "controller.ckpt"), "--dataset", str(ds), "--cache", str(cache),
+    rc = main(["evaluate", "--checkpoint", str(out / "controller.safetensors"), "--dataset", str(ds), "--cache", str(cache),
                "--out", str(tmp_path / "eval")])
     assert rc == 0
     again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -108,10 +114,10 @@ def test_cli_encoder_errors(trained, tmp_path, capsys):
     manifest = json.loads((bge / "manifest.json").read_text())
     manifest["encoder"] = "BAAI/bge-small-en-v1.5"
     (bge / "manifest.json").write_text(json.dumps(manifest))
-    rc = main(["evaluate", "--checkpoint", str(tmp_path.parent / "x.ckpt"), "--dataset", str(bge)])
-    assert rc == 2 and "checkpoint not found" in capsys.readouterr().err
+    rc = main(["evaluate", "--checkpoint", str(tmp_path.parent / "x.safetensors"), "--dataset", str(bge)])
+    assert rc == 2 and "controller checkpoint not found" in capsys.readouterr().err
     _, _, out = trained
-    rc = main(["evaluate", "--checkpoint", str(out / "controller.ckpt"), "--dataset", str(bge), "--cache", str(cache),
+    rc = main(["evaluate", "--checkpoint", str(out / "controller.safetensors"), "--dataset", str(bge), "--cache", str(cache),
                "--out", str(tmp_path / "e")])
     assert rc == 2 and "was built with encoder 'BAAI/bge-small-en-v1.5'" in capsys.readouterr().err
 

@@ -1,16 +1,25 @@
-"""Controller checkpoints: a Lightning ``.ckpt`` carrying the ValueNet weights plus a ``branchgate`` entry.
+"""Controller files: ``controller.safetensors`` (what ``branchgate train`` ships) and, read safely, Lightning ``.ckpt``.
 
-Layout read by ``load_controller`` (and written both by the LightningModule's ``on_save_checkpoint`` and by
-``save_controller`` for a minimal file)::
+``controller.safetensors`` — the file export / evaluate / bench-gate take. Tensors: the ValueNet state dict
+under its own names (weights plus the standardisation and keep-calibration buffers). Header metadata: one
+entry ``branchgate`` holding JSON ::
 
-    {"state_dict": {"net.<param>": tensor, ...},          # ValueNet weights incl. standardisation buffers
-     "branchgate": {"net": ValueNet.config(), "meta": {...META_KEYS...}}}
+    {"format": "branchgate-controller", "net": ValueNet.config(), "meta": {...META_KEYS..., "standardisation": ...}}
+
+Weights and config live in one file, so they cannot be separated. Reading it uses ``safetensors`` only: no
+pickle, nothing in the file can run code.
+
+A Lightning ``.ckpt`` (written during training for resuming; the LightningModule's ``on_save_checkpoint``
+adds the same ``branchgate`` entry next to ``state_dict``) is a pickle. ``load_controller`` opens one only
+with ``torch.load(weights_only=True)`` and refuses a file that needs anything more (``InputError``).
 
 Loading needs neither the dataset nor Lightning.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -21,8 +30,18 @@ from branchgate.fileio import atomic_path
 from branchgate.models.value_model import FEATURE_NAMES, ValueNet
 
 CONTROLLER_SCHEMA_VERSION = 1
+CONTROLLER_FILE = "controller.safetensors"
+FORMAT = "branchgate-controller"
+METADATA_KEY = "branchgate"
 META_KEYS = ["encoder", "encoder_path", "dim", "max_length", "tau", "feature_names", "schema_version",
              "data_sha256", "branchgate_version"]
+_NUMBER = (int, float)
+# Field → allowed JSON types (bool is rejected separately where a number is meant).
+_NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER}
+_META_TYPES = {"encoder": str, "encoder_path": (str, type(None)), "dim": int, "max_length": int,
+               "tau": (*_NUMBER, type(None)), "feature_names": list, "schema_version": int,
+               "data_sha256": (str, type(None)), "branchgate_version": str,
+               "calibration": (dict, type(None)), "standardisation": dict}
 
 
 def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None, **extra) -> dict:
@@ -44,56 +63,151 @@ def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None,
 
 
 def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
+    """The ``branchgate`` entry: ``{"format", "net": ValueNet.config(), "meta": meta + standardisation}``."""
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         raise ValueError(f"controller meta lacks {missing}")
-    return {"net": net.config(), "meta": dict(meta, standardisation=net.standardisation())}
+    return {"format": FORMAT, "net": net.config(), "meta": dict(meta, standardisation=net.standardisation())}
 
 
 def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
-    """Write a minimal controller checkpoint (same layout as the trained .ckpt), atomically."""
+    """Write ``net`` and ``meta`` as one safetensors controller file (see the module docstring), atomically."""
+    from safetensors.torch import save_file
+
+    from branchgate.training.metrics import clean
+
     path = Path(path)
-    obj = {"state_dict": {f"net.{k}": v.detach().cpu() for k, v in net.state_dict().items()},
-           "branchgate": checkpoint_entry(net, meta)}
+    entry = clean(checkpoint_entry(net, meta))  # numpy scalars → Python, NaN/inf → None
+    text = json.dumps(entry, allow_nan=False, ensure_ascii=False)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+        save_file(tensors, str(tmp), metadata={METADATA_KEY: text})
     return path
 
 
-def read_checkpoint(path: str | Path) -> dict:
+def load_controller(path: str | Path) -> tuple[ValueNet, dict]:
+    """The trained ValueNet (eval mode, CPU) and its metadata (``META_KEYS`` + ``standardisation``).
+
+    ``path`` is a ``controller.safetensors`` (read without pickle) or a Lightning ``.ckpt`` (read only with
+    ``torch.load(weights_only=True)``). Every problem is an ``InputError`` / ``MismatchError`` naming the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("controller checkpoint not found", file=str(path))
+    with path.open("rb") as fh:
+        head = fh.read(9)
+    # safetensors: an 8-byte header length, then the JSON header; torch.save: a zip archive or a bare pickle.
+    if head[8:9] != b"{" and (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        entry, state = _read_torch_checkpoint(path)
+    else:
+        entry, state = _read_safetensors(path)
+    return _build(path, entry, state)
+
+
+def read_lightning_checkpoint(path: str | Path) -> dict:
+    """A Lightning ``.ckpt`` as a dict, loaded with ``torch.load(weights_only=True)`` only (never full unpickling)."""
     path = Path(path)
     if not path.is_file():
         raise InputError("checkpoint not found", file=str(path))
     try:
-        # Lightning checkpoints hold plain containers; fall back to full unpickling only for our own files.
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:
-            raise InputError(f"cannot read checkpoint: {exc}", file=str(path)) from None
-    if not isinstance(ckpt, dict) or "branchgate" not in ckpt or "state_dict" not in ckpt:
-        raise InputError("not a branchgate controller checkpoint (no 'branchgate' entry)", file=str(path))
+    except Exception as exc:
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+        needs = next((line for line in lines if "GLOBAL" in line), None)  # the weights_only unpickler's refusal
+        why = (f"it is a pickle that needs more than tensors and plain containers ({needs})" if needs else
+               f"torch.load(weights_only=True) cannot read it ({next((x for x in lines if x), type(exc).__name__)})")
+        raise InputError(f"cannot be loaded safely: {why}; branchgate never unpickles anything else. Use the "
+                         f"{CONTROLLER_FILE} that `branchgate train` writes", file=str(path)) from None
+    if not isinstance(ckpt, dict):
+        raise InputError(f"not a checkpoint (a {type(ckpt).__name__}, not a dict)", file=str(path))
     return ckpt
 
 
-def load_controller(path: str | Path) -> tuple[ValueNet, dict]:
-    """The trained ValueNet (eval mode, CPU) and its metadata (``META_KEYS`` + ``standardisation``)."""
-    ckpt = read_checkpoint(path)
-    entry = ckpt["branchgate"]
-    meta = dict(entry["meta"])
-    if meta.get("schema_version", CONTROLLER_SCHEMA_VERSION) > CONTROLLER_SCHEMA_VERSION:
-        raise MismatchError(f"{path}: controller schema {meta.get('schema_version')} is newer than this "
-                            f"branchgate ({CONTROLLER_SCHEMA_VERSION}); upgrade branchgate")
-    if list(meta.get("feature_names", FEATURE_NAMES)) != FEATURE_NAMES:
-        raise MismatchError(f"{path}: checkpoint features {meta.get('feature_names')} != {FEATURE_NAMES}")
-    net = ValueNet(**entry["net"])
-    state = {k[len("net."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("net.")}
-    for key, value in (("keep_scale", 1.0), ("keep_shift", 0.0)):  # checkpoints from before keep calibration
-        state.setdefault(key, torch.tensor(value))
+def _read_torch_checkpoint(path: Path) -> tuple[object, object]:
+    ckpt = read_lightning_checkpoint(path)
+    if METADATA_KEY not in ckpt or "state_dict" not in ckpt:
+        raise InputError(f"not a branchgate controller checkpoint (no '{METADATA_KEY}' entry); use the "
+                         f"{CONTROLLER_FILE} that `branchgate train` writes", file=str(path))
+    state = ckpt["state_dict"]
+    if not isinstance(state, dict):
+        raise InputError("'state_dict' is not a dict of tensors", file=str(path))
+    return ckpt[METADATA_KEY], {k[len("net."):]: v for k, v in state.items() if isinstance(k, str) and k.startswith("net.")}
+
+
+def _read_safetensors(path: Path) -> tuple[object, dict]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            header = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for bad headers and truncated data
+        raise InputError(f"not a readable safetensors controller file ({_first_line(exc)})", file=str(path)) from None
+    if METADATA_KEY not in header:
+        raise InputError(f"not a branchgate controller file: the safetensors metadata has no '{METADATA_KEY}' "
+                         f"entry", file=str(path))
+    try:
+        entry = json.loads(header[METADATA_KEY])
+    except json.JSONDecodeError as exc:
+        raise InputError(f"metadata entry '{METADATA_KEY}' is not valid JSON ({exc})", file=str(path)) from None
+    return entry, state
+
+
+def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
+    """Validate the ``branchgate`` entry and the tensors, then the ValueNet in eval mode."""
+    where = str(path)
+    if not isinstance(entry, dict):
+        raise InputError(f"'{METADATA_KEY}' entry is a {type(entry).__name__}, not an object", file=where)
+    if entry.get("format", FORMAT) != FORMAT:
+        raise InputError(f"'{METADATA_KEY}.format' is {entry['format']!r}, not {FORMAT!r}", file=where)
+    for section in ("net", "meta"):
+        if not isinstance(entry.get(section), dict):
+            raise InputError(f"'{METADATA_KEY}.{section}' is missing or not an object", file=where)
+    net_cfg, meta = dict(entry["net"]), dict(entry["meta"])
+    _check_fields(where, "net", net_cfg, _NET_TYPES, required=list(_NET_TYPES))
+    _check_fields(where, "meta", meta, _META_TYPES, required=META_KEYS + ["standardisation"])
+    version = meta["schema_version"]
+    if version > CONTROLLER_SCHEMA_VERSION:
+        raise MismatchError(f"{where}: controller schema_version {version} is newer than this branchgate "
+                            f"({CONTROLLER_SCHEMA_VERSION}); upgrade branchgate")
+    if version < 1:
+        raise InputError(f"unknown controller schema_version {version}", file=where)
+    if meta["feature_names"] != FEATURE_NAMES:
+        raise MismatchError(f"{where}: checkpoint features (meta.feature_names) {meta['feature_names']} != {FEATURE_NAMES}")
+    if meta["dim"] and meta["dim"] != net_cfg["dim"]:
+        raise MismatchError(f"{where}: meta.dim {meta['dim']} != net.dim {net_cfg['dim']}")
+    try:
+        net = ValueNet(**net_cfg)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"'{METADATA_KEY}.net' does not describe a ValueNet ({exc})", file=where) from None
+    bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor) or not v.is_floating_point())
+    if bad:
+        raise InputError(f"weights {bad} are not floating-point tensors", file=where)
     try:
         net.load_state_dict(state)
     except RuntimeError as exc:
-        raise InputError(f"checkpoint weights do not fit the ValueNet: {exc}", file=str(path)) from None
+        detail = " ".join(str(exc).split())
+        raise InputError(f"weights do not fit the ValueNet of '{METADATA_KEY}.net' ({detail})", file=where) from None
     net.eval()
+    meta["standardisation"] = net.standardisation()  # from the buffers just loaded: one source of truth
     return net, meta
+
+
+def _check_fields(where: str, section: str, obj: dict, types: dict, required: list[str]) -> None:
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise InputError(f"'{METADATA_KEY}.{section}' lacks {missing}", file=where)
+    for key, allowed in types.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        number_expected = allowed is int or (isinstance(allowed, tuple) and int in allowed)
+        if not isinstance(value, allowed) or (number_expected and isinstance(value, bool)):
+            raise InputError(f"'{METADATA_KEY}.{section}.{key}' has the wrong type ({type(value).__name__}: "
+                             f"{value!r})", file=where)
+    if section == "meta" and not all(isinstance(n, str) for n in obj["feature_names"]):
+        raise InputError(f"'{METADATA_KEY}.meta.feature_names' must be a list of strings", file=where)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -113,7 +113,8 @@ def format_table(metrics: dict) -> str:
 
 def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | Path, cache: str | None = None,
                         recalibrate: str | None = None, keep_rate: float | None = None, seed: int = 0) -> dict:
-    """``branchgate evaluate``: recompute metrics.json and plots for an existing checkpoint."""
+    """``branchgate evaluate``: recompute metrics.json and plots for a trained controller (``controller.safetensors``;
+    a Lightning ``.ckpt`` only if ``torch.load(weights_only=True)`` can read it, see ``training/checkpoint.py``)."""
     from branchgate.data.datamodule import DecisionDataModule
     from branchgate.models.encoder import recorded_spec
     from branchgate.training.checkpoint import load_controller

@@ -3,8 +3,9 @@
     branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
 
 Flow: fit (early stopping and checkpoint selection on val_auroc) → reload the best weights → calibrate τ
-on validation → save ``OUT/controller.ckpt`` (weights, standardisation, encoder, τ) → evaluate on test
-against the baselines → ``OUT/metrics.json`` + PNG plots → print the metrics table.
+on validation → save ``OUT/controller.safetensors`` (weights, standardisation, encoder, τ: the file export,
+evaluate and bench-gate take) → evaluate on test against the baselines → ``OUT/metrics.json`` + PNG plots →
+print the metrics table. Lightning ``.ckpt`` files (``OUT/checkpoints``) serve only ``--ckpt_path`` resuming.
 Loggers: CSV (``OUT/logs``) and Weights & Biases (offline by default; ``--wandb.mode online`` when you
 have configured wandb, ``disabled`` to skip it). ``--trainer.logger false`` turns logging off.
 """
@@ -100,7 +101,8 @@ def train(argv: list[str] | None = None) -> dict:
     """Run the whole training command; returns the metrics dict."""
     import torch
 
-    from branchgate.fileio import atomic_path, atomic_write_text
+    from branchgate.fileio import atomic_write_text
+    from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
     from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
 
     logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints its own INFO lines
@@ -130,18 +132,14 @@ def train(argv: list[str] | None = None) -> dict:
         raise KeyboardInterrupt
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if best:
-        from branchgate.training.checkpoint import read_checkpoint
-
-        model.load_state_dict(read_checkpoint(best)["state_dict"])
+        model.load_state_dict(read_lightning_checkpoint(best)["state_dict"])  # weights_only=True: no unpickling
         log.info("best checkpoint %s (val_auroc %.4f)", best, float(trainer.checkpoint_callback.best_model_score or 0))
     model.net.eval()
     platt = calibrate_probabilities(model.net, dm) if calib.probabilities else None
     tau = calibrate(model.net, dm, calib.method, calib.keep_rate, calib.tau)
     model.tau = tau
     model.meta.update(tau=tau, calibration=dict(asdict(calib), platt=platt))
-    final = out / "controller.ckpt"
-    with atomic_path(final) as tmp:
-        trainer.save_checkpoint(tmp, weights_only=True)
+    final = save_controller(out / CONTROLLER_FILE, model.net, model.meta)
     metrics = evaluate(model.net, model.meta, dm, out, tau, model.meta["calibration"], seed=int(cli.config.get("seed_everything") or 0),
                        extra={"checkpoint": str(final), "best_checkpoint": best or None,
                               "epochs": int(trainer.current_epoch), "fit_seconds": round(fit_s, 2),
