@@ -21,11 +21,12 @@ Design:
 - Candidate tower: cand → Linear → GELU.
 - Interactions: the towers' product, plus parameter-free scalar features computed here from the
   embeddings (``INTERACTION_NAMES``): similarities to root/frame/goal, max/mean similarity to the
-  retained set and to sibling candidates, rank of the candidate among its siblings, centroid drift,
-  MMR-like scores, a submodular coverage gain over the frame's pool, residual novelty (GRN, a ridge
-  projection) and the DPP gain. These are the "cheap teacher
-  scores" of DESIGN.md; the dataset's ``teacher_<name>`` columns are deliberately NOT inputs (a Gate
-  would need a second scoring pass to produce them) — they serve as baselines only.
+  retained set and to sibling candidates, rank of the candidate among its siblings, and the cheap
+  heuristic-teacher scores — MMR, centroid drift, submodular coverage gain over the frame's pool,
+  residual novelty (GRN) and the DPP gain — each the same number as its teacher in ``models/teachers``
+  (held to 1e-5 by ``tests/test_feature_parity.py``). The dataset's ``teacher_<name>`` columns are
+  deliberately NOT inputs (a Gate would need a second scoring pass to produce them) — they serve as
+  baselines only.
 - All scalar features are standardised with statistics fitted on the training split and stored as
   buffers, so the exported graph needs nothing else.
 - MLP with two heads (keep logit, utility) plus a linear "wide" path from the scalar features.
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 from branchgate.features import FEATURE_NAMES as STRUCTURED
+from branchgate.models.teachers.common import RIDGE
 
 FEATURE_NAMES = list(STRUCTURED)  # branchgate.features: computed once, for training and the Gate alike
 DERIVED_NAMES = ["order_frac", "log_n_candidates", "log_n_retained"]
@@ -52,12 +54,7 @@ INTERACTION_NAMES = [
     "root_frame", "root_goal", "has_frame", "has_goal",
 ]
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
-MMR_LAMBDA = 0.35  # TEACHERS.md operating point
-# Residual-novelty projection: ridge-regularised least squares through the inverse of the small [R, R]
-# Gram matrix (one onnxruntime Inverse node in the exported graph). The ridge keeps near-duplicate retained
-# texts well conditioned, so 1e-6 input noise (torch vs ONNX) moves the feature by ~1e-6; with ridge 0.1
-# the feature correlates 0.999 with the exact GRN teacher.
-RIDGE = 0.1
+MMR_LAMBDA = 0.35  # the MMR teacher's operating point (models/teachers/mmr.py: λ = 0.35)
 
 
 def _valid(x: torch.Tensor) -> torch.Tensor:
@@ -71,19 +68,50 @@ def _masked_max(values: torch.Tensor, mask: torch.Tensor, any_valid: torch.Tenso
     return filled.amax(-1) * any_valid
 
 
-def residual_novelty(retained: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
-    """GRN-like ‖x − P_C x‖² per candidate, [B,R,D],[B,K,D] → [B,K], in [0, 1] for unit rows.
+def _unit64(x: torch.Tensor) -> torch.Tensor:
+    """float64 unit rows (as the teachers' ``common.unit``); zero rows (padding) stay zero."""
+    return nn.functional.normalize(x.double(), dim=-1, eps=1e-12)
 
-    P_C x = Cᵀa with a = (CCᵀ + ridge·I)⁻¹ Cx. Zero rows of C (padding / nothing retained) get a = 0, so
-    with C empty the novelty is 1.
+
+def ridge_residual(c: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``‖x‖² − kᵀ(G + ρI)⁻¹k``, ``G = CCᵀ``, ``k = Cx``: float64 [B,R,D],[B,K,D] → [B,K], in [0, ‖x‖²].
+
+    The graph form of ``models/teachers/common.py::ridge_residual`` (ρ = ``RIDGE``, its docstring says what
+    the ridge does). float64 throughout: with ρ = 1e-6 the Gram matrix of nearly duplicated retained rows
+    has a condition number up to ~R/ρ, and a float32 inverse of it is garbage (in the exported graph this
+    is one onnxruntime Inverse node on double). A zero row of C (padding) has k = 0 and only ρ on its
+    diagonal, so it changes nothing.
     """
-    r_len = retained.shape[1]
-    idx = torch.arange(r_len, device=retained.device)
-    eye = (idx.unsqueeze(0) == idx.unsqueeze(1)).to(retained.dtype)
-    gram = torch.matmul(retained, retained.transpose(1, 2)) + RIDGE * eye  # [B,R,R]
-    a = torch.matmul(torch.linalg.inv(gram), torch.matmul(retained, cand.transpose(1, 2)))  # [B,R,K]
-    proj = torch.matmul(a.transpose(1, 2), retained)  # [B,K,D]
-    return ((cand - proj) ** 2).sum(-1).clamp(0.0, 1.0)
+    r_len = c.shape[1]
+    idx = torch.arange(r_len, device=c.device)
+    eye = (idx.unsqueeze(0) == idx.unsqueeze(1)).to(c.dtype)
+    gram = torch.matmul(c, c.transpose(1, 2)) + RIDGE * eye  # [B,R,R]
+    k = torch.matmul(c, x.transpose(1, 2))  # [B,R,K]
+    quad = (k * torch.matmul(torch.linalg.inv(gram), k)).sum(1)  # [B,K]
+    sq = (x * x).sum(-1)
+    return torch.minimum((sq - quad).clamp(min=0.0), sq)
+
+
+def residual_novelty(retained: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """GRN [B,R,D],[B,K,D] → [B,K] float32 in [0, 1]: the GRN teacher (``models/teachers/novelty.py``).
+
+    ``ridge_residual`` of the unit candidate against the unit retained rows; zero rows of ``retained``
+    (padding / nothing retained) are ignored, so with nothing retained the novelty is 1.
+    """
+    return ridge_residual(_unit64(retained), _unit64(cand)).clamp(0.0, 1.0).float()
+
+
+def dpp_gain(root: torch.Tensor, retained: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """DPP gain [B,D],[B,R,D],[B,K,D] → [B,K] float32: the DPP teacher (``models/teachers/dpp.py``).
+
+    Kernel ``L_ij = w_i w_j ⟨e_i, e_j⟩`` with ``w = max(sim(e, root), 0)`` for the candidate and every
+    retained row alike, so the gain is ``ridge_residual`` of ``w_x x`` against the rows ``w_c c``: a
+    retained text with non-positive relevance to the root query drops out of the kernel.
+    """
+    q, c, x = _unit64(root).unsqueeze(1), _unit64(retained), _unit64(cand)
+    w_c = (c * q).sum(-1).clamp(min=0.0).unsqueeze(-1)
+    w_x = (x * q).sum(-1).clamp(min=0.0).unsqueeze(-1)
+    return ridge_residual(c * w_c, x * w_x).float()
 
 
 def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: float = MMR_LAMBDA) -> torch.Tensor:
@@ -117,30 +145,35 @@ def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: flo
     sib_max = _masked_max(s_sib, pair, has_sib)
     sib_mean = (s_sib * pair).sum(-1) / n_sib.clamp(min=1.0)
 
-    mmr = mmr_lambda * sim_root - (1.0 - mmr_lambda) * ret_max
+    mmr = mmr_lambda * sim_root - (1.0 - mmr_lambda) * ret_max  # the MMR teacher (q = root; empty C: max = 0)
     mmr_sib = mmr_lambda * sim_root - (1.0 - mmr_lambda) * sib_max
 
     def rank_frac(score: torch.Tensor) -> torch.Tensor:  # fraction of valid siblings scoring higher
         higher = (score.unsqueeze(1) > score.unsqueeze(2)).to(cand.dtype)  # [B,K(k),K(j)]: s_j > s_k
         return (higher * pair).sum(-1) / n_sib.clamp(min=1.0)
 
-    # Centroid drift 1 - cos(mu_C, mu_{C+x}); with C empty mu_C = 0 and the drift is 1 (maximal novelty).
+    # The heuristic teachers' scores, each the number its teacher in models/teachers gives
+    # (tests/test_feature_parity.py). Centroid drift (CentroidDrift): 1 − cos(μ_C, μ_{C+x}); with C empty or
+    # a zero centroid μ_C = 0 and the drift is 1, and an x that cancels C exactly also gives 1.
     sum_r = (retained * rmask.unsqueeze(-1)).sum(1)  # [B,D]
     mu_c = nn.functional.normalize(sum_r, dim=-1, eps=1e-8)
     mu_cx = nn.functional.normalize(sum_r.unsqueeze(1) + cand, dim=-1, eps=1e-8)
     drift = 1.0 - (mu_cx * mu_c.unsqueeze(1)).sum(-1)
 
-    # Submodular coverage gain over the frame's pool P (the valid candidates), weights w = max(sim(.,q), 0):
-    # gain(x) = sum_j max(w(x) sim(x, p_j) - cov_C(p_j), 0) / |P|, cov_C(p_j) = max_{i in C} w(i) sim(i, p_j).
+    # Submodular coverage over the frame's pool P (the valid candidates), w = max(sim(., q), 0):
+    # gain(x) = Σ_j max(w(x) sim(x, p_j) − cov_C(p_j), 0) / |P|, cov_C(p_j) = max(0, max_{i∈C} w(i) sim(i, p_j)).
+    # This is SubmodularCoverage.gains(x, state) / |P| with extra={"pool": candidates}, as the dataset builds
+    # the state; the teacher's score divides by the candidate's token cost instead, which the graph does not
+    # have, so |P| normalises the gain here.
     w_r = (retained * root.unsqueeze(1)).sum(-1).clamp(min=0.0)  # [B,R]
     cov = _masked_max(w_r.unsqueeze(1) * s_ret, rm, has_r).clamp(min=0.0)  # [B,K] coverage of pool item j
     w_c = sim_root.clamp(min=0.0)
     gain = ((w_c.unsqueeze(-1) * s_sib - cov.unsqueeze(1)).clamp(min=0.0) * cmask.unsqueeze(1)).sum(-1)
     gain = gain / n_k.clamp(min=1.0)
 
-    # GRN-like residual novelty; the DPP gain det(L_{C+x})/det(L_C) equals w(x)^2 * GRN(x) for this kernel.
+    # GRN and DPP: one ridge-regularised projection each, in float64 (see ridge_residual).
     grn = residual_novelty(retained, cand)
-    dpp = w_c * w_c * grn
+    dpp = dpp_gain(root, retained, cand)
 
     ones = torch.ones_like(sim_root)
     root_frame = (root * frame).sum(-1, keepdim=True) * ones

@@ -109,18 +109,26 @@ def test_wrong_feature_count_is_rejected():
         ValueNet(D, n_features=3)
 
 
-def test_residual_novelty_matches_ridge_projection_and_is_stable():
-    from branchgate.models.value_model import RIDGE, residual_novelty
+def test_residual_novelty_is_the_ridge_projection_in_float64_and_is_stable():
+    """GRN = ‖x‖² − kᵀ(CCᵀ + ρI)⁻¹k with ρ = 1e-6 (the GRN teacher's definition, models/teachers/novelty.py):
+    the exact projection for distinct retained rows; duplicates and padding rows add nothing."""
+    from branchgate.models.teachers.common import RIDGE
+    from branchgate.models.value_model import residual_novelty
 
-    ret = unit(1, 6, D, seed=5)
-    ret = torch.cat([ret, ret[:, :2]], dim=1)  # exact duplicates: the ill-conditioned case
+    assert RIDGE == 1e-6
+    distinct = unit(1, 6, D, seed=5)
+    ret = torch.cat([distinct, distinct[:, :2], torch.zeros(1, 1, D)], dim=1)  # exact duplicates + a padding row
     cand = torch.cat([unit(1, 3, D, seed=6), ret[:, :1]], dim=1)  # last candidate is a retained text
     grn = residual_novelty(ret, cand)[0]
     c, x = ret[0].double(), cand[0].double()
-    a = torch.linalg.solve(c @ c.T + RIDGE * torch.eye(len(c), dtype=torch.float64), c @ x.T)
-    exact = ((x - a.T @ c) ** 2).sum(-1)
-    assert torch.allclose(grn.double(), exact, atol=1e-4)
-    assert grn[-1] < 0.01 and grn[:3].min() > 0.3
-    noisy = lambda t: torch.nn.functional.normalize(t + 1e-6 * torch.randn(t.shape), dim=-1)  # noqa: E731
+    k = c @ x.T
+    ridge = 1.0 - (k * torch.linalg.solve(c @ c.T + RIDGE * torch.eye(len(c), dtype=torch.float64), k)).sum(0)
+    assert torch.allclose(grn.double(), ridge, atol=1e-6)
+    basis, _ = torch.linalg.qr(distinct[0].double().T)
+    exact = 1.0 - ((x @ basis) ** 2).sum(-1)  # ‖x − P_C x‖², P_C the orthogonal projection
+    assert torch.allclose(grn.double(), exact, atol=1e-5)
+    assert grn[-1] < 1e-5 and grn[:3].min() > 0.3
+    def noisy(t):  # 1e-6 noise on the real rows, padding stays zero
+        return torch.nn.functional.normalize(t + 1e-6 * torch.randn(t.shape) * (t.norm(dim=-1, keepdim=True) > 0), dim=-1)
     assert (residual_novelty(noisy(ret), noisy(cand))[0] - grn).abs().max() < 1e-4  # torch/ONNX parity margin
     assert torch.allclose(residual_novelty(torch.zeros(1, 1, D), cand)[0], torch.ones(4))  # empty C → 1

@@ -42,6 +42,7 @@ def test_registry_names_and_errors():
     with pytest.raises(BranchgateError, match="lam"):
         T.get("mmr", lam=2.0)
     assert T.params(T.get("dpp")) == {"threshold": 0.30, "ridge": 1e-6}
+    assert T.params(T.get("grn")) == {"threshold": 0.85, "ridge": 1e-6}
 
 
 def test_paper_defaults():
@@ -61,6 +62,9 @@ def test_mmr_exact_values():
     assert m.score(items(E[0]), state([E[2], E[0]]))[0] == pytest.approx(0.35 - 0.65, abs=1e-6)
     # empty C: λ·sim
     assert m.score(items(E[0], MIX), state())[:] == pytest.approx([0.35, 0.35 * R2], abs=1e-6)
+    # an empty retained text (zero row) is absent, not a similarity of 0: the max is over −e0 alone
+    assert m.score(items(E[0]), state([-E[0], np.zeros(D)]))[0] == pytest.approx(0.35 + 0.65, abs=1e-6)
+    assert m.score(items(E[0]), state([np.zeros(D)]))[0] == pytest.approx(0.35, abs=1e-6)  # only empty: as empty C
 
 
 def test_grn_values():
@@ -78,6 +82,30 @@ def test_grn_near_singular_context_is_stable():
     out = T.get("grn").score(items(E[0], E[1], E[2]), state([E[0], c2]))
     assert np.all(np.isfinite(out)) and np.all((out >= 0) & (out <= 1))
     assert out == pytest.approx([0.0, 1.0, 1.0], abs=1e-6)  # the 1e-9 direction is noise, not a new basis vector
+
+
+def test_grn_is_the_ridge_projection_residual():
+    """GRN = ‖x‖² − kᵀ(G + ρI)⁻¹k, G = CCᵀ, k = Cx, ρ = 1e-6: the exact projection for distinct rows, and
+    for two rows at angle t the direction between them counts with weight σ²/(σ²+ρ), σ² = 1 − cos t."""
+    rng = np.random.default_rng(7)
+    c, x = (T.common.unit(T.common.unit(rng.normal(size=(n, D))).astype(np.float32)) for n in (3, 4))  # as Items hold it
+    g = T.get("grn").score(items(*x), state(list(c)))
+    q, _ = np.linalg.qr(c.T)
+    exact = 1.0 - ((x @ q) ** 2).sum(axis=1)
+    assert g == pytest.approx(exact, abs=1e-5)  # well-conditioned C: the exact projection
+    k = c @ x.T
+    ridge = 1.0 - np.einsum("ij,ij->j", k, np.linalg.inv(c @ c.T + 1e-6 * np.eye(3)) @ k)
+    assert g == pytest.approx(ridge, abs=1e-12)
+    for t, novelty in ((1e-1, 0.0), (1e-5, 1.0)):  # near duplicates: a real direction, then noise
+        c2 = np.cos(t) * E[0] + np.sin(t) * E[1]
+        sigma2 = 1.0 - np.cos(t)  # the small eigenvalue of G; E[1] lies in its eigenvector up to O(t)
+        got = T.get("grn").score(items(E[1]), state([E[0], c2]))[0]
+        assert got == pytest.approx(novelty, abs=2e-3)
+        assert (got < 0.5) == (sigma2 > 1e-6)
+    # zero rows of C (empty texts) change nothing
+    padded = T.get("grn").score(items(*x), state([np.zeros(D), *c, np.zeros(D)]))
+    assert np.max(np.abs(padded - g)) < 1e-12
+    assert T.get("grn").score(items(*x), state([np.zeros(D)])) == pytest.approx(np.ones(4))  # only empty: 1
 
 
 def test_centroid_drift_values():
@@ -101,6 +129,19 @@ def test_dpp_values():
     assert d.score(items(MIX, E[2], np.zeros(D)), state())[:] == pytest.approx([0.5, 0.0, 0.0], abs=1e-7)
     # a duplicated context stays finite and still says "redundant"
     assert d.score(items(MIX), state([MIX, MIX, MIX]))[0] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_dpp_retained_rows_without_relevance_drop_out():
+    d = T.get("dpp")
+    off = (-0.2 * E[0] + E[1]) / np.linalg.norm(-0.2 * E[0] + E[1])  # sim(off, q) < 0 → w = 0
+    assert d.score(items(MIX), state([off]))[0] == pytest.approx(0.5, abs=1e-9)  # as with C empty: w_x² = 1/2
+    assert d.score(items(MIX), state([off, E[1]]))[0] == pytest.approx(0.5, abs=1e-9)  # e1 also has w = 0
+    # w_x² · GRN(x) is not the gain: GRN sees the zero-weight row
+    assert 0.5 * T.get("grn").score(items(MIX), state([off]))[0] < 0.5 - 0.1
+    # the kernel with the weights: L_xx − l_xᵀ(L_C + ρI)⁻¹l_x, here for C = {e0 (w = 1), off (w = 0)}
+    got = d.score(items(MIX), state([E[0], off]))[0]
+    assert got == pytest.approx(0.5 - 0.25 / (1 + 1e-6), abs=1e-9)  # = 1/2 − (1/2)²/(1 + ρ)
+    assert d.score(items(MIX), state([np.zeros(D), E[0], np.zeros(D)]))[0] == pytest.approx(got, abs=1e-12)
 
 
 def test_dpp_matches_determinant_ratio_when_well_conditioned():

@@ -1,4 +1,4 @@
-"""Heuristic marginal-value teachers (TEACHERS.md). Each implements ``base.ValueModel``.
+"""Heuristic marginal-value teachers. Each implements ``base.ValueModel``.
 
 Registry: ``NAMES`` and ``get(name, **params)``; parameters are the teachers' constructor arguments
 (paper defaults), ``threshold`` always overridable.

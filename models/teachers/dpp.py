@@ -8,48 +8,35 @@ from typing import ClassVar
 import numpy as np
 
 from branchgate.models.teachers.base import Items, State
-from branchgate.models.teachers.common import check_range, prepare, weight
+from branchgate.models.teachers.common import RIDGE, check_range, prepare, ridge_residual, weight
 
 
-def dpp_gain(xu: np.ndarray, wx: np.ndarray, cu: np.ndarray, wc: np.ndarray, ridge: float = 1e-6) -> np.ndarray:
-    """``det(L_{C∪{x}}) / det(L_C)`` per candidate, as the Schur complement ``L_xx − l_xᵀ (L_C + εI)⁻¹ l_x``.
+def dpp_gain(xu: np.ndarray, wx: np.ndarray, cu: np.ndarray, wc: np.ndarray, ridge: float = RIDGE) -> np.ndarray:
+    """``L_xx − l_xᵀ (L_C + ρI)⁻¹ l_x`` per candidate: ``det(L_{C∪{x}}) / det(L_C)`` of the ridged kernel.
 
-    Uses a Cholesky factor of the ridged ``L_C`` (no determinant is ever formed), so duplicates,
-    zero-weight rows and near-singular ``C`` stay finite. The ridge only shrinks the subtracted term,
-    so the gain is ≥ the exact Schur complement ≥ 0 and never above ``L_xx``. Empty ``C``: ``L_xx = w_x²``.
+    With the rows ``f_i = w_i ẽ_i`` the kernel is ``L = F Fᵀ``, so the gain is ``ridge_residual`` of the
+    weighted candidate ``w_x ẽ_x`` against the weighted context rows: no determinant is ever formed, and
+    duplicates, zero-weight rows (they drop out exactly) and near-singular ``C`` stay finite. The ridge
+    only shrinks the subtracted term, so the gain is ≥ the exact Schur complement ≥ 0 and never above
+    ``L_xx``. Empty ``C``: ``L_xx = w_x²``.
     """
-    lxx = wx * wx
-    if len(cu) == 0:
-        return lxx
-    fc = cu * wc[:, None]  # rows w_c ẽ_c: L_C = fc fcᵀ, l_x = fc (w_x ẽ_x)
-    lcc = fc @ fc.T
-    lcx = fc @ (xu * wx[:, None]).T  # [n, m]
-    eye = np.eye(len(cu))
-    eps = ridge
-    for _ in range(8):
-        try:
-            chol = np.linalg.cholesky(lcc + eps * eye)
-            break
-        except np.linalg.LinAlgError:
-            eps *= 100.0
-    else:  # pragma: no cover - L_C is PSD, so a ridge always makes it factorisable
-        raise np.linalg.LinAlgError("DPP kernel could not be factorised")
-    half = np.linalg.solve(chol, lcx)  # chol⁻¹ l_x
-    gain = lxx - np.einsum("ij,ij->j", half, half)
-    return np.clip(gain, 0.0, lxx)
+    return ridge_residual(cu * wc[:, None], xu * wx[:, None], ridge)
 
 
 @dataclass
 class DPP:
     """DPP marginal gain (volume added by ``x``), in [0, w_x²] ⊂ [0, 1]; higher = keep.
 
-    ``w = max(sim(e, q), 0)``: irrelevant or redundant candidates add little volume.
-    Empty ``C``: the gain is ``L_xx = w_x²``. Paper operating point τ = 0.30 (pre-synthesis max 10).
-    ``ridge``: added to the diagonal of ``L_C`` before the Cholesky factorisation.
+    Canonical definition: ``L_xx − l_xᵀ (L_C + ρI)⁻¹ l_x`` with the quality-weighted kernel
+    ``L_ij = w_i w_j ⟨ẽ_i, ẽ_j⟩``, ``w = max(sim(e, q), 0)`` for the candidate and the retained rows alike
+    (``dpp_gain``), ``ρ = ridge``. A retained text with non-positive relevance to ``q`` has weight 0 and
+    drops out of the kernel. Irrelevant or redundant candidates add little volume. Empty ``C``: the gain
+    is ``L_xx = w_x²``. The controller's ``dpp_gain`` feature is the same number.
+    Paper operating point τ = 0.30 (pre-synthesis max 10).
     """
 
     threshold: float = 0.30
-    ridge: float = 1e-6
+    ridge: float = RIDGE
     name: ClassVar[str] = "dpp"
     higher_is_better: ClassVar[bool] = True
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from branchgate.models.teachers.base import Items, State
-from branchgate.models.teachers.common import check_range, prepare, relevance
+from branchgate.models.teachers.common import RIDGE, check_range, prepare, relevance
 from branchgate.models.teachers.coverage import SubmodularCoverage
 from branchgate.models.teachers.novelty import residual_novelty
 
@@ -31,18 +31,18 @@ class Hybrid:
     beta: float = 0.30
     gamma: float = 0.30
     threshold: float = 0.45
-    rtol: float = 1e-6
+    ridge: float = RIDGE
     name: ClassVar[str] = "hybrid"
     higher_is_better: ClassVar[bool] = True
 
     def __post_init__(self):
         for key in ("alpha", "beta", "gamma", "threshold"):
             check_range(key, getattr(self, key))
-        check_range("rtol", self.rtol, 0.0, 1.0)
+        check_range("ridge", self.ridge, 1e-15, 1.0)
 
     def score(self, x: Items, state: State) -> np.ndarray:
         xu, cu, q = prepare(x, state)
-        out = self.alpha * relevance(xu, q) + self.beta * residual_novelty(xu, cu, self.rtol)
+        out = self.alpha * relevance(xu, q) + self.beta * residual_novelty(xu, cu, self.ridge)
         if self.gamma:
             out = out + self.gamma * SubmodularCoverage().score(x, state)
         return out
