@@ -11,6 +11,9 @@ bad input (the message names the file/field), 130 interrupted.
 
 from __future__ import annotations
 
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
 import argparse
 import importlib
 import logging
@@ -26,9 +29,9 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("simulate",), "branchgate.pipeline.simulate_cli", "Run the reference deep-research pipeline and write canonical traces."),
     (("train",), "branchgate.training.cli", "Train the value model (LightningCLI conventions: --config, overrides)."),
     (("evaluate",), "branchgate.training.evaluate_cli", "Evaluate a checkpoint on a dataset's test split against the baselines."),
-    (("export",), "branchgate.inference.export_cli", "Export a checkpoint to an ONNX controller (with parity check)."),
+    (("export",), "branchgate.export.cli", "Export a checkpoint to an ONNX controller (with parity check)."),
     (("gate",), "branchgate.inference.gate_cli", "Gate one decision read as JSON on stdin with an ONNX controller."),
-    (("bench-gate",), "branchgate.inference.bench_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
+    (("bench-gate",), "branchgate.export.bench_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
     (("quickstart",), "branchgate.quickstart", "The whole chain on the bundled sample: simulate, dataset, train, evaluate, export."),
 ]
 

@@ -1,5 +1,8 @@
 """Errors that the CLI turns into a one-line message and exit code 2."""
 
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
 
 class BranchgateError(Exception):
     """A user-facing error: bad input, missing model, mismatched files. The message says what and where."""

@@ -11,6 +11,9 @@ own ``order`` field only sorts the candidates when decisions are built; it is re
 
 from __future__ import annotations
 
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
 import numpy as np
 
 FEATURE_NAMES = ("depth", "order", "n_candidates", "n_retained")

@@ -36,8 +36,8 @@ def main() -> int:
                         help="encoder of the untrained controller: a name, a local dir, or bge-shape (default packaged)")
     args = parser.parse_args()
 
-    from branchgate.inference.bench import run_bench
-    from branchgate.inference.export import export_controller
+    from branchgate.export.bench import run_bench
+    from branchgate.export.controller import export_controller
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-gate-"))
     ckpt = args.checkpoint

@@ -1,8 +1,9 @@
 """Paired comparison of a trained controller against the teacher baselines on a dataset's test split.
 
-Prints AUROC and top-1 accuracy (all decision points, and only the informative ones: where some candidate
-has positive utility, so the choice matters) for the model and each `teacher_*` column, with paired
-bootstrap 95% intervals over runs for model − teacher.
+Prints AUROC with its bootstrap 95% interval over runs, AUROC within depth ≥ 1 (the root frame is easy: most
+of its candidates are positive), and top-1 accuracy (all decision points, and only the informative ones:
+where some candidate has positive utility, so the choice matters) for the model and each `teacher_*`
+column, with paired bootstrap 95% intervals over runs for model − teacher.
 
     python benchmarks/compare_baselines.py --checkpoint RUN/controller.safetensors --dataset DS [--boot 1000]
 """
@@ -35,6 +36,7 @@ def main() -> None:
     labels = np.asarray(test["label"], np.int64)
     utility = np.asarray([np.nan if v is None else v for v in test["utility"]], np.float64)
     runs = np.asarray(test["run_id"])
+    deep = np.asarray(test["depth"], np.int64) >= 1
     frames = np.asarray([f"{r}/{f}" for r, f in zip(test["run_id"], test["frame_id"])])
     scorers = {"model": p, **{c[len("teacher_"):]: np.asarray(test[c], np.float64) for c in test.column_names
                                if c.startswith("teacher_")}}
@@ -61,10 +63,14 @@ def main() -> None:
     all_rows = np.flatnonzero(lab)
     print(f"test: {len(unique_runs)} runs, {lab.sum()} labelled rows, {len(t1['model'])} decision points "
           f"({len(t1i['model'])} informative)")
-    print(f"{'scorer':<10} {'AUROC':>7} {'top1':>7} {'top1-inf':>9}   Δ vs model: AUROC [95% CI]        top1-inf [95% CI]")
+    print(f"{'scorer':<10} {'AUROC [95% CI over runs]':>26} {'depth≥1':>8} {'top1':>7} {'top1-inf':>9}   "
+          f"Δ vs model: AUROC [95% CI]        top1-inf [95% CI]")
     boot_rows = [np.concatenate([run_rows[r] for r in b]) for b in boots]
+    deep_rows = all_rows[deep[all_rows]]
     for name, s in scorers.items():
-        line = f"{name:<10} {auroc(s, all_rows):7.4f} {top1_mean(t1[name], unique_runs):7.4f} {top1_mean(t1i[name], unique_runs):9.4f}"
+        lo, hi = np.nanpercentile([auroc(s, r) for r in boot_rows], [2.5, 97.5])
+        line = (f"{name:<10} {auroc(s, all_rows):7.4f} [{lo:.4f}, {hi:.4f}]   {auroc(s, deep_rows):8.4f} "
+                f"{top1_mean(t1[name], unique_runs):7.4f} {top1_mean(t1i[name], unique_runs):9.4f}")
         if name != "model":
             da = [auroc(p, r) - auroc(s, r) for r in boot_rows]
             dt = [top1_mean(t1i["model"], b) - top1_mean(t1i[name], b) for b in boots]

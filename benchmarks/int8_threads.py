@@ -32,8 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def gate_feeds(model: Path) -> list[dict]:
     """The graph inputs the Gate builds for the sample decisions, each with an empty cache."""
-    from branchgate.inference.gate import Gate, as_decision
-    from branchgate.inference.samples import sample_decisions
+    from branchgate.inference.gate import Gate
+    from branchgate.inference.inputs import as_decision
+    from branchgate.export.samples import sample_decisions
 
     gate = Gate.load(model, threads=1)
     session, feeds = gate.session, []
@@ -61,7 +62,7 @@ def session(path, threads: int):
 
 def halves(feed: dict) -> list[dict]:
     """The texts of one feed in two groups of about equal token counts, as the Gate splits them."""
-    from branchgate.inference.gate import balanced_groups
+    from branchgate.inference.schedule import balanced_groups
 
     lengths = feed["attention_mask"].sum(1)
 
@@ -120,15 +121,15 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
 
-    from branchgate.inference.export import paths_for
+    from branchgate.export.controller import paths_for
 
     fp32 = Path(args.model)
     fp32 = fp32 / "controller.onnx" if fp32.is_dir() else fp32
     models = {"fp32": fp32, "int8": paths_for(fp32)["int8"]}
     if not models["int8"].is_file():
         raise SystemExit(f"{models['int8']}: missing (export with --int8)")
-    from branchgate.inference.gate import read_metadata
-    from branchgate.inference.parts import PARTS
+    from branchgate.inference.model_file import read_metadata
+    from branchgate.export.parts import PARTS
 
     if read_metadata(fp32).get("parts") != PARTS:
         raise SystemExit(f"{fp32}: exported without skippable parts; re-export it with this branchgate")

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from branchgate.data.decisions import SPLITS, TextTable, build_decisions, check_encoder, load_decision_dataset
+from branchgate.data.decisions import TextTable, build_decisions, check_encoder, load_decision_dataset
+from branchgate.data.schema import SPLITS
 from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
 
 log = logging.getLogger(__name__)

@@ -16,16 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import InputError, MismatchError
-from branchgate.models.value_model import FEATURE_NAMES
+from branchgate.data.schema import DATASET_SCHEMA_VERSION, DECISION_COLUMNS, REQUIRED_COLUMNS, SPLITS
+from branchgate.features import structured_features
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "validation", "test")
-REQUIRED_COLUMNS = ["run_id", "frame_id", "candidate_id", "root_query", "frame_query", "parent_goal", "retained",
-                    "query", "goal", "depth", "order", "n_candidates", "n_retained", "expanded", "utility",
-                    "label", "label_source", "utility_kind"]
-TEACHER_PREFIX = "teacher_"
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -37,8 +33,12 @@ def read_manifest(path: str | Path) -> dict:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON: {exc.msg}", file=str(file), line=exc.lineno) from None
-    if not manifest.get("encoder"):
+    if not isinstance(manifest, dict) or not manifest.get("encoder"):
         raise InputError("manifest has no 'encoder' field", file=str(file))
+    version = manifest.get("schema_version", DATASET_SCHEMA_VERSION)
+    if not isinstance(version, int) or version > DATASET_SCHEMA_VERSION:
+        raise InputError(f"dataset schema_version {version!r} is newer than this branchgate understands "
+                         f"({DATASET_SCHEMA_VERSION}); upgrade branchgate", file=str(file))
     return manifest
 
 
@@ -66,10 +66,6 @@ def check_encoder(dataset_encoder: str, model_encoder: str, where: str) -> None:
         raise MismatchError(
             f"{where}: the dataset was built with encoder {dataset_encoder!r} but the model uses {model_encoder!r}; "
             f"train with --data.encoder {dataset_encoder!r} or rebuild the dataset with the same encoder")
-
-
-def teacher_columns(split) -> list[str]:
-    return [c for c in split.column_names if c.startswith(TEACHER_PREFIX)]
 
 
 class TextTable:
@@ -156,14 +152,18 @@ class DecisionSet:
 
 
 def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
-    """Group a split's rows into decision points, registering every text in ``texts``."""
-    cols = split.select_columns(["run_id", "frame_id", "root_query", "frame_query", "parent_goal", "retained", "query",
-                                 "goal", *FEATURE_NAMES, "label", "utility"])[:]
+    """Group a split's rows into decision points, registering every text in ``texts``.
+
+    A decision's candidates are taken in their ``order``; their structured features come from
+    ``features.structured_features`` (the Gate's), so ``order`` is the position in that list whatever the
+    stored column holds.
+    """
+    cols = split.select_columns(list(DECISION_COLUMNS))[:]
     n = len(cols["run_id"])
     groups: dict[tuple[str, str], list[int]] = {}
     for i, key in enumerate(zip(cols["run_id"], cols["frame_id"])):
         groups.setdefault(key, []).append(i)
-    root, frame, goal, ret_ptr, ret_ids, cand_ptr, order_rows = [], [], [], [0], [], [0], []
+    root, frame, goal, ret_ptr, ret_ids, cand_ptr, order_rows, feats = [], [], [], [0], [], [0], [], []
     for rows in groups.values():
         rows.sort(key=lambda i: cols["order"][i])
         first = rows[0]
@@ -175,9 +175,10 @@ def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
         ret_ptr.append(len(ret_ids))
         order_rows.extend(rows)
         cand_ptr.append(len(order_rows))
+        feats.append(structured_features(cols["depth"][first] or 0, len(rows), len(retained)))
     order_rows = np.asarray(order_rows, dtype=np.int64)
     cand_ids = np.array([texts.id(candidate_text(cols["query"][i], cols["goal"][i])) for i in order_rows], dtype=np.int64)
-    features = np.stack([np.asarray(cols[name], dtype=np.float32) for name in FEATURE_NAMES], axis=1) if n else np.zeros((0, len(FEATURE_NAMES)), np.float32)
+    features = np.concatenate(feats) if feats else structured_features(0, 0, 0)
     label = np.asarray(cols["label"], dtype=np.int8) if n else np.zeros(0, np.int8)
     utility = np.asarray([np.nan if u is None else u for u in cols["utility"]], dtype=np.float32)
     cand_ptr_arr = np.asarray(cand_ptr, dtype=np.int64)
@@ -186,6 +187,6 @@ def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
     return DecisionSet(
         split=split_name, root=np.asarray(root, np.int64), frame=np.asarray(frame, np.int64), goal=np.asarray(goal, np.int64),
         ret_ptr=np.asarray(ret_ptr, np.int64), ret_ids=np.asarray(ret_ids, np.int64), cand_ptr=cand_ptr_arr,
-        cand_ids=cand_ids, features=features[order_rows] if n else features, label=label[order_rows] if n else label,
+        cand_ids=cand_ids, features=features, label=label[order_rows] if n else label,
         utility=utility[order_rows] if n else utility, row=order_rows, decision=decision,
     )

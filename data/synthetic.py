@@ -6,7 +6,7 @@ Each run researches one topic. Every frame offers candidates of three kinds:
 - off-topic: another topic → label 0, utility 0.
 So y = 1 exactly when the candidate text is semantically close to the root query and far from the
 retained branches (plus ``noise`` label flips). Expanded novel candidates join the retained set and
-open child frames. Rows follow the decision-dataset contract (COMMON.md) and the split-by-run rule.
+open child frames. Rows follow the decision-dataset contract (``data.schema``) and the split-by-run rule.
 ``teacher_lexical`` is a lexical MMR score (word overlap), a stand-in for the real teacher columns.
 """
 
@@ -17,6 +17,8 @@ import random
 import re
 
 from branchgate import __version__
+from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS
+from branchgate.data.schema import features as schema_features
 from branchgate.logs_to_dataset.decisions import split_of
 from branchgate.texts import candidate_text
 
@@ -117,18 +119,8 @@ def synthetic_dataset(n_runs: int = 60, seed: int = 0, encoder_id: str = "senten
     import datasets
 
     rows = synthetic_rows(n_runs=n_runs, seed=seed, **kwargs)
-    features = datasets.Features({
-        "run_id": datasets.Value("string"), "frame_id": datasets.Value("string"),
-        "candidate_id": datasets.Value("string"), "root_query": datasets.Value("string"),
-        "frame_query": datasets.Value("string"), "parent_goal": datasets.Value("string"),
-        "retained": datasets.Sequence(datasets.Value("string")), "query": datasets.Value("string"),
-        "goal": datasets.Value("string"), "depth": datasets.Value("int32"), "order": datasets.Value("int32"),
-        "n_candidates": datasets.Value("int32"), "n_retained": datasets.Value("int32"),
-        "expanded": datasets.Value("bool"), "utility": datasets.Value("float32"), "label": datasets.Value("int8"),
-        "label_source": datasets.Value("string"), "utility_kind": datasets.Value("string"),
-        "teacher_lexical": datasets.Value("float32"),
-    })
-    by_split: dict[str, list[dict]] = {"train": [], "validation": [], "test": []}
+    features = schema_features(["lexical"])
+    by_split: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for row in rows:
         by_split[split_of(row["run_id"])].append(row)
     dsd = datasets.DatasetDict({
@@ -139,7 +131,7 @@ def synthetic_dataset(n_runs: int = 60, seed: int = 0, encoder_id: str = "senten
     runs = {name: len({r["run_id"] for r in part}) for name, part in by_split.items()}
     frames = {name: len({(r["run_id"], r["frame_id"]) for r in part}) for name, part in by_split.items()}
     manifest = {
-        "schema_version": 1, "n_runs": {**runs, "total": sum(runs.values())},
+        "schema_version": DATASET_SCHEMA_VERSION, "n_runs": {**runs, "total": sum(runs.values())},
         "n_decisions": {name: len(part) for name, part in by_split.items()},
         "n_frames": {**frames, "total": sum(frames.values())}, "n_files": 0, "skipped": [],
         "teacher": "synthetic", "label_threshold": 1, "label_kind": "keypoints", "encoder": encoder_id,
@@ -160,22 +152,3 @@ def write_synthetic_dataset(out, n_runs: int = 60, seed: int = 0, **kwargs):
         dsd.save_to_disk(str(tmp))
         atomic_write_json(Path(tmp) / "manifest.json", manifest)
     return Path(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m branchgate.data.synthetic", description="Write a synthetic decision dataset.")
-    p.add_argument("out")
-    p.add_argument("--runs", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--encoder", default="sentence-transformers/all-MiniLM-L6-v2", help="encoder id recorded in the manifest")
-    p.add_argument("--unique-texts", action="store_true", help="make texts distinct per run")
-    a = p.parse_args(argv)
-    path = write_synthetic_dataset(a.out, n_runs=a.runs, seed=a.seed, encoder_id=a.encoder, unique_texts=a.unique_texts)
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

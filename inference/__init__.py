@@ -1,8 +1,13 @@
-"""Ship the controller: ONNX export (torch side) and the torch-free Gate with its plug-ins.
+"""The core runtime: the torch-free Gate and its plug-ins (numpy, onnxruntime, tokenizers only).
 
-- ``gate``: ``Gate.load(path)`` → ``select(state, candidates)``; core install only (numpy, onnxruntime, tokenizers).
+- ``gate``: ``Gate.load(path)`` → ``select(state, candidates)``; ``inputs``: what a decision is and how loose
+  inputs become one; ``metadata``: the ONNX metadata contract; ``schedule``: text groups and length buckets;
+  ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads an ONNX file's metadata without loading it.
 - ``adapters``: ``gated(fn, gate)`` wraps any sync/async candidate-generating function.
 - ``gpt_researcher``: ``gate_deep_research(researcher, gate, trace)`` for GPT-Researcher's deep research.
-- ``export`` (needs the train extra): ``export_controller(ckpt, out, int8=True, parity_dataset=None, force=False)``.
-- ``bench``: latency of torch vs ONNX fp32/int8 on identical decisions (``branchgate bench-gate``).
+
+Exporting a controller (torch side) lives in ``branchgate.export``.
 """
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")

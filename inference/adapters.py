@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from branchgate.inference.gate import DecisionState, Selection, as_state
+from branchgate.inference.gate import Selection
+from branchgate.inference.inputs import DecisionState, as_state
 from branchgate.texts import candidate_text
 
 GOAL_KEYS = ("goal", "researchGoal", "research_goal", "rationale")

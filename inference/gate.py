@@ -23,30 +23,25 @@ Imports only numpy, onnxruntime, tokenizers, the standard library and core-safe 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
-
 from branchgate import __version__
+from branchgate.decide import decide
 from branchgate.errors import BranchgateError, InputError, MismatchError
+from branchgate.features import structured_features
+from branchgate.inference.inputs import DecisionState, as_decision, decision_texts
+from branchgate.inference.metadata import PARTS, check_metadata
 from branchgate.inference.model_file import read_metadata
-from branchgate.inference.parts import PARTS
-from branchgate.texts import candidate_text
+from branchgate.inference.schedule import balanced_groups, group_threads, length_buckets
+from branchgate.inference.wordpiece import checked_wordpiece
 
-# What this Gate computes and feeds the graph; export refuses a model that expects anything else.
-GATE_FEATURES = ("depth", "order", "n_candidates", "n_retained")
-GRAPH_IO_VERSIONS = {"1"}
-SCHEMA_VERSION = 1  # newest controller schema version (training.checkpoint) this Gate understands
-REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
-                     "tau", "feature_names", "tokenizer_file")
-STATE_FIELDS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
 CHARS_PER_TOKEN_LIMIT = 64  # texts are cut to max_length * this many characters before tokenising
 BUCKET_OVERHEAD_TOKENS = 16  # one extra graph run costs about as much as this many padded tokens
 
@@ -65,54 +60,6 @@ class Selection:
         return {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
                 "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
 
-
-@dataclass
-class DecisionState:
-    """What the Gate knows about a decision point besides its candidates."""
-
-    root_query: str = ""
-    frame_query: str = ""
-    parent_goal: str = ""
-    retained: Sequence[str] = field(default_factory=tuple)  # candidate_text of retained branches, in order
-    depth: int = 0
-
-
-def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_encoder: str | None = None) -> None:
-    """Raise ``MismatchError`` naming the key when this Gate cannot run the model as intended."""
-    for key in REQUIRED_METADATA:
-        if key not in meta:
-            raise MismatchError(f"{where}: metadata key {key!r} is missing (not a branchgate controller, "
-                                f"or exported by an incompatible branchgate)")
-    if meta["graph_io_version"] not in GRAPH_IO_VERSIONS:
-        raise MismatchError(f"{where}: metadata graph_io_version={meta['graph_io_version']!r} is not supported by "
-                            f"branchgate {__version__} (supports {sorted(GRAPH_IO_VERSIONS)}); upgrade branchgate")
-    try:
-        schema = int(meta["schema_version"])
-    except ValueError:
-        raise MismatchError(f"{where}: metadata schema_version={meta['schema_version']!r} is not a version number") from None
-    if schema > SCHEMA_VERSION:
-        raise MismatchError(f"{where}: metadata schema_version={schema} is newer than this branchgate understands "
-                            f"({SCHEMA_VERSION}); upgrade branchgate")
-    if _version_tuple(meta["branchgate_version"]) > _version_tuple(__version__):
-        raise MismatchError(f"{where}: metadata branchgate_version={meta['branchgate_version']!r} is newer than the "
-                            f"installed branchgate {__version__}; upgrade branchgate")
-    try:
-        names = tuple(json.loads(meta["feature_names"]))
-    except (ValueError, TypeError):
-        raise MismatchError(f"{where}: metadata feature_names is not a JSON list") from None
-    if names != GATE_FEATURES:
-        raise MismatchError(f"{where}: metadata feature_names={list(names)} differs from the features this Gate "
-                            f"computes {list(GATE_FEATURES)}")
-    if expected_encoder is not None and meta["encoder"] != expected_encoder:
-        raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
-
-
-def _version_tuple(text: str) -> tuple[int, int]:
-    parts = []
-    for piece in str(text).split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts + [0] * (2 - len(parts)))
 
 
 class Gate:
@@ -150,7 +97,7 @@ class Gate:
     @classmethod
     def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
              cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool | None = None,
-             spinning: bool | None = None, text_groups: int | None = None) -> "Gate":
+             text_groups: int | None = None) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads``: CPU threads the Gate may use (default: all cores; onnxruntime's choice of intra-op
@@ -159,7 +106,6 @@ class Gate:
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
         in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest;
         by default on only for graphs whose text tower pays for padding (metadata ``text_tower`` ≠ packed).
-        ``spinning=False`` stops idle onnxruntime threads from busy-waiting (kinder on a shared machine).
         ``text_groups``: encode a decision's new texts as this many groups at once, each from its own thread,
         then run the head (needs metadata ``parts``). The groups' runs share one onnxruntime intra-op pool
         (``group_threads``), sized so that the calling threads and its workers together are ``threads``.
@@ -190,8 +136,6 @@ class Gate:
         if intra:
             opts.intra_op_num_threads = int(intra)
             opts.inter_op_num_threads = 1
-        if spinning is not None:
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         try:
             session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
@@ -241,21 +185,8 @@ class Gate:
         if max_keep is not None and int(max_keep) < 1:
             raise InputError(f"max_keep must be ≥ 1, got {max_keep}", "max_keep")
         p, u = self.predict(*as_decision(state, candidates))
-        return decide(p, u, tau, max_keep)
-
-    def select_many(self, decisions: Iterable[tuple], tau: float | None = None, max_keep: int | None = None,
-                    batch_size: int = 64) -> list[Selection]:
-        """Gate several ``(state, candidates)`` decisions, encoding their unseen texts in shared batches."""
-        decisions = [as_decision(s, cands) for s, cands in decisions]
-        pending: list[str] = []
-        for state, cands in decisions:
-            pending.extend(decision_texts(state, cands))
-        self.embed(pending, batch_size=batch_size)
-        out = []
-        for state, cands in decisions:
-            p, u = self.predict(state, cands)
-            out.append(decide(p, u, self.tau if tau is None else float(tau), max_keep))
-        return out
+        d = decide(p, tau, max_keep=max_keep)
+        return Selection(d.kept, p, u, d.fallback, tau)
 
     def predict(self, state: DecisionState, candidate_texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(p_keep[K], utility[K]) for candidate texts (already formed with ``candidate_text``)."""
@@ -290,11 +221,7 @@ class Gate:
         zero_row = n_new + len(cached)
         index = [zero_row if r is None else (r[1] if r[0] == "new" else n_new + r[1]) for r in rows]
         n_ret = len(state.retained or [])
-        feats = np.empty((k, len(GATE_FEATURES)), np.float32)
-        feats[:, 0] = float(state.depth or 0)
-        feats[:, 1] = np.arange(k, dtype=np.float32)
-        feats[:, 2] = float(k)
-        feats[:, 3] = float(n_ret)
+        feats = structured_features(state.depth or 0, k, n_ret)
         return {
             "cached_emb": np.stack(cached).astype(np.float32) if len(cached) else np.zeros((0, self.dim), np.float32),
             "root_idx": np.array(index[0:1], np.int64),
@@ -393,7 +320,7 @@ class Gate:
                 "cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
                 "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
                 "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(k, np.int64),
-                "features": np.zeros((k, len(GATE_FEATURES)), np.float32)}
+                "features": structured_features(0, k, 0)}
         return np.asarray(self.session.run(["text_emb"], feed)[0], np.float32)
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -461,152 +388,3 @@ class Gate:
                 self._cache.move_to_end(t)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-
-
-# Plain ASCII texts that exercise lowercasing, punctuation, sub-words, unknown and over-long words.
-WORDPIECE_PROBES = ("What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
-                    "unaffordable xqzjwv antidisestablishmentarianism " + "z" * 120, "", "a   b")
-
-
-def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
-    """The ASCII fast path for this tokenizer, if it has one and agrees with ``tokenizer`` on the probes."""
-    from branchgate.inference.wordpiece import AsciiWordPiece
-
-    try:
-        fast = AsciiWordPiece.from_json(json.loads(tok_text), max_length)
-    except ValueError:
-        return None
-    if fast is None or any(fast.ids(t) != tokenizer.encode(t).ids for t in WORDPIECE_PROBES):
-        return None
-    return fast
-
-
-def group_threads(cores: int, groups: int) -> int:
-    """intra_op_num_threads for one session run by ``groups`` threads at once on ``cores`` cores.
-
-    onnxruntime gives a session ``intra_op_num_threads - 1`` pool workers, and every thread calling ``run``
-    also computes; concurrent runs share the workers. So ``groups`` callers plus ``cores - groups`` workers
-    keep every core busy without oversubscribing: 1 on two cores (each group on its own core), 3 on four.
-    """
-    return max(1, int(cores) - int(groups) + 1)
-
-
-def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
-    """Group rows by token length so that padded tokens plus ``overhead`` per extra run is smallest.
-
-    Returns index arrays in ascending length order (the last group holds the longest rows). Exact
-    dynamic programme over the distinct lengths (at most the encoder's max_length of them).
-    """
-    lengths = np.asarray(lengths)
-    n = len(lengths)
-    if n <= 1:
-        return [np.arange(n)]
-    order = np.argsort(lengths, kind="stable")
-    ls = lengths[order]
-    ends = [i for i in range(1, n + 1) if i == n or ls[i] != ls[i - 1]]  # group boundaries worth considering
-    best = {0: 0.0}
-    cut = {}
-    for e in ends:
-        best[e] = float("inf")
-        for p in [0, *ends]:
-            if p >= e:
-                break
-            cost = best[p] + (e - p) * float(ls[e - 1]) + (overhead if p else 0)
-            if cost < best[e]:
-                best[e], cut[e] = cost, p
-    groups, i = [], n
-    while i > 0:
-        groups.append(order[cut[i]:i])
-        i = cut[i]
-    return groups[::-1]
-
-
-def decision_texts(state: DecisionState, cands: Sequence[str]) -> list[str]:
-    """A decision's texts in the order the graph's row indices follow: root query, frame query, parent goal,
-    the retained branches, then the candidates."""
-    return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
-
-
-def balanced_groups(lengths: np.ndarray, n: int) -> list[np.ndarray]:
-    """``n`` non-empty groups of row indices (n ≤ rows) with about equal total length: longest rows first,
-    each to the lightest group; indices ascending within a group."""
-    groups: list[list[int]] = [[] for _ in range(n)]
-    load = [0] * n
-    for i in np.argsort(-np.asarray(lengths), kind="stable"):
-        g = min(range(n), key=lambda j: (load[j], len(groups[j])))
-        groups[g].append(int(i))
-        load[g] += int(lengths[i])
-    return [np.array(sorted(g), dtype=np.int64) for g in groups]
-
-
-def decide(p_keep: np.ndarray, utility: np.ndarray, tau: float, max_keep: int | None = None) -> Selection:
-    """Threshold at τ, cap at ``max_keep`` (best first), keep the top-1 when nothing passes."""
-    k = len(p_keep)
-    if k == 0:
-        return Selection([], p_keep, utility, False, tau)
-    passing = np.flatnonzero(p_keep >= tau)
-    fallback = passing.size == 0
-    if fallback:
-        passing = np.array([int(np.argmax(p_keep))])
-    if max_keep is not None and passing.size > max_keep:
-        order = sorted(passing.tolist(), key=lambda i: (-float(p_keep[i]), i))
-        passing = np.array(order[:max_keep])
-    return Selection(sorted(int(i) for i in passing), p_keep, utility, bool(fallback), tau)
-
-
-def as_state(state) -> DecisionState:
-    """A ``DecisionState`` from a mapping (JSON) or an object with the same attributes."""
-    if isinstance(state, DecisionState):
-        return state
-    if state is None:
-        return DecisionState()
-    if isinstance(state, Mapping):
-        get = state.get
-    else:
-        def get(key, default=None):
-            return getattr(state, key, default)
-    retained = get("retained", None) or []
-    if isinstance(retained, str) or not isinstance(retained, Iterable):
-        raise InputError("must be a list of texts", "state.retained")
-    items = []
-    for i, r in enumerate(retained):
-        if isinstance(r, str):
-            items.append(r)
-        elif isinstance(r, Mapping):
-            items.append(candidate_text(_text(r.get("query"), f"state.retained[{i}].query"),
-                                        _text(r.get("goal"), f"state.retained[{i}].goal")))
-        else:
-            raise InputError(f"must be a text or {{query, goal}}, got {type(r).__name__}", f"state.retained[{i}]")
-    depth = get("depth", 0)
-    if depth is None:
-        depth = 0
-    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or depth < 0:
-        raise InputError(f"must be a non-negative number, got {depth!r}", "state.depth")
-    return DecisionState(_text(get("root_query", ""), "state.root_query"), _text(get("frame_query", ""), "state.frame_query"),
-                         _text(get("parent_goal", ""), "state.parent_goal"), items, int(depth))
-
-
-def as_decision(state, candidates) -> tuple[DecisionState, list[str]]:
-    """A decision in the Gate's terms: its ``DecisionState`` and the candidates' texts (``candidate_text``);
-    inputs as ``Gate.select`` takes them."""
-    return as_state(state), [_candidate(c, i) for i, c in enumerate(candidates)]
-
-
-def _text(value, where: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise InputError(f"must be a string, got {type(value).__name__}", where)
-    return value
-
-
-def _candidate(c, i: int) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, Mapping):
-        if "query" not in c:
-            raise InputError("missing field 'query'", f"candidates[{i}]")
-        return candidate_text(_text(c["query"], f"candidates[{i}].query"), _text(c.get("goal"), f"candidates[{i}].goal"))
-    if isinstance(c, (tuple, list)) and 1 <= len(c) <= 2:
-        return candidate_text(_text(c[0], f"candidates[{i}][0]"), _text(c[1] if len(c) > 1 else "", f"candidates[{i}][1]"))
-    raise InputError(f"must be {{query, goal}}, a (query, goal) pair or a string, got {type(c).__name__}", f"candidates[{i}]")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 
 from branchgate.errors import InputError
-from branchgate.inference.gate import STATE_FIELDS as STATE_KEYS
+from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

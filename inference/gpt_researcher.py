@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from branchgate.inference.gate import DecisionState
+from branchgate.inference.inputs import DecisionState
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class _Frame:
     retained: list[str] = field(default_factory=list)
     candidates: list[dict] = field(default_factory=list)  # {"id", "query", "goal", "kept"}
     children: int = 0
+    batches: int = 0  # candidate lists gated in this frame; each is a decision point of its own
 
 
 class DeepResearchHook:
@@ -174,16 +175,23 @@ class DeepResearchHook:
     def _gate(self, frame: _Frame, cands: list) -> list:
         pairs = [_fields(c) for c in cands]
         base = len(frame.candidates)
+        decision_frame, retained = frame.frame_id, frame.retained
+        if base and cands:  # a second list in the same frame is gated as a decision point of its own: record it so
+            frame.batches += 1  # (its own frame_open, orders 0..n-1), as the Gate saw it
+            decision_frame, retained = f"{frame.frame_id}.{frame.batches}", list(self.retained)
+            self._write("frame_open", frame_id=decision_frame, parent_frame=frame.parent_frame,
+                        parent_candidate=frame.parent_candidate, depth=frame.depth, frame_query=frame.frame_query,
+                        parent_goal=frame.parent_goal)
         for i, (q, g) in enumerate(pairs):
             cid = f"{frame.frame_id}.c{base + i}"
             frame.candidates.append({"id": cid, "query": q, "goal": g, "kept": False})
-            self._write("candidate", frame_id=frame.frame_id, candidate_id=cid, order=base + i, query=q, goal=g)
+            self._write("candidate", frame_id=decision_frame, candidate_id=cid, order=i, query=q, goal=g)
         self.counts["candidates"] += len(cands)
         if not cands:
             return cands
         p_keep = [None] * len(cands)
         if self.gate is not None:
-            state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, frame.retained, frame.depth)
+            state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, retained, frame.depth)
             sel = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
             kept, p_keep = list(sel.kept), [float(p) for p in sel.p_keep]
             actor = f"controller:{getattr(self.gate, 'name', 'gate')}"

@@ -17,6 +17,7 @@ the text must go to ``tokenizers``.
 
 from __future__ import annotations
 
+import json
 import re
 import string
 
@@ -129,3 +130,20 @@ def _cls_sep(post: dict) -> tuple[int, int] | None:
     if any(len(i) != 1 for i in ids):
         return None
     return int(ids[0][0]), int(ids[1][0])
+
+
+# Plain ASCII texts that exercise lowercasing, punctuation, sub-words, unknown and over-long words.
+WORDPIECE_PROBES = ("What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
+                    "unaffordable xqzjwv antidisestablishmentarianism " + "z" * 120, "", "a   b")
+
+
+def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
+    """The ASCII fast path for this tokenizer, if it has one and agrees with ``tokenizer`` on the probes."""
+    try:
+        fast = AsciiWordPiece.from_json(json.loads(tok_text), max_length)
+    except ValueError:
+        return None
+    if fast is None or any(fast.ids(t) != tokenizer.encode(t).ids for t in WORDPIECE_PROBES):
+        return None
+    return fast
+

@@ -7,3 +7,6 @@
 - ``labels``: rows with realized labels and per-teacher pre-retrieval scores;
 - ``build`` / ``build_cli``: ``branchgate dataset build``.
 """
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")

@@ -29,15 +29,15 @@ from pathlib import Path
 from branchgate import __version__
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_dir, atomic_write_json
-from branchgate.logs_to_dataset.decisions import SPLITS, run_decisions, split_of
-from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder, columns, run_texts
+from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
+from branchgate.logs_to_dataset.decisions import run_decisions, split_of
+from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder, run_texts
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
 from branchgate.logs_to_dataset.traces import ReadReport
 
 log = logging.getLogger(__name__)
 
-DATASET_SCHEMA_VERSION = 1
 DEFAULT_TEACHER = "sc"
 KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
                   "evidence", "evidence_labelled",
@@ -55,13 +55,6 @@ def sha256_files(paths: list[Path]) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
-
-
-def features(teacher_names):
-    from datasets import Features, Sequence, Value
-
-    return Features({name: Sequence(Value("string")) if dtype == "list[string]" else Value(dtype)
-                     for name, dtype in columns(teacher_names).items()})
 
 
 def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,

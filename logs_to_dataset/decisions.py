@@ -6,6 +6,8 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
   ``retrieval``, with smaller seq), as ``texts.candidate_text(query, goal)``, in that order;
 - ``context_ids`` (C_t): evidence ids retrieved before the frame opened, minus ids removed by
   ``prune`` events of stage ``post_retrieval`` before it, in retrieval order;
+- candidates sorted by the trace's ``order`` (then ``seq``) and renumbered 0..K-1, the position the Gate
+  sees (``features.structured_features``);
 - per candidate: ``expanded`` (an expand decision, or a retrieval for it) and ``evidence_ids`` E(c) (the
   union of its retrievals; ``None`` when no retrieval is known or it names evidence the run never
   emitted — its realized value is then unknown).
@@ -23,9 +25,6 @@ from dataclasses import dataclass, field
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.schema import Evidence
 from branchgate.texts import candidate_text
-
-SPLITS = ("train", "validation", "test")
-
 
 def split_of(run_id: str) -> str:
     """Stable split by run: sha256(run_id) mod 100 → <80 train, <90 validation, else test."""
@@ -140,6 +139,8 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
                       key=lambda t: t[0])
     for f in frames.values():
         f.candidates.sort(key=lambda c: (c.order, c.seq))
+        for i, c in enumerate(f.candidates):  # renumbered: order is the position in the frame (features.py)
+            c.order = i
         f.retained = [cands[cid].text for cid, seq in order if seq < f.seq]
         ctx: dict[str, None] = {}
         for seq, kind, ids in timeline:

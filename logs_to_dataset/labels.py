@@ -1,4 +1,4 @@
-"""Decision rows with labels and per-teacher pre-retrieval scores (the dataset contract in COMMON.md).
+"""Decision rows with labels and per-teacher pre-retrieval scores (the dataset contract: ``data.schema``).
 
 Realized utility ``g`` of an expanded candidate ``c`` whose retrieved evidence E(c) is known:
 
@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from branchgate.features import FEATURE_NAMES, structured_features
 from branchgate.logs_to_dataset.decisions import RunDecisions
 
 KEYPOINTS = "keypoints"
@@ -50,19 +51,6 @@ def run_texts(rd: RunDecisions, max_chars: int) -> list[str]:
     if not rd.has_labels:
         texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
     return list(dict.fromkeys(texts))
-
-
-def columns(teacher_names) -> dict[str, str]:
-    """Column name → dtype (``datasets`` value type); ``retained`` is a list of strings."""
-    cols = {
-        "run_id": "string", "frame_id": "string", "candidate_id": "string",
-        "root_query": "string", "frame_query": "string", "parent_goal": "string",
-        "retained": "list[string]", "query": "string", "goal": "string",
-        "depth": "int32", "order": "int32", "n_candidates": "int32", "n_retained": "int32",
-        "expanded": "bool", "utility": "float32", "label": "int8", "label_source": "string", "utility_kind": "string",
-    }
-    cols.update({f"teacher_{n}": "float32" for n in teacher_names})
-    return cols
 
 
 class RowBuilder:
@@ -126,6 +114,7 @@ class RowBuilder:
                 ctx = ev_items(f.context_ids)
                 pool_ids = list(dict.fromkeys(f.context_ids + [i for c in known for i in c.evidence_ids]))
                 post_state = State(q, ctx, f.frame_query, f.parent_goal, f.depth, {"pool": ev_items(pool_ids)})
+            feats = structured_features(f.depth, len(f.candidates), len(f.retained)).astype(int)
             for k, c in enumerate(f.candidates):
                 if c.expanded and c.evidence_ids is not None:
                     if kind == KEYPOINTS:
@@ -145,7 +134,7 @@ class RowBuilder:
                     "run_id": rd.run_id, "frame_id": f.frame_id, "candidate_id": c.candidate_id,
                     "root_query": rd.root_query, "frame_query": f.frame_query, "parent_goal": f.parent_goal,
                     "retained": list(f.retained), "query": c.query, "goal": c.goal,
-                    "depth": f.depth, "order": c.order, "n_candidates": len(f.candidates), "n_retained": len(f.retained),
+                    **{name: int(v) for name, v in zip(FEATURE_NAMES, feats[k])},
                     "expanded": bool(c.expanded), "utility": g, "label": label, "label_source": source,
                     "utility_kind": kind,
                 }

@@ -1,4 +1,4 @@
-"""Canonical trace schema, version 1 (see DESIGN.md, "Canonical trace").
+"""Canonical trace schema, version 1 (ARCHITECTURE.md, "Contracts", describes it in words).
 
 A trace is JSON Lines, one event per line. Every event carries ``v`` (schema version), ``run_id``,
 ``seq`` (monotonic per run), ``ts`` (seconds since the epoch, may be null) and ``type``. Extra fields
@@ -11,12 +11,13 @@ are allowed and kept. Reading one decoded line (``parse_event``):
 - missing/invalid field → ``InputError`` naming the field.
 
 ``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
-``python -m branchgate.logs_to_dataset.schema`` (a test checks it is current).
+``python benchmarks/trace_schema.py`` (a test checks it is current).
 """
 
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -223,20 +224,14 @@ def json_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://branchgate.dev/schema/trace-v{SCHEMA_VERSION}.json",
         "title": f"branchgate canonical trace event, schema version {SCHEMA_VERSION}",
-        "description": "One line of a canonical trace (JSON Lines). See DESIGN.md, 'Canonical trace'.",
+        "description": "One line of a canonical trace (JSON Lines). See ARCHITECTURE.md, 'Contracts'.",
         "anyOf": [known, {"$ref": "#/$defs/UnknownEvent"}],
         "$defs": defs,
     }
 
 
-SCHEMA_FILE = Path(__file__).with_name("trace.schema.json")
+SCHEMA_FILE = Path(str(files("branchgate.logs_to_dataset") / "trace.schema.json"))
 
 
 def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, ensure_ascii=False, sort_keys=True) + "\n"
-
-
-if __name__ == "__main__":  # python -m branchgate.logs_to_dataset.schema  → regenerate trace.schema.json
-    from branchgate.fileio import atomic_write_text
-
-    print(atomic_write_text(SCHEMA_FILE, schema_text()))

@@ -124,7 +124,7 @@ def _last_seqs(path: Path) -> dict[str, int]:
 
 
 class TraceWriter:
-    """Append-only writer: one JSON line per event, flushed (and fsync'd if asked) per event.
+    """Append-only writer: one JSON line per event, flushed per event.
 
     ``seq`` is assigned per run when the caller leaves it out, continuing after the events already in
     the file. Reopening an existing file appends; a truncated last line left by a crashed writer is
@@ -132,10 +132,9 @@ class TraceWriter:
     one). A reader may read the file at any time.
     """
 
-    def __init__(self, path: str | Path, fsync: bool = False):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fsync = fsync
         self._seq: dict[str, int] = {}
         needs_newline = False
         if self.path.exists() and self.path.stat().st_size > 0:
@@ -158,8 +157,6 @@ class TraceWriter:
         self._seq[event.run_id] = max(self._seq.get(event.run_id, 0), event.seq + 1)
         self._fh.write(to_json(event) + "\n")
         self._fh.flush()
-        if self._fsync:
-            os.fsync(self._fh.fileno())
         return event
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
-
+from branchgate.decide import decide
 from branchgate.errors import BranchgateError
 
 STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
@@ -74,7 +74,7 @@ class TeacherPolicy(Policy):
         return f"teacher:{self.model.name}"
 
     def choose(self, x, state, stage, rng) -> Choice:
-        from branchgate.models.teachers import gate, select
+        from branchgate.models.teachers import select
 
         n = len(x)
         if n == 0:
@@ -82,10 +82,8 @@ class TeacherPolicy(Policy):
         scores = np.asarray(self.model.score(x, state), dtype=np.float64)
         mode = self.mode or ("gate" if stage == "post_retrieval" else "select")
         if mode == "gate":
-            kept = [int(i) for i in gate(self.model, x, state, fallback_top1=stage != "post_retrieval")]
-            if self.max_items is not None and len(kept) > self.max_items:
-                sign = 1 if getattr(self.model, "higher_is_better", True) else -1
-                kept = sorted(sorted(kept, key=lambda i: (-sign * scores[i], i))[: self.max_items])
+            kept = decide(scores, self.model.threshold, higher_is_better=getattr(self.model, "higher_is_better", True),
+                          max_keep=self.max_items, fallback=stage != "post_retrieval").kept
         elif stage == "pre_retrieval":
             # choose the frame's breadth out of the (oversampled) candidates; the threshold applies only
             # when the spec sets one explicitly
@@ -133,27 +131,13 @@ class GatePolicy(Policy):
         return self._gate
 
     def choose(self, x, state, stage, rng) -> Choice:
-        from branchgate.models.teachers import gate
-
-        n = len(x)
-        if n == 0:
+        if len(x) == 0:
             return Choice([], [], [])
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
-        kept = [int(i) for i in gate(_Fixed(model, p, self.tau), x, state, fallback_top1=stage != "post_retrieval")]
+        tau = model.threshold if self.tau is None else self.tau
+        kept = decide(p, tau, fallback=stage != "post_retrieval").kept
         return Choice(kept, [float(v) for v in p], [float(v) for v in p])
-
-
-class _Fixed:
-    """A value model returning precomputed scores (so ``gate`` does not score twice)."""
-
-    def __init__(self, model, scores, threshold: float | None = None):
-        self.name, self._scores = model.name, scores
-        self.threshold = model.threshold if threshold is None else threshold
-        self.higher_is_better = getattr(model, "higher_is_better", True)
-
-    def score(self, x, state):
-        return self._scores
 
 
 @dataclass

@@ -28,7 +28,7 @@ def tmp_root() -> Path:
 
 def labelled_decisions():
     """The sample decisions with labels: off-topic tail candidates are 0, the rest 1."""
-    from branchgate.inference.samples import sample_decisions
+    from branchgate.export.samples import sample_decisions
 
     out = []
     for state, cands in sample_decisions():
@@ -40,7 +40,7 @@ def labelled_decisions():
 @functools.lru_cache(maxsize=None)
 def trained_controller(encoder):
     """(ValueNet in eval mode, checkpoint meta) trained briefly on ``labelled_decisions``."""
-    from branchgate.inference.export import torch_threads
+    from branchgate.export.controller import torch_threads
 
     with torch_threads(1):  # small work: one thread is fastest, and robust on a shared machine
         return _train(encoder)
@@ -49,8 +49,9 @@ def trained_controller(encoder):
 def _train(encoder):
     import torch
 
-    from branchgate.inference.gate import as_decision
-    from branchgate.inference.torch_ref import TorchController
+    from branchgate.inference.inputs import as_decision
+    from branchgate.export.torch_ref import TorchController
+    from branchgate.features import structured_features
     from branchgate.models.value_model import ValueNet
     from branchgate.training.checkpoint import make_meta
 
@@ -68,8 +69,7 @@ def _train(encoder):
         emb = torch.from_numpy(ref.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained, *texts]))
         r = len(s.retained)
         ret = emb[3:3 + r] if r else torch.zeros(1, encoder.dim)
-        k = len(texts)
-        feats = torch.tensor([[float(s.depth), float(i), float(k), float(r)] for i in range(k)])
+        feats = torch.from_numpy(structured_features(s.depth, len(texts), r))
         batches.append((emb[0], emb[1], emb[2], ret, emb[3 + r:], feats, torch.tensor(labels, dtype=torch.float32)))
     with torch.no_grad():
         scal = torch.cat([net.scalars(b[0][None], b[1][None], b[2][None], b[3][None], b[4][None], b[5][None])[0]
@@ -88,11 +88,14 @@ def _train(encoder):
     return net, meta
 
 
-def write_dataset(path: Path) -> Path:
-    """A decision dataset (save_to_disk) holding the labelled sample decisions in every split."""
+def write_dataset(path: Path, encoder_id: str = "") -> Path:
+    """A decision dataset (the ``data.schema`` contract, with a manifest) holding the labelled sample decisions
+    in every split."""
     import datasets
 
-    from branchgate.inference.gate import as_state
+    from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, features
+    from branchgate.fileio import atomic_write_json
+    from branchgate.inference.inputs import as_state
 
     rows = []
     for d, (state, cands, labels) in enumerate(labelled_decisions()):
@@ -101,22 +104,25 @@ def write_dataset(path: Path) -> Path:
             rows.append({"run_id": f"run{d // 2}", "frame_id": f"f{d % 2}", "candidate_id": f"c{i}",
                          "root_query": s.root_query, "frame_query": s.frame_query, "parent_goal": s.parent_goal,
                          "retained": list(s.retained), "query": c["query"], "goal": c["goal"], "depth": s.depth,
-                         "order": i, "n_candidates": len(cands), "n_retained": len(s.retained), "label": y})
-    ds = datasets.Dataset.from_list(rows)
-    datasets.DatasetDict({"train": ds, "validation": ds, "test": ds}).save_to_disk(str(path))
+                         "order": i, "n_candidates": len(cands), "n_retained": len(s.retained), "expanded": True,
+                         "utility": float(y), "label": y, "label_source": "realized", "utility_kind": "keypoints"})
+    ds = datasets.Dataset.from_list(rows, features=features([]))
+    datasets.DatasetDict({name: ds for name in SPLITS}).save_to_disk(str(path))
+    atomic_write_json(Path(path) / "manifest.json", {"schema_version": DATASET_SCHEMA_VERSION, "encoder": encoder_id,
+                                                     "label_kind": "keypoints", "n_runs": {"total": len(rows)}})
     return path
 
 
 @functools.lru_cache(maxsize=None)
 def exported(encoder) -> dict:
     """Export the trained controller once (checkpoint → fp32 + int8 ONNX, parity on the dataset)."""
-    from branchgate.inference.export import export_controller
+    from branchgate.export.controller import export_controller
     from branchgate.training.checkpoint import save_controller
 
     root = tmp_root() / "exported"
     net, meta = trained_controller(encoder)
     ckpt = save_controller(root / "controller.safetensors", net, meta)
-    dataset = write_dataset(root / "dataset")
+    dataset = write_dataset(root / "dataset", encoder.id)
     report = export_controller(ckpt, root / "out" / "controller.onnx", int8=True, parity_dataset=dataset, encoder=encoder)
     report["checkpoint"] = str(ckpt)
     report["dataset"] = str(dataset)
@@ -143,7 +149,7 @@ def spy_runs(gate) -> list[tuple[int, ...]]:
 
 def relabelled(model, folder, props: dict[str, str]) -> Path:
     """A copy of the exported ``model`` (with its tokenizer) in ``folder`` whose metadata is ``props``."""
-    from branchgate.inference.export import write_metadata
+    from branchgate.export.controller import write_metadata
 
     out = Path(folder) / "controller.onnx"
     write_metadata(Path(model), out, props)

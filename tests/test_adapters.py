@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
 import pytest
-
+from branchgate.decide import decide
 from branchgate.inference.adapters import candidate_fields, gated
-from branchgate.inference.gate import Gate, as_state, decide
+from branchgate.inference.gate import Gate, Selection
 from branchgate.inference.gpt_researcher import gate_deep_research
+from branchgate.inference.inputs import as_state
 from branchgate.logs_to_dataset.traces import read_events
 from export_support import exported
 
@@ -28,7 +30,9 @@ class RuleGate:
         self.states.append(as_state(state))
         p = np.array([0.9 if any(w in candidate_fields(c)[0] for w in self.keep_words) else 0.1 for c in candidates],
                      np.float32)
-        return decide(p, p, self.tau if tau is None else tau, max_keep)
+        tau = self.tau if tau is None else tau
+        d = decide(p, tau, max_keep=max_keep)
+        return Selection(d.kept, p, p, d.fallback, tau)
 
 
 class EmptyGate(RuleGate):
@@ -230,9 +234,47 @@ def test_hook_rejects_objects_that_are_not_a_deep_research_skill():
 
 
 def test_drop_in_is_import_safe_without_gpt_researcher():
-    import branchgate.inference.gpt_researcher as mod
+    """In a fresh interpreter where gpt_researcher cannot be imported, the drop-in still imports, never tries
+    to import it, and hooks a duck-typed skill."""
+    code = (
+        "import sys\n"
+        "sys.modules['gpt_researcher'] = None  # any import of it now raises ImportError\n"
+        "import branchgate.inference.gpt_researcher as mod\n"
+        "class Skill:\n"
+        "    async def generate_search_queries(self, query, num_queries=3): return []\n"
+        "    async def deep_research(self, query, breadth, depth): return {}\n"
+        "hook = mod.gate_deep_research(Skill(), None)\n"
+        "assert 'gpt_researcher' not in {m for m in sys.modules if sys.modules[m] is not None}\n"
+        "print(type(hook).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "DeepResearchHook"
 
-    assert mod.gate_deep_research is gate_deep_research
-    if importlib.util.find_spec("gpt_researcher") is None:
-        with pytest.raises(ImportError):
-            import gpt_researcher  # noqa: F401
+
+def test_a_second_candidate_list_in_one_frame_is_its_own_decision_point(tmp_path):
+    """Two generate_search_queries calls inside one deep_research: each list is gated as positions 0..n-1, and
+    the trace records each as its own decision point, so the dataset sees what the Gate saw."""
+    from branchgate.logs_to_dataset.decisions import run_decisions
+
+    class TwoLists(FakeDeepResearchSkill):
+        async def deep_research(self, query, breadth, depth, **kwargs):
+            first = await self.generate_search_queries(query, num_queries=3)
+            second = await self.generate_search_queries(query, num_queries=2)
+            return {"learnings": [q["query"] for q in first + second]}
+
+    skill, gate = TwoLists(), RuleGate()
+    hook = gate_deep_research(skill, gate, tmp_path / "t.jsonl", run_id="two")
+    asyncio.run(skill.run())
+    hook.close()
+    events = _events(tmp_path / "t.jsonl")
+    by_frame = {}
+    for e in events:
+        if e.type == "candidate":
+            by_frame.setdefault(e.frame_id, []).append(e.order)
+    assert list(by_frame.values()) == [[0, 1, 2], [0, 1]]
+    rd = run_decisions("two", events)
+    assert [len(f.candidates) for f in rd.frames] == [3, 2]
+    assert [[c.order for c in f.candidates] for f in rd.frames] == [[0, 1, 2], [0, 1]]
+    # the second list's state holds the first list's kept branches, in the Gate's call and in the dataset alike
+    assert gate.states[1].retained == rd.frames[1].retained and len(rd.frames[1].retained) == 2

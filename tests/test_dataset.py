@@ -15,7 +15,7 @@ from branchgate.cli import main
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.build import NothingParsed, build
 from branchgate.logs_to_dataset.decisions import run_decisions, split_of
-from branchgate.logs_to_dataset.labels import columns
+from branchgate.data.schema import columns
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.logs_to_dataset.schema import SchemaVersionError
 from branchgate.logs_to_dataset.traces import TraceWriter

@@ -55,8 +55,9 @@ def test_cls_pooled_encoder_is_pooled_by_cls_in_the_tower(encoder, cls_encoder):
 
 
 def test_cls_pooled_controller_exports_and_gates_like_the_encoder(cls_encoder, tmp_path):
-    from branchgate.inference.export import export_model
-    from branchgate.inference.gate import Gate, read_metadata
+    from branchgate.export.controller import export_model
+    from branchgate.inference.gate import Gate
+    from branchgate.inference.model_file import read_metadata
     from export_support import trained_controller
 
     net, meta = trained_controller(cls_encoder)

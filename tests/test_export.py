@@ -10,8 +10,12 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.errors import MismatchError
-from branchgate.inference.export import ParityError, auroc, export_model, torch_threads
-from branchgate.inference.gate import REQUIRED_METADATA, DecisionState, Gate, read_metadata
+from branchgate.export.controller import ParityError, export_model, torch_threads
+from branchgate.export.parity import auroc
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import DecisionState
+from branchgate.inference.metadata import REQUIRED_METADATA
+from branchgate.inference.model_file import read_metadata
 from branchgate.texts import candidate_text
 from export_support import exported, max_abs, trained_controller
 
@@ -55,7 +59,7 @@ def _edge_decisions():
 
 
 def test_fp32_gate_matches_torch_on_edge_shapes(encoder):
-    from branchgate.inference.torch_ref import TorchController
+    from branchgate.export.torch_ref import TorchController
 
     report = exported(encoder)
     net, _ = trained_controller(encoder)
@@ -130,7 +134,7 @@ def test_export_rejects_a_checkpoint_whose_features_the_gate_cannot_compute(enco
 
 def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
     report = exported(encoder)
-    from branchgate.inference.samples import sample_decisions
+    from branchgate.export.samples import sample_decisions
 
     dec = tmp_path / "decisions.jsonl"
     dec.write_text("".join(json.dumps({"state": s, "candidates": c}) + "\n" for s, c in sample_decisions()[:2]))
@@ -150,7 +154,7 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
 
 
 def test_ratio_interval_resamples_whole_rounds():
-    from branchgate.inference.bench import ratio_interval
+    from branchgate.export.bench import ratio_interval
 
     steady = ratio_interval([40.0] * 6, [10.0] * 6, rounds=3)
     assert steady == pytest.approx((4.0, 4.0))
@@ -165,9 +169,30 @@ def test_auroc_with_ties_and_single_class():
 
 
 def test_gate_constants_agree_with_the_training_side():
-    from branchgate.inference import gate
-    from branchgate.models.value_model import FEATURE_NAMES
+    from branchgate.features import FEATURE_NAMES
+    from branchgate.inference import metadata
+    from branchgate.models.value_model import SCALAR_NAMES
     from branchgate.training.checkpoint import CONTROLLER_SCHEMA_VERSION
 
-    assert list(gate.GATE_FEATURES) == list(FEATURE_NAMES)
-    assert gate.SCHEMA_VERSION == CONTROLLER_SCHEMA_VERSION
+    assert SCALAR_NAMES[: len(FEATURE_NAMES)] == list(FEATURE_NAMES)
+    assert metadata.SCHEMA_VERSION == CONTROLLER_SCHEMA_VERSION
+
+
+def test_fp32_gate_scores_what_evaluate_scores(encoder, tmp_path):
+    """End to end: on a dataset's test rows the fp32 Gate gives the p_keep the training path gives (rows grouped
+    by data.decisions, embedded by the encoder, scored by training.evaluate), and `branchgate evaluate`'s AUROC."""
+    report = exported(encoder)
+    par = report["parity"]
+    assert par["training_max_abs_diff_p_keep"] <= 1e-5
+    assert par["training_auroc"] == pytest.approx(par["fp32_auroc"], abs=1e-9)
+    out = tmp_path / "eval"
+    assert main(["evaluate", "--checkpoint", report["checkpoint"], "--dataset", report["dataset"], "--out", str(out),
+                 "--cache", str(tmp_path / "cache.sqlite")]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    from branchgate.export.parity import load_decisions
+
+    decisions = load_decisions(report["dataset"], "test", max_decisions=10**6)
+    gate = Gate.load(report["files"]["fp32"])
+    p = np.concatenate([gate.predict(s, c)[0] for s, c, _ in decisions.items])
+    labels = np.concatenate([lab for _, _, lab in decisions.items])
+    assert len(p) == metrics["n_rows"]["test"] and auroc(labels, p) == pytest.approx(metrics["auroc"], abs=1e-9)

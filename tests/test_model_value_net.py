@@ -85,7 +85,7 @@ def test_rank_feature_counts_higher_siblings():
 
 def test_onnx_export_matches_torch_for_varying_k_and_r(net, tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    from branchgate.inference.export import register_onnx_ops
+    from branchgate.export.controller import register_onnx_ops
 
     register_onnx_ops()  # torch.linalg.inv (residual novelty) → onnxruntime's Inverse
     names = ["root", "frame", "goal", "retained", "cand", "features"]

@@ -30,10 +30,26 @@ def test_wheel_installs_only_the_branchgate_package(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"branchgate"}, top
-    for folder in ("logs_to_dataset", "data", "models", "training", "inference", "pipeline"):
+    for folder in ("logs_to_dataset", "data", "models", "training", "inference", "export", "pipeline"):
         assert f"branchgate/{folder}/__init__.py" in names
     assert not any(n.startswith("branchgate/tests/") for n in names)
-    assert "branchgate/configs/quickstart.yaml" in names
+    for resource in ("configs/quickstart.yaml", "export/card.md", "logs_to_dataset/trace.schema.json",
+                     "data/samples/musique_sample/manifest.json"):
+        assert f"branchgate/{resource}" in names, resource
+
+
+MODULES = ["errors", "fileio", "texts", "features", "decide", "cli", "data.decisions", "models.teachers",
+           "training.metrics", "inference.gate", "export.parity", "logs_to_dataset.build", "pipeline.policies", "configs"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_module_imports_under_a_second_name(name):
+    """With the repository root on sys.path, `import errors` would make a second errors module (and a second
+    InputError class); every module refuses any name but branchgate.<...>."""
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); import {name}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120)
+    assert proc.returncode != 0
+    assert f"import branchgate.{name.split('.')[0]} (the repository root is the branchgate package)" in proc.stderr
 
 
 @pytest.mark.parametrize("path", [c[0] for c in COMMANDS], ids=lambda p: " ".join(p))

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from branchgate.inference.export import graph_tower
-from branchgate.inference.gate import Gate, read_metadata
-from branchgate.inference.packed_tower import PackedBertTower, supports
+from branchgate.export.controller import graph_tower
+from branchgate.inference.gate import Gate
+from branchgate.inference.model_file import read_metadata
+from branchgate.export.packed_tower import PackedBertTower, supports
 from branchgate.models.text_tower import TextTower
 from export_support import exported, spy_runs
 

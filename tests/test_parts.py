@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 from branchgate.errors import BranchgateError, MismatchError
-from branchgate.inference.gate import Gate, as_decision, balanced_groups, group_threads, read_metadata
-from branchgate.inference.parts import PARTS, skippable_parts
-from branchgate.inference.samples import sample_decisions
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import as_decision
+from branchgate.inference.model_file import read_metadata
+from branchgate.inference.schedule import balanced_groups, group_threads
+from branchgate.export.parts import PARTS, skippable_parts
+from branchgate.export.samples import sample_decisions
 from export_support import exported, max_abs, relabelled
 
 

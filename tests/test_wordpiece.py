@@ -11,15 +11,17 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from branchgate.inference.gate import Gate, as_decision, checked_wordpiece, decision_texts
-from branchgate.inference.samples import sample_decisions
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import as_decision, decision_texts
+from branchgate.inference.wordpiece import checked_wordpiece
+from branchgate.export.samples import sample_decisions
 from branchgate.inference.wordpiece import AsciiWordPiece
 from export_support import exported
 
 
 @pytest.fixture(scope="module")
 def tok_text(encoder) -> str:
-    from branchgate.inference.export import tokenizer_json
+    from branchgate.export.controller import tokenizer_json
 
     return tokenizer_json(encoder)
 

@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from branchgate.data.decisions import TEACHER_PREFIX, teacher_columns
+from branchgate.data.schema import TEACHER_PREFIX, teacher_columns
 from branchgate.texts import candidate_text
 from branchgate.training.metrics import calibrate_tau, gate_metrics
 
@@ -86,7 +86,7 @@ def evaluate_baselines(splits, test_groups, model_keep_rate: float, method: str 
     yv, yt, ut = _labels(val), _labels(test), _utility(test)
     cm, ck = _calib(method, keep_rate)
     out, curves = {}, {}
-    for col in teacher_columns(test):
+    for col in teacher_columns(test.column_names):
         if col not in val.column_names:
             continue
         sign = teacher_direction(col[len(TEACHER_PREFIX):])

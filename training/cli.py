@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+from importlib.resources import files
 from pathlib import Path
 
 
@@ -29,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def resolve_config_names(argv: list[str]) -> list[str]:
     """``--config quickstart`` → the packaged configs/quickstart.yaml when no such file exists."""
-    packaged = Path(__file__).resolve().parents[1] / "configs"
+    packaged = Path(str(files("branchgate.configs")))
     out = []
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):

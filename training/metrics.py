@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from branchgate.decide import decide
 
 METRIC_KEYS = ["auroc", "auprc", "f1", "precision", "recall", "brier", "ece", "spearman_utility", "top1_accuracy",
                "keep_rate", "tau"]
@@ -110,18 +111,15 @@ def top1_hits(scores, utility, groups, informative: bool = False) -> dict:
 
 
 def keep_rate_with_fallback(scores, groups, tau: float) -> float | None:
-    """Keep rate of the deployed gate: score ≥ τ, and the top-1 of a decision point where nothing passes."""
+    """Keep rate of the deployed gate (``branchgate.decide``: score ≥ τ, else the top-1) over decision points."""
     scores, groups = np.asarray(scores, np.float64), np.asarray(groups)
     if len(scores) == 0:
         return None
     order = np.argsort(groups, kind="mergesort")
     s, g = scores[order], groups[order]
-    keep = s >= tau
-    starts = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
-    ends = np.r_[starts[1:], len(g)]
-    for a, b in zip(starts[~np.logical_or.reduceat(keep, starts)], ends[~np.logical_or.reduceat(keep, starts)]):
-        keep[a + int(np.argmax(s[a:b]))] = True
-    return float(keep.mean())
+    bounds = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1, len(g)]
+    kept = sum(len(decide(s[a:b], tau).kept) for a, b in zip(bounds[:-1], bounds[1:]))
+    return float(kept / len(s))
 
 
 def spearman(x, y) -> float | None:

@@ -3,7 +3,7 @@
 Heuristic teachers and the learned controller implement ``ValueModel``, so every pipeline stage and
 every evaluation accepts any of them. Scores are vectorised over the candidates ``x``.
 
-Notation (TEACHERS.md): ``q`` root-query embedding, ``C`` the retained context, ``x`` the candidates
+Notation: ``q`` root-query embedding, ``C`` the retained context, ``x`` the candidates
 (subqueries at pre-retrieval, evidence items later), ``P`` the candidate pool of the current decision.
 All embeddings are unit-normalised float32 rows.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+from branchgate.decide import decide
 
 Embedder = Callable[[list[str]], np.ndarray]
 
@@ -83,24 +84,14 @@ class ValueModel(Protocol):
     def score(self, x: Items, state: State) -> np.ndarray: ...
 
 
-def keep_mask(model: ValueModel, scores: np.ndarray) -> np.ndarray:
-    if getattr(model, "higher_is_better", True):
-        return scores >= model.threshold
-    return scores <= model.threshold
-
-
 def gate(model: ValueModel, x: Items, state: State, fallback_top1: bool = True) -> np.ndarray:
-    """Thresholded gate: indices of kept candidates, scored independently against ``state.context``.
-
-    With ``fallback_top1`` a non-empty input never yields an empty selection (the best one is kept).
-    """
+    """Thresholded gate (``branchgate.decide``): indices of kept candidates, scored independently against
+    ``state.context``. With ``fallback_top1`` a non-empty input never yields an empty selection."""
     if len(x) == 0:
         return np.zeros(0, dtype=np.int64)
-    scores = model.score(x, state)
-    kept = np.flatnonzero(keep_mask(model, scores))
-    if kept.size == 0 and fallback_top1:
-        kept = np.array([_best(model, scores)])
-    return kept
+    d = decide(model.score(x, state), model.threshold, higher_is_better=getattr(model, "higher_is_better", True),
+               fallback=fallback_top1)
+    return np.asarray(d.kept, dtype=np.int64)
 
 
 def select(model: ValueModel, x: Items, state: State, max_items: int | None = None,
@@ -120,7 +111,8 @@ def select(model: ValueModel, x: Items, state: State, max_items: int | None = No
         scores = model.score(sub, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra))
         best = _best(model, scores)
         i = remaining[best]
-        if chosen and use_threshold and not keep_mask(model, scores[best : best + 1])[0]:
+        if chosen and use_threshold and not decide(scores[best:best + 1], model.threshold, fallback=False,
+                                                   higher_is_better=getattr(model, "higher_is_better", True)).kept:
             break
         if max_tokens is not None and chosen and spent + x.tokens[i] > max_tokens:
             remaining.pop(best)  # does not fit: try the next best

@@ -30,10 +30,10 @@ SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin f
 def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 10,
               decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
     import torch
-
-    from branchgate.inference.export import load_encoder
-    from branchgate.inference.gate import Gate, as_decision, decision_texts
-    from branchgate.inference.torch_ref import TorchController
+    from branchgate.export.controller import load_encoder
+    from branchgate.export.torch_ref import TorchController
+    from branchgate.inference.gate import Gate
+    from branchgate.inference.inputs import as_decision, decision_texts
     from branchgate.training.checkpoint import load_controller
 
     torch.set_num_threads(int(threads))
@@ -44,7 +44,7 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
     net, meta = load_controller(checkpoint)
     encoder = load_encoder(meta)
     if decisions is None:
-        from branchgate.inference.samples import sample_decisions
+        from branchgate.export.samples import sample_decisions
 
         decisions = sample_decisions()
     decisions = [as_decision(s, cands) for s, cands in decisions]
@@ -129,7 +129,7 @@ def _clear(method) -> None:
 def _int8_sibling(model: str) -> str | None:
     from pathlib import Path
 
-    from branchgate.inference.export import paths_for
+    from branchgate.export.controller import paths_for
 
     path = Path(model)
     if path.is_dir():

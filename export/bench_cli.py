@@ -9,7 +9,7 @@ import sys
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present")
-    parser.add_argument("--checkpoint", required=True, help="the controller checkpoint the model was exported from (torch side)")
+    parser.add_argument("--checkpoint", required=True, help="the controller.safetensors the model was exported from (torch side)")
     parser.add_argument("--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of --model)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and each ONNX Gate alike (default 2)")
     parser.add_argument("--reps", type=int, default=10, help="rounds over the decisions (default 10)")
@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.inference.bench import run_bench
+    from branchgate.export.bench import run_bench
     from branchgate.inference.gate_cli import read_decisions
 
     decisions = None

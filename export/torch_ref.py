@@ -2,7 +2,7 @@
 
 Used by the export parity check and by ``bench-gate``. Embeddings come from the encoder's own tokenizer
 and transformer (the same path as ``Encoder.encode``); empty texts are zero vectors; the structured
-features are the Gate's (``GATE_FEATURES``: depth, order = position in the list, n_candidates, n_retained).
+features come from ``branchgate.features.structured_features``, as for the Gate and training.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from branchgate.inference.gate import GATE_FEATURES, DecisionState, decision_texts
+from branchgate.features import structured_features
+from branchgate.inference.inputs import DecisionState, decision_texts
 
 
 class TorchController:
@@ -59,7 +59,6 @@ class TorchController:
         emb = torch.from_numpy(self.embed(decision_texts(state, candidate_texts)))
         n_ret = len(state.retained or [])
         ret = emb[3:3 + n_ret] if n_ret else torch.zeros(1, self.dim)
-        feats = torch.tensor([[float(state.depth or 0), float(i), float(k), float(n_ret)] for i in range(k)],
-                             dtype=torch.float32).reshape(k, len(GATE_FEATURES))
+        feats = torch.from_numpy(structured_features(state.depth or 0, k, n_ret))
         logit, util = self.net(emb[0], emb[1], emb[2], ret, emb[3 + n_ret:], feats)
         return torch.sigmoid(logit).numpy().astype(np.float32), util.numpy().astype(np.float32)

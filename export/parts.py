@@ -15,7 +15,7 @@ this after dynamic quantisation, which does not quantise matrix products inside 
 
 from __future__ import annotations
 
-PARTS = "tower,head"
+from branchgate.inference.metadata import PARTS  # noqa: F401  (the metadata value this rewrite earns)
 
 
 def _ancestors(graph, outputs: list[str], stop: set[str]) -> set[int]:

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # Attention softmax as (e @ (v * key_mask)) / (e @ key_mask) with e = exp(min(s, cap)): no per-row max over
 # tiny rows, no huge negative mask values (exp of -3.4e38 takes onnxruntime's slow path, 15x slower), and no
 # per-layer broadcast multiply of the [N, heads, L, L] weights (onnxruntime broadcasts short rows slowly).

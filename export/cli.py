@@ -8,7 +8,7 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="controller checkpoint (.ckpt)")
+    parser.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="trained controller: controller.safetensors from branchgate train")
     parser.add_argument("--out", required=True, help="output model path, e.g. out/controller.onnx")
     parser.add_argument("--int8", action="store_true", help="also write the dynamically quantised int8 twin (<out>.int8.onnx)")
     parser.add_argument("--dataset", default=None,
@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.inference.export import ParityError, export_controller
+    from branchgate.export.controller import ParityError, export_controller
 
     try:
         report = export_controller(args.checkpoint, args.out, int8=args.int8, parity_dataset=args.dataset,

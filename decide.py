@@ -1,0 +1,40 @@
+"""The one keep rule: keep every candidate whose score passes the threshold (at most ``max_keep``, best
+first); when none passes, keep the best one anyway. Core-safe (numpy only).
+
+The Gate (``inference.gate``), the teachers' thresholded gate (``models.teachers.base.gate``), the
+reference pipeline's policies and the training metrics all decide through ``decide``.
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Decision:
+    kept: list[int]  # candidate indices, ascending (their original order)
+    fallback: bool  # nothing passed the threshold and the best candidate was kept anyway
+
+
+def decide(scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None,
+           fallback: bool = True) -> Decision:
+    """Keep ``scores ≥ threshold`` (``≤`` when lower is better), the best ``max_keep`` of them (ties: lower
+    index first); with ``fallback`` a non-empty input never yields an empty selection (the best is kept)."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if s.size == 0:
+        return Decision([], False)
+    signed = s if higher_is_better else -s
+    passing = np.flatnonzero(signed >= (threshold if higher_is_better else -threshold))
+    used_fallback = False
+    if passing.size == 0:
+        if not fallback:
+            return Decision([], False)
+        passing, used_fallback = np.array([int(np.argmax(signed))]), True
+    if max_keep is not None and passing.size > max_keep:
+        passing = np.array(sorted(passing.tolist(), key=lambda i: (-float(signed[i]), i))[:max_keep])
+    return Decision(sorted(int(i) for i in passing), used_fallback)
