@@ -26,10 +26,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from branchgate.errors import BranchgateError
     from branchgate.pipeline import env as envmod
+    from branchgate.pipeline.env_build import build
 
     if args.chunk_words < 10:
         raise BranchgateError("--chunk-words must be at least 10")
-    out = envmod.build(args.format, args.src, args.out, chunk_words=args.chunk_words, seed=args.seed,
+    out = build(args.format, args.src, args.out, chunk_words=args.chunk_words, seed=args.seed,
                        max_queries=args.max_queries)
     if args.dense:
         from branchgate.data.embedding_cache import EmbeddingCache

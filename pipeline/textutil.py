@@ -1,14 +1,14 @@
 """Small text helpers shared by the environment builder and the offline generator (stdlib only).
 
-``normalize_with_map`` is what span matching uses: NFKC, lower case, typographic quotes/dashes folded,
-every run of non-alphanumerics collapsed to one space — with a map back to original character offsets
-so a matched span can be protected from chunk boundaries in the original text.
+The text normalisation of span matching (``normalize``, ``normalize_with_map``) and the typographic ``fold``
+used here are ``logs_to_dataset/drgym.py``'s, shared with the Search-o1 reader.
 """
 
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from branchgate.logs_to_dataset.drgym import fold
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are aren't as at be because been before being
@@ -24,8 +24,6 @@ made use used using well even still based way ways new one two three first secon
 """.split())
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
-_FOLD = {"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u201c": '"', "\u201d": '"',
-         "\u2013": "-", "\u2014": "-", "\u2212": "-", "\u00a0": " "}
 
 
 def words(text: str) -> list[str]:
@@ -35,33 +33,6 @@ def words(text: str) -> list[str]:
 
 def content_words(text: str) -> list[str]:
     return [w for w in words(text) if w not in STOPWORDS and len(w) > 1]
-
-
-def fold(text: str) -> str:
-    return "".join(_FOLD.get(c, c) for c in text)
-
-
-def normalize_with_map(text: str) -> tuple[str, list[int]]:
-    """Normalised text and, per normalised character, the index of the original character it came from."""
-    out: list[str] = []
-    index: list[int] = []
-    for i, ch in enumerate(text):
-        piece = unicodedata.normalize("NFKC", _FOLD.get(ch, ch)).lower()
-        for c in piece:
-            if c.isalnum():
-                out.append(c)
-                index.append(i)
-            elif out and out[-1] != " ":
-                out.append(" ")
-                index.append(i)
-    while out and out[-1] == " ":
-        out.pop()
-        index.pop()
-    return "".join(out), index
-
-
-def normalize(text: str) -> str:
-    return normalize_with_map(text)[0]
 
 
 _SENT = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])|\n+")

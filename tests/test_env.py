@@ -9,9 +9,9 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.errors import InputError
+from branchgate.logs_to_dataset.drgym import normalize
 from branchgate.pipeline import env as envmod
-from branchgate.pipeline.textutil import normalize
-from tests.conftest import shared_path
+from branchgate.pipeline import env_build
 
 SKY_DOC = (
     "Why is the sky blue? It is a question children ask.  Sunlight is scattered by the molecules of the air,\n"
@@ -58,7 +58,7 @@ def write_drgym(root: Path) -> Path:
 
 def test_drgym_build_labels_spans_and_reports_unreachable(tmp_path):
     src = write_drgym(tmp_path / "src")
-    out = envmod.build_drgym([str(src)], tmp_path / "env", chunk_words=20, progress=False)
+    out = env_build.build_drgym([str(src)], tmp_path / "env", chunk_words=20, progress=False)
     m = json.loads((out / "manifest.json").read_text())
     env = envmod.load(out)
     assert [q.id for q in env.queries] == ["q1", "q2"]  # q3 has no key-point files: skipped, reported
@@ -85,7 +85,7 @@ def test_drgym_build_labels_spans_and_reports_unreachable(tmp_path):
 
 
 def test_drgym_bm25_finds_labelled_passage(tmp_path):
-    out = envmod.build_drgym([str(write_drgym(tmp_path / "src"))], tmp_path / "env", chunk_words=20, progress=False)
+    out = env_build.build_drgym([str(write_drgym(tmp_path / "src"))], tmp_path / "env", chunk_words=20, progress=False)
     env = envmod.load(out)
     hits = env.bm25.search("bees regurgitate nectar honeycomb", 3)
     assert hits and "q2#1" in env.labels[hits[0][0]]
@@ -102,21 +102,21 @@ def test_drgym_several_sources_merge(tmp_path):
                                                                                    "spans": ["Rust is iron oxide formed by corrosion."]}]}}))
     (b / "key_point" / "q9_aggregated.json").write_text(json.dumps({"key_points": [
         {"point_number": 1, "point_content": "Rust is iron oxide.", "original_point_number": [1]}]}))
-    env = envmod.load(envmod.build_drgym([str(a), str(b)], tmp_path / "env", progress=False))
+    env = envmod.load(env_build.build_drgym([str(a), str(b)], tmp_path / "env", progress=False))
     assert [q.id for q in env.queries] == ["q1", "q2", "q9"]  # the repeated q1 is kept once
     assert any("q9#1" in lab for lab in env.labels)
 
 
 def test_bad_env_folders_give_clear_errors(tmp_path, capsys):
     with pytest.raises(InputError, match="not a directory"):
-        envmod.build_drgym([str(tmp_path / "nope")], tmp_path / "env", progress=False)
+        env_build.build_drgym([str(tmp_path / "nope")], tmp_path / "env", progress=False)
     bad = tmp_path / "bad"
     (bad / "queries").mkdir(parents=True)
     with pytest.raises(InputError, match=r"missing key_point/"):
-        envmod.build_drgym([str(bad)], tmp_path / "env", progress=False)
+        env_build.build_drgym([str(bad)], tmp_path / "env", progress=False)
     (bad / "key_point").mkdir()
     with pytest.raises(InputError, match=r"queries/ has no \*\.jsonl"):
-        envmod.build_drgym([str(bad)], tmp_path / "env", progress=False)
+        env_build.build_drgym([str(bad)], tmp_path / "env", progress=False)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match="missing manifest.json"):
@@ -133,24 +133,15 @@ def test_bad_env_folders_give_clear_errors(tmp_path, capsys):
 def test_broken_key_point_file_is_skipped_and_reported(tmp_path):
     src = write_drgym(tmp_path / "src")
     (src / "key_point" / "q2_aggregated.json").write_text("{ not json")
-    out = envmod.build_drgym([str(src)], tmp_path / "env", progress=False)
+    out = env_build.build_drgym([str(src)], tmp_path / "env", progress=False)
     m = json.loads((out / "manifest.json").read_text())
     assert m["n_queries"] == 1
     assert any(s["file"].endswith("q2_aggregated.json") and "invalid JSON" in s["reason"] for s in m["skipped"])
 
 
-def test_span_matching_is_normalised():
-    norm = normalize("He said \u201cit\u2019s   fine\u201d \u2014 really. Then the next line goes on for a while.")
-    assert envmod.find_span(norm, "he said \"it's fine\" - really") is not None
-    # ellipsis pieces are located and the span covers both
-    s, e = envmod.find_span(norm, "He said it's fine ... the next line goes on")
-    assert norm[s:e].startswith("he said") and norm[s:e].endswith("goes on")
-    assert envmod.find_span(norm, "something else entirely here") is None
-
-
 def test_pack_never_splits_protected_atoms():
-    atoms = [envmod.Atom("a " * 5), envmod.Atom("b " * 30, {"k"}, True), envmod.Atom("c " * 5), envmod.Atom("d " * 12)]
-    chunks = envmod.pack(envmod.split_long(atoms, 10), lambda: 10)
+    atoms = [env_build.Atom("a " * 5), env_build.Atom("b " * 30, {"k"}, True), env_build.Atom("c " * 5), env_build.Atom("d " * 12)]
+    chunks = env_build.pack(env_build.split_long(atoms, 10), lambda: 10)
     joined = [c.text for c in chunks]
     assert any(("b " * 30).strip() in t for t in joined)
     assert sum(c.words for c in chunks) == 52
@@ -167,17 +158,17 @@ def test_musique_build(tmp_path):
          "question_decomposition": [{"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
                                     {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1}]}
     (src / "musique_x.json").write_text(json.dumps([q, {"id": "broken"}]))
-    env = envmod.load(envmod.build_musique([str(src)], tmp_path / "env"))
+    env = envmod.load(env_build.build_musique([str(src)], tmp_path / "env"))
     assert [k["id"] for k in env.queries[0].key_points] == ["2hop_1#1", "2hop_1#2"]
     by_title = {env.docs[i]: env.labels[i] for i in range(len(env.ids))}
     assert by_title == {"Widget": ["2hop_1#1"], "Acme Corp": ["2hop_1#2"], "Other": []}
     m = json.loads((tmp_path / "env" / "manifest.json").read_text())
     assert m["reachable_kpr"]["mean"] == 1.0 and len(m["skipped"]) == 1
     with pytest.raises(InputError, match="manifest.json: expected a JSON list"):
-        envmod.build_musique([str(tmp_path / "env")], tmp_path / "env2")
+        env_build.build_musique([str(tmp_path / "env")], tmp_path / "env2")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no \\*.json file"):
-        envmod.build_musique([str(tmp_path / "empty")], tmp_path / "env2")
+        env_build.build_musique([str(tmp_path / "empty")], tmp_path / "env2")
 
 
 def test_bundled_sample_loads():
@@ -190,9 +181,9 @@ def test_bundled_sample_loads():
 
 
 @pytest.mark.shared
-def test_real_drgym_subset_is_reachable_and_length_balanced(tmp_path):
-    src = shared_path("drgym")
-    out = envmod.build_drgym([str(src)], tmp_path / "env", max_queries=4, progress=False)
+def test_real_drgym_subset_is_reachable_and_length_balanced(tmp_path, shared):
+    src = shared("drgym")
+    out = env_build.build_drgym([str(src)], tmp_path / "env", max_queries=4, progress=False)
     m = json.loads((out / "manifest.json").read_text())
     assert m["n_queries"] >= 3
     assert m["reachable_kpr"]["mean"] >= 0.99
@@ -207,7 +198,7 @@ def test_dense_retriever_over_cached_embeddings(tmp_path, encoder, monkeypatch):
     from branchgate.pipeline.simulate import simulate
 
     monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
-    out = envmod.build_drgym([str(write_drgym(tmp_path / "src"))], tmp_path / "env", chunk_words=20, progress=False)
+    out = env_build.build_drgym([str(write_drgym(tmp_path / "src"))], tmp_path / "env", chunk_words=20, progress=False)
     env = envmod.load(out)
     with pytest.raises(BranchgateError, match="no dense embeddings"):
         env.dense(encoder.id)

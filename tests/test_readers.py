@@ -11,7 +11,6 @@ import pytest
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.readers import READERS, discover, get_reader, read_runs
 from branchgate.logs_to_dataset.traces import ReadReport, TraceWriter
-from conftest import shared_path
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -221,8 +220,8 @@ def test_gptr_json_research_handler_events(tmp_path):
 
 # --- real data ----------------------------------------------------------------------------------------
 
-def test_real_searcho1_traces():
-    d = shared_path("drgym", "Searcho1_ClueWeb22")
+def test_real_searcho1_traces(shared):
+    d = shared("drgym", "Searcho1_ClueWeb22")
     runs, report = _runs(d)
     assert len(runs) == 800 and report.skipped == [] and report.ignored == []
     n_search = 0
@@ -248,10 +247,10 @@ def test_searcho1_keypoint_labels_by_doc_id_and_span():
     assert report.ignored == [] and report.skipped == []  # key-point files are companions, not unknown files
     labels = _evidence_labels(runs["9100001"])
     assert labels == {
-        "clueweb22-en0000-00-00001": ["kp1", "kp4"],      # a ground-truth document (its own points)
-        "clueweb22-en0000-00-00002": ["kp2"],             # span of another document (case/space/quotes differ)
-        "clueweb22-en0000-00-00004": [],                  # holds only a span shorter than MIN_SPAN_WORDS
-        "CLUEWEB22-EN0000-00-00005": ["kp5"],             # id matched case-insensitively
+        "clueweb22-en0000-00-00001": ["9100001#1", "9100001#4"],  # a ground-truth document (its own points)
+        "clueweb22-en0000-00-00002": ["9100001#2"],  # span of another document (case/space/quotes differ)
+        "clueweb22-en0000-00-00004": [],  # holds only a span shorter than MIN_SPAN_WORDS
+        "CLUEWEB22-EN0000-00-00005": ["9100001#5"],  # id matched case-insensitively
     }
     kp = _of(runs["9100001"], "run_start")[0].config["keypoints"]
     assert kp["n_key_points"] == 5 and kp["bad_links"] == 1
@@ -272,7 +271,7 @@ def test_searcho1_keypoints_explicit_dir_disabled_and_broken(tmp_path):
     assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] is None
     with use_keypoints(FIX / "searcho1_kp" / "key_point"):
         runs, _ = _runs(traces)
-    assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] == ["kp1", "kp4"]
+    assert _evidence_labels(runs["9100001"])["clueweb22-en0000-00-00001"] == ["9100001#1", "9100001#4"]
     with use_keypoints("none"):
         runs, _ = _runs(FIX / "searcho1_kp")
     assert all(v is None for v in _evidence_labels(runs["9100001"]).values())
@@ -289,9 +288,9 @@ def test_searcho1_keypoints_explicit_dir_disabled_and_broken(tmp_path):
             _runs(traces, strict=True)
 
 
-def test_real_searcho1_keypoint_labels():
-    d = shared_path("drgym", "Searcho1_ClueWeb22")
-    shared_path("drgym", "key_point")
+def test_real_searcho1_keypoint_labels(shared):
+    d = shared("drgym", "Searcho1_ClueWeb22")
+    shared("drgym", "key_point")
     runs, report = _runs(d)
     starts = [_of(r, "run_start")[0].config.get("keypoints") for r in runs.values()]
     assert all(starts)  # every real query has its key points

@@ -2,7 +2,9 @@
 
 Layout as in DeepResearchGym's ``Searcho1_ClueWeb22``: searches between ``<|begin_search_query|>`` and
 ``<|end_search_query|>``, each followed by a result block between ``<|begin_search_result|>`` and
-``<|end_search_result|>`` holding documents ``Doc i (URL: …, ClueWebID: …)`` + their text.
+``<|end_search_result|>`` holding documents ``Doc i (URL: …, ClueWebID: …)`` + their text. The trace and its
+documents are parsed by ``logs_to_dataset/drgym.py`` (``parse_trace``, ``parse_documents``), the same code that
+reads them into ``branchgate env build --format drgym`` environments.
 
 How a trace becomes a run (run_id = qid, root_query = the ``.q`` text, system "search-o1"):
 
@@ -24,22 +26,18 @@ Malformed input: missing ``.q`` → the run is skipped (reported); empty, binary
 an unterminated query/result block (cut trace) → read up to the cut, run_end status "truncated", counted;
 stray end tags and a result block without a query are counted (the latter kept as ``raw``).
 
-Key-point labels (DeepResearchGym ground truth), when available for the query:
+Key-point labels (DeepResearchGym ground truth), when available for the query. Every rule (file layout,
+ids, normalisation, span matching) is ``logs_to_dataset/drgym.py``'s, shared with ``branchgate env build
+--format drgym``, so a document gets the same key points here as its passages get in an environment:
 
-- Where: ``key_point/<qid>.json`` (per-document points: ``{question, key_points: {<ClueWebID or "null">:
-  [{point_number, point_content, spans}]}}``) and ``key_point/<qid>_aggregated.json`` (merged points, each
-  with ``original_point_number``). The folder is by default the sibling ``key_point/`` of the folder holding
-  the ``.a`` file (``…/drgym/Searcho1_ClueWeb22`` → ``…/drgym/key_point``), or set with
-  ``use_keypoints(DIR | "auto" | None)`` (``dataset build --keypoints DIR|auto|none``). Both files are
-  companions of the trace (hashed into ``source_sha256``).
-- Ids: a key point is ``"kp<point_number>"`` of the *aggregated* file (``"kp3"``). ``original_point_number``
-  counts the per-document points 1-based in file order across all documents (the per-document
-  ``point_number`` restarts at 1 per document); a link outside that range is ignored and counted.
-- Labels of an evidence document = (a) the key points linked to a per-document point of that document
-  (its ClueWebID, or URL when it has none, compared stripped and case-insensitively), plus (b) span matching:
-  the key points of every per-document point (of ANY document) one of whose verbatim ``spans`` of at least
-  ``MIN_SPAN_WORDS`` words occurs in the document's text, both normalised (NFKC, case-folded, curly quotes and
-  dashes made plain, whitespace collapsed). Shorter spans are too generic to prove coverage.
+- Where: ``key_point/<qid>.json`` and ``key_point/<qid>_aggregated.json``. The folder is by default the sibling
+  ``key_point/`` of the folder holding the ``.a`` file (``…/drgym/Searcho1_ClueWeb22`` → ``…/drgym/key_point``),
+  or set with ``use_keypoints(DIR | "auto" | None)`` (``dataset build --keypoints DIR|auto|none``). Both files
+  are companions of the trace (hashed into ``source_sha256``).
+- Ids: ``<qid>#<point_number>`` of the aggregated file (``"1000983#3"``), as in environments.
+- Labels of an evidence document: ``drgym.SpanIndex.labels`` — the key points quoted from that document (its
+  ClueWebID, or URL when it has none), plus those whose span of at least ``drgym.MIN_SPAN_WORDS`` words quoted
+  from another document is located in its text.
 - When ground truth is loaded, EVERY evidence event of the run gets ``labels`` (possibly ``[]``), so the
   dataset builder labels the run by key points; the run_start ``config["keypoints"]`` records the file, the
   number of key points and counts (``labelled_by_id``, ``labelled_by_span_only``, ``bad_links``).
@@ -50,172 +48,40 @@ Key-point labels (DeepResearchGym ground truth), when available for the query:
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
-import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from branchgate.errors import InputError
+from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, W, QueryKeyPoints, SpanIndex, doc_key, keypoint_files,
+                                              kp_order, parse_documents, parse_key_points, parse_trace, read_json)
 from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Learning, Raw, Report,
                                                Retrieval, RunEnd, RunStart)
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary
 
-TAG = re.compile(r"<\|(begin|end)_search_(query|result)\|>")
-DOC = re.compile(r"^Doc (\d+) \((.*)\)[ \t]*\r?$", re.M)
-DOC_FIELDS = re.compile(r"URL:\s*(.*?)(?:,\s*ClueWebID:\s*(.*))?$")
-W = "searcho1: "
-KEYPOINT_DIR = "key_point"
-MIN_SPAN_WORDS = 5
-_PLAIN = (("\u2018", "'"), ("\u2019", "'"), ("\u201b", "'"), ("\u201c", '"'), ("\u201d", '"'),
-          ("\u2013", "-"), ("\u2014", "-"))
-
-
-@dataclass
-class _Search:
-    query: str
-    result: str | None = None
-    after: str = ""
-
-
-def parse_trace(text: str, warn) -> tuple[str, list[_Search], list[str], bool]:
-    """Split a trace into (text before the first search, searches, orphan result blocks, truncated)."""
-    prefix_parts: list[str] = []
-    searches: list[_Search] = []
-    orphans: list[str] = []
-    mode, cursor, truncated = None, 0, False
-
-    def add_text(s: str) -> None:
-        if searches:
-            searches[-1].after += s
-        else:
-            prefix_parts.append(s)
-
-    for m in TAG.finditer(text):
-        kind = m.group(1, 2)
-        if mode == "result" and kind != ("end", "result"):
-            continue  # tags quoted inside a document are document text
-        if kind == ("begin", "query"):
-            if mode == "query":
-                warn(W + "nested begin_search_query (earlier one dropped)")
-            else:
-                add_text(text[cursor:m.start()])
-            mode, cursor = "query", m.end()
-        elif kind == ("end", "query"):
-            if mode != "query":
-                warn(W + "stray end_search_query tag")
-                continue
-            searches.append(_Search(text[cursor:m.start()].strip()))
-            mode, cursor = None, m.end()
-        elif kind == ("begin", "result"):
-            if mode == "query":
-                warn(W + "begin_search_result inside an open query (query dropped)")
-            else:
-                add_text(text[cursor:m.start()])
-            mode, cursor = "result", m.end()
-        else:  # end result
-            if mode != "result":
-                warn(W + "stray end_search_result tag")
-                continue
-            body = text[cursor:m.start()]
-            if searches and searches[-1].result is None:
-                searches[-1].result = body
-            else:
-                warn(W + "result block without a preceding search (kept as raw)")
-                orphans.append(body)
-            mode, cursor = None, m.end()
-    rest = text[cursor:]
-    if mode == "query":
-        warn(W + "unterminated search query at the end of the trace (not counted as a search)")
-        truncated = True
-        add_text(rest)
-    elif mode == "result":
-        warn(W + "unterminated search result at the end of the trace (read up to the cut)")
-        truncated = True
-        if searches and searches[-1].result is None:
-            searches[-1].result = rest
-        else:
-            orphans.append(rest)
-    else:
-        add_text(rest)
-    return "".join(prefix_parts), searches, orphans, truncated
-
-
-def parse_documents(body: str, warn) -> list[tuple[str, str, str]]:
-    """(evidence_id, url, text) per ``Doc i (URL: …, ClueWebID: …)`` block of a result."""
-    heads = list(DOC.finditer(body))
-    if heads and body[: heads[0].start()].strip():
-        warn(W + "text before the first document of a result block (ignored)")
-    docs = []
-    for i, h in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(body)
-        doc_text = body[h.end():end].strip()
-        fields = DOC_FIELDS.match(h.group(2).strip())
-        url = (fields.group(1) if fields else "").strip()
-        cw = ((fields.group(2) if fields else None) or "").strip()
-        if cw.lower() in ("", "none", "null"):
-            cw = ""
-            warn(W + "document without a ClueWebID (URL used as its id)" if url else
-                 W + "document with neither ClueWebID nor URL (id = hash of its text)")
-        eid = cw or url or "sha256:" + hashlib.sha256(doc_text.encode("utf-8")).hexdigest()[:16]
-        docs.append((eid, url, doc_text))
-    return docs
-
-
-def normalise(text: str) -> str:
-    """Text as compared for span matching: NFKC, case-folded, plain quotes/dashes, whitespace collapsed."""
-    text = unicodedata.normalize("NFKC", text)
-    for a, b in _PLAIN:
-        if a in text:
-            text = text.replace(a, b)
-    return " ".join(text.casefold().split())
-
-
-def _doc_key(doc_id: str) -> str:
-    return doc_id.strip().lower()
-
 
 @dataclass
 class GroundTruth:
-    """One query's key points: which documents (by id) and which verbatim spans cover which key point."""
+    """One query's key points, as the reader uses them: the file they came from and the span index."""
 
     file: str
-    ids: list[str]
-    by_doc: dict[str, set[str]] = field(default_factory=dict)
-    raw_spans: list[tuple[str, str]] = field(default_factory=list)  # (span as written, key-point id)
-    bad_links: int = 0
-    bad_entries: int = 0
-    _spans: dict[str, set[str]] | None = None
+    key_points: QueryKeyPoints
+    index: SpanIndex
 
     @property
-    def spans(self) -> dict[str, set[str]]:
-        """Normalised span (≥ MIN_SPAN_WORDS words) → key points it proves; built on first use."""
-        if self._spans is None:
-            self._spans = {}
-            for span, kid in self.raw_spans:
-                norm = normalise(span)
-                if len(norm.split()) >= MIN_SPAN_WORDS:
-                    self._spans.setdefault(norm, set()).add(kid)
-        return self._spans
+    def ids(self) -> list[str]:
+        return self.key_points.ids
+
+    @property
+    def bad_links(self) -> int:
+        return self.key_points.bad_links
 
     def labels(self, evidence_id: str, text: str) -> tuple[list[str], bool]:
-        """Key-point ids covered by a document (sorted by number) and whether its id alone gave any."""
-        by_id = set(self.by_doc.get(_doc_key(evidence_id), ()))
-        found = set(by_id)
-        if self.spans:
-            norm = normalise(text)
-            for span, kps in self.spans.items():
-                if not kps <= found and span in norm:
-                    found |= kps
-        return sorted(found, key=lambda k: (len(k), k)), bool(by_id)
-
-
-def keypoint_files(directory: Path, qid: str) -> tuple[Path, Path]:
-    return directory / f"{qid}.json", directory / f"{qid}_aggregated.json"
+        """Key-point ids a document covers (sorted by number) and whether its id alone gave any."""
+        found = self.index.labels(evidence_id, text)
+        return sorted(found, key=kp_order), bool(self.index.own.get(doc_key(evidence_id)))
 
 
 def load_ground_truth(directory: Path, qid: str, warn, strict: bool = False) -> GroundTruth | None:
@@ -230,55 +96,22 @@ def load_ground_truth(directory: Path, qid: str, warn, strict: bool = False) -> 
     data = []
     for f in (per_file, agg_file):
         try:
-            data.append(json.loads(f.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data.append(read_json(f))
+        except InputError as exc:
             if strict:
-                raise InputError(f"unreadable key-point file: {exc}", str(f)) from None
+                raise InputError(f"unreadable key-point file: {exc.reason}", exc.file, exc.line) from None
             warn(W + f"unreadable key-point file {f.name} (no labels)")
             return None
-    per, agg = data
-    per_points = per.get("key_points") if isinstance(per, dict) else None
-    agg_points = agg.get("key_points") if isinstance(agg, dict) else None
-    if not isinstance(per_points, dict) or not isinstance(agg_points, list):
-        reason = "key-point file without a key_points object (per document) / list (aggregated)"
+    try:
+        kps = parse_key_points(qid, *data, str(per_file), str(agg_file))
+    except InputError as exc:
         if strict:
-            raise InputError(reason, str(per_file if not isinstance(per_points, dict) else agg_file))
-        warn(W + reason + " (no labels)")
+            raise
+        warn(W + exc.reason + " (no labels)")
         return None
-    gt = GroundTruth(str(per_file), [])
-    flat: list[tuple[str, list[str]]] = []  # per-document points in file order: (doc key, spans)
-    for doc_id, points in per_points.items():
-        if not isinstance(points, list):
-            gt.bad_entries += 1
-            continue
-        key = _doc_key(str(doc_id))
-        for pt in points:
-            spans = pt.get("spans") if isinstance(pt, dict) else None
-            if not isinstance(pt, dict):
-                gt.bad_entries += 1
-                spans = None
-            flat.append(("" if key in ("", "null", "none") else key,
-                         [x for x in spans if isinstance(x, str)] if isinstance(spans, list) else []))
-    for pt in agg_points:
-        num = pt.get("point_number") if isinstance(pt, dict) else None
-        links = pt.get("original_point_number") if isinstance(pt, dict) else None
-        if num is None or not isinstance(links, list):
-            gt.bad_entries += 1
-            continue
-        kid = f"kp{num}"
-        if kid not in gt.ids:
-            gt.ids.append(kid)
-        for n in links:
-            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(flat):
-                gt.bad_links += 1
-                continue
-            key, spans = flat[n - 1]
-            if key:
-                gt.by_doc.setdefault(key, set()).add(kid)
-            gt.raw_spans += [(span, kid) for span in spans]
-    warn(W + "key-point link (original_point_number) out of range (ignored)", gt.bad_links)
-    warn(W + "malformed key-point entry (ignored)", gt.bad_entries)
-    return gt
+    warn(W + "key-point link (original_point_number) out of range (ignored)", kps.bad_links)
+    warn(W + "malformed key-point entry (ignored)", kps.bad_entries)
+    return GroundTruth(str(per_file), kps, SpanIndex([kps]))
 
 
 @contextmanager
@@ -383,7 +216,8 @@ class SearchO1Reader:
                     if s.result.strip():
                         yield ev(Raw, source_type="searcho1_result_text", data=s.result.strip())
                 ids, tokens = [], 0
-                for eid, url, doc_text in docs:
+                for d in docs:
+                    eid, url, doc_text = d.id, d.url, d.text
                     n = len(doc_text.split())
                     if eid not in seen:
                         seen.add(eid)
