@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
-from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, TRACE_DIR, SpanIndex, check_layout, doc_key, keypoint_files,
-                                              kp_order, load_key_points, normalize, read_json, read_queries,
-                                              trace_documents)
+from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, TRACE_DIR, check_layout, doc_key, keypoint_files, kp_order,
+                                              load_key_points, read_json, read_queries, trace_documents)
+from branchgate.logs_to_dataset.spans import SpanIndex, normalize
 from branchgate.pipeline import env
 from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS
 from branchgate.pipeline.textutil import sentence_ranges

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from branchgate.logs_to_dataset.drgym import fold
+from branchgate.logs_to_dataset.spans import fold
 
 STOPWORDS = frozenset("""
 a about above after again against all also am an and any are aren't as at be because been before being

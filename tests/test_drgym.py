@@ -9,9 +9,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset import drgym
+from branchgate.logs_to_dataset import drgym, spans
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.logs_to_dataset.traces import ReadReport
 from branchgate.pipeline import env_build
@@ -57,14 +56,14 @@ def test_orphan_result_blocks_still_give_documents():
     ("", ""), ("...", ""),
 ])
 def test_normalize(text, norm):
-    assert drgym.normalize(text) == norm
-    got, index = drgym.normalize_with_map(text)
+    assert spans.normalize(text) == norm
+    got, index = spans.normalize_with_map(text)
     assert got == norm and len(index) == len(norm)
 
 
 def test_normalize_map_points_at_the_original_characters():
     text = "Intro. The \u201cQuick\u201d  brown-fox \u2014 jumps\u00e9! End"
-    norm, index = drgym.normalize_with_map(text)
+    norm, index = spans.normalize_with_map(text)
     s = norm.index("quick brown fox")
     e = s + len("quick brown fox")
     assert text[index[s]:index[e - 1] + 1] == "Quick\u201d  brown-fox"
@@ -73,16 +72,16 @@ def test_normalize_map_points_at_the_original_characters():
 
 
 def test_find_span_rules():
-    norm = drgym.normalize("He said \u201cit\u2019s fine\u201d \u2014 really. Then the next line goes on for a while "
+    norm = spans.normalize("He said \u201cit\u2019s fine\u201d \u2014 really. Then the next line goes on for a while "
                            "and then some more words come before the very end of it all.")
-    assert drgym.find_span(norm, 'he said "it\'s fine" - really') is not None  # punctuation and case ignored
-    s, e = drgym.find_span(norm, "He said it's fine ... the next line goes on")  # ellipsis pieces, in any gap
+    assert spans.find_span(norm, 'he said "it\'s fine" - really') is not None  # punctuation and case ignored
+    s, e = spans.find_span(norm, "He said it's fine ... the next line goes on")  # ellipsis pieces, in any gap
     assert norm[s:e].startswith("he said") and norm[s:e].endswith("goes on")
     long_span = "Then the next line goes on for a while and [a few words are left out] come before the very end of it all"
-    s, e = drgym.find_span(norm, long_span)  # head and tail anchors (≥ 12 words)
+    s, e = spans.find_span(norm, long_span)  # head and tail anchors (≥ 12 words)
     assert norm[s:e].startswith("then the next") and norm[s:e].endswith("end of it all")
-    assert drgym.find_span(norm, "something else entirely here") is None
-    assert drgym.find_span(norm, "... ") is None
+    assert spans.find_span(norm, "something else entirely here") is None
+    assert spans.find_span(norm, "... ") is None
 
 
 # --- key points --------------------------------------------------------------------------------------------
@@ -141,7 +140,7 @@ def _kps(qid: str, points: dict[int, list[tuple[str, str]]]) -> drgym.QueryKeyPo
 
 
 def test_span_index_labels_own_documents_and_long_quotes_of_others():
-    index = drgym.SpanIndex([
+    index = spans.SpanIndex([
         _kps("q1", {1: [("doc-a", "Bees regurgitate nectar into the honeycomb cells.")],
                     2: [("doc-a", "wax")],
                     3: [("doc-b", "bees dance")]}),
@@ -162,7 +161,7 @@ def test_span_index_labels_own_documents_and_long_quotes_of_others():
 
 def test_span_index_finds_quotes_that_start_inside_a_word():
     # substring semantics: the anchor index must not lose a match whose first word is cut
-    index = drgym.SpanIndex([_kps("q", {1: [("d1", "cat sat on the warm mat today")],
+    index = spans.SpanIndex([_kps("q", {1: [("d1", "cat sat on the warm mat today")],
                                         2: [("d1", "the warm mat today and then the dog came ... barking loudly at it")]})])
     assert index.labels("d2", "A bobcat sat on the warm mat today and then the dog came in, barking loudly at it.") \
         == {"q#1", "q#2"}
@@ -170,14 +169,14 @@ def test_span_index_finds_quotes_that_start_inside_a_word():
 
 
 def test_span_index_agrees_with_trying_every_span():
-    spans = ["one two three four five", "two three four five six seven", "alpha beta gamma delta epsilon",
+    quotes = ["one two three four five", "two three four five six seven", "alpha beta gamma delta epsilon",
              "x ... one two three four five ... six seven eight nine", "ten eleven", "a b c d e f g h i j k l m n",
              "a b c d e f g h ... z"]
-    index = drgym.SpanIndex([_kps("q", {i + 1: [(f"s{i}", s)] for i, s in enumerate(spans)})])
+    index = spans.SpanIndex([_kps("q", {i + 1: [(f"s{i}", s)] for i, s in enumerate(quotes)})])
     texts = ["zero one two three four five six seven eight nine ten eleven", "gamma delta epsilon alpha beta",
              "a b c d e f g h q r s t u v w x y z i j k l m n", "a b c d e f g h i j k l m n o", "xone two three four fives"]
     for text in texts:
-        norm = drgym.normalize(text)
+        norm = spans.normalize(text)
         brute = {k for e in index.entries if e.cross and e.needle.find(norm) for k in e.labels}
         assert index.labels("other", text) == brute, text
     assert index.labels("other", texts[0]) == {"q#1", "q#2", "q#4"}
@@ -276,7 +275,7 @@ def test_real_reader_and_environment_label_the_same_documents_alike(tmp_path, mo
     agree, differ = _agree(evidence, env_docs)
     assert differ == [] and agree == len(evidence) >= 100
     labelled = [k for k, v in evidence.items() if v]
-    index = drgym.SpanIndex([drgym.load_key_points(kp_dir, q) for q in qids])
+    index = spans.SpanIndex([drgym.load_key_points(kp_dir, q) for q in qids])
     span_only = [k for k in labelled if not index.own.get(drgym.doc_key(k[1]))]
     assert len(labelled) >= 20 and len(span_only) >= 4  # both rules are exercised: by id and by quoted span
     # the written environment keeps every label (identical passages of two documents merge their labels)

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from branchgate.cli import main
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.drgym import normalize
+from branchgate.logs_to_dataset.spans import normalize
 from branchgate.pipeline import env as envmod
 from branchgate.pipeline import env_build
 

@@ -35,8 +35,8 @@ ids, normalisation, span matching) is ``logs_to_dataset/drgym.py``'s, shared wit
   or set with ``use_keypoints(DIR | "auto" | None)`` (``dataset build --keypoints DIR|auto|none``). Both files
   are companions of the trace (hashed into ``source_sha256``).
 - Ids: ``<qid>#<point_number>`` of the aggregated file (``"1000983#3"``), as in environments.
-- Labels of an evidence document: ``drgym.SpanIndex.labels`` — the key points quoted from that document (its
-  ClueWebID, or URL when it has none), plus those whose span of at least ``drgym.MIN_SPAN_WORDS`` words quoted
+- Labels of an evidence document: ``spans.SpanIndex.labels`` — the key points quoted from that document (its
+  ClueWebID, or URL when it has none), plus those whose span of at least ``spans.MIN_SPAN_WORDS`` words quoted
   from another document is located in its text.
 - When ground truth is loaded, EVERY evidence event of the run gets ``labels`` (possibly ``[]``), so the
   dataset builder labels the run by key points; the run_start ``config["keypoints"]`` records the file, the
@@ -54,11 +54,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, W, QueryKeyPoints, SpanIndex, doc_key, keypoint_files,
-                                              kp_order, parse_documents, parse_key_points, parse_trace, read_json)
+from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, QueryKeyPoints, W, doc_key, keypoint_files, kp_order,
+                                              parse_documents, parse_key_points, parse_trace, read_json)
 from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Learning, Raw, Report,
                                                Retrieval, RunEnd, RunStart)
+from branchgate.logs_to_dataset.spans import SpanIndex
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary
 
 
