@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.export.card import model_card

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
 from branchgate.features import structured_features
 from branchgate.inference.inputs import DecisionState, decision_texts
 

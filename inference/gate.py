@@ -32,6 +32,7 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
+
 from branchgate import __version__
 from branchgate.decide import decide
 from branchgate.errors import BranchgateError, InputError, MismatchError

@@ -29,6 +29,7 @@ import random
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from branchgate.decide import decide
 from branchgate.errors import BranchgateError
 

@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from branchgate.decide import decide
 from branchgate.inference.adapters import candidate_fields, gated
 from branchgate.inference.gate import Gate, Selection

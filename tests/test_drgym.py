@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset import drgym, spans
 from branchgate.logs_to_dataset.readers import read_runs

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from branchgate.cli import main
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.spans import normalize

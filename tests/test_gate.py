@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from branchgate.cli import main
 from branchgate.decide import decide
 from branchgate.errors import InputError, MismatchError

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from branchgate.decide import decide
 
 METRIC_KEYS = ["auroc", "auprc", "f1", "precision", "recall", "brier", "ece", "spearman_utility", "top1_accuracy",

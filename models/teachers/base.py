@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
 from branchgate.decide import decide
 
 Embedder = Callable[[list[str]], np.ndarray]
