@@ -18,15 +18,13 @@ choice comes from the ``random.Random`` handed in (seeded by the caller from see
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
 
 from branchgate.errors import BranchgateError
+from branchgate.llm import chat, json_in
 from branchgate.pipeline.textutil import STOPWORDS, content_words, fold, sentences, words
 
 
@@ -259,7 +257,7 @@ def _pick(scored: list[tuple[str, float]], used: set[str], rng: random.Random, t
 
 
 # ----------------------------------------------------------------------------------------------------------
-# OpenAI-compatible chat generator (stdlib urllib; no openai package)
+# OpenAI-compatible chat generator (the client is branchgate/llm.py)
 # ----------------------------------------------------------------------------------------------------------
 
 PLAN_PROMPT = """You are planning web research for the question below. Write {k} distinct search queries, each with
@@ -298,39 +296,19 @@ class ChatGenerator:
         return learnings(query, texts, self.env.idf)
 
     def _ask(self, prompt: str, k: int) -> list[Cand]:
-        body = {"model": self.model, "temperature": self.temperature,
-                "messages": [{"role": "user", "content": prompt}]}
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(f"{self.base_url}/chat/completions", json.dumps(body).encode(), headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                data = json.loads(resp.read().decode("utf-8"))
-        except urllib.error.HTTPError as exc:
-            raise BranchgateError(f"chat generator: {self.base_url} answered HTTP {exc.code}: {exc.read()[:200]!r}") from None
-        except (urllib.error.URLError, TimeoutError, OSError) as exc:
-            raise BranchgateError(f"chat generator: cannot reach {self.base_url} ({exc})") from None
-        except json.JSONDecodeError:
-            raise BranchgateError(f"chat generator: {self.base_url} did not answer JSON") from None
-        try:
-            content = data["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise BranchgateError(f"chat generator: unexpected response shape from {self.base_url}: {str(data)[:200]}") from None
-        self.last_usage = data.get("usage") or {}
-        return parse_candidates(content)[:k]
+        reply = chat(self.base_url, self.model, [{"role": "user", "content": prompt}], api_key=self.api_key,
+                     timeout=self.timeout, who="chat generator", temperature=self.temperature)
+        self.last_usage = reply.usage
+        return parse_candidates(reply.content)[:k]
 
 
 def parse_candidates(content: str) -> list[Cand]:
     """Candidates from an LLM answer: a JSON list of {query, research_goal|goal} (or of strings),
     possibly wrapped in prose or a code fence."""
-    start, end = content.find("["), content.rfind("]")
-    if start < 0 or end <= start:
-        raise BranchgateError(f"chat generator: no JSON list in the answer: {content[:200]!r}")
     try:
-        items = json.loads(content[start:end + 1])
-    except json.JSONDecodeError as exc:
-        raise BranchgateError(f"chat generator: invalid JSON list in the answer ({exc.msg})") from None
+        items = json_in(content, list)
+    except ValueError as exc:
+        raise BranchgateError(f"chat generator: {exc}: {content[:200]!r}") from None
     out, seen = [], set()
     for it in items:
         if isinstance(it, str):

@@ -41,3 +41,66 @@ def encoder():
 @pytest.fixture(scope="session")
 def embed(encoder):
     return encoder.encode
+
+
+@pytest.fixture
+def chat_stub():
+    """Stub OpenAI-compatible ``/chat/completions`` servers on 127.0.0.1 (a free port each), stopped at teardown.
+
+    ``stub = chat_stub(answer)`` where ``answer(body)`` gets the request's JSON and returns the reply's content
+    (str), an HTTP error status (int), or ``(content, usage)``; the default usage is 1 token per 4 characters of
+    the messages and of the content. ``stub.url`` is the base URL (``…/v1``); ``stub.requests`` and
+    ``stub.headers`` hold the bodies and headers received, ``stub.usage`` the usage sent. Requests are served in
+    threads, each socket bounded by 30 s.
+    """
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    servers = []
+
+    def start(answer):
+        stub = SimpleNamespace(requests=[], headers=[], usage=[], answer=answer)
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = 30
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append(body)
+                stub.headers.append(dict(self.headers))
+                got = stub.answer(body)
+                if isinstance(got, int):
+                    self.send_error(got)
+                    return
+                content, usage = got if isinstance(got, tuple) else (got, None)
+                if usage is None:
+                    chars = sum(len(m["content"]) for m in body["messages"])
+                    usage = {"prompt_tokens": chars // 4, "completion_tokens": len(content) // 4}
+                stub.usage.append(usage)
+                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
+                                   "usage": usage}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                try:
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        srv.daemon_threads, srv.block_on_close = True, False
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        stub.url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        return stub
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
