@@ -11,6 +11,18 @@ Outcomes for bad input (each tested):
 | schema version newer than this branchgate | ``SchemaVersionError`` (exit 2) | same |
 | file no reader recognises (inside a directory) | listed in manifest ``ignored_files`` | same |
 | nothing parsed at all | no output written, exit 1 | exit 2 at the first bad record |
+| unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model`` | ``InputError`` (exit 2) before reading | same |
+| run without what ``--labels`` needs (no key-point labels / no report citing evidence) | counted in manifest ``label_missing``; all its candidates label −1 (``excluded``) | same |
+
+Label sources (``--labels``; ``logs_to_dataset/label_sources.py`` defines them):
+
+| source | utility g of an expanded branch | default threshold (manifest ``label_threshold_rule``) |
+|---|---|---|
+| ``auto`` (default) | ``keypoints`` when the run's evidence has key-point labels, else ``teacher:<teacher>`` | as below |
+| ``keypoints`` | new ground-truth key points its evidence covers | 1 |
+| ``citations`` | its new evidence items the final ``report`` cites (``cited_ids``) | 1 |
+| ``teacher:NAME`` | the teacher's set gain of its evidence given C_t | ``positive_rate`` (0.1) of the train split's utilities positive |
+| ``judge`` | key points an LLM judge finds new (``logs_to_dataset/judge.py``) | the judge's |
 
 Output (written atomically): ``datasets.DatasetDict`` (train / validation / test, split by run) saved
 with ``save_to_disk`` plus ``manifest.json``.
@@ -31,7 +43,8 @@ from branchgate.errors import InputError
 from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
 from branchgate.logs_to_dataset.decisions import run_decisions, split_of
-from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder, run_texts
+from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
+from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
 from branchgate.logs_to_dataset.traces import ReadReport
@@ -60,8 +73,15 @@ def sha256_files(paths: list[Path]) -> str:
 def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
           encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
           cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
-          encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto") -> dict:
+          encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto", labels: str = "auto",
+          positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None) -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
+
+    ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, citations, judge,
+    teacher:NAME). A teacher's threshold, without ``label_threshold``, is set so that ``positive_rate`` of the
+    train split's realized utilities are positive. ``label_options`` go to the source (judge: llm_url,
+    llm_model, ...). The manifest records each kind's ``label_threshold``, ``label_threshold_rule`` and its
+    positive rate per split, and counts the runs a source could not label (``label_missing``).
 
     ``keypoints``: where the Search-o1 reader finds DeepResearchGym key points ("auto": the sibling
     ``key_point/`` folder of the traces; a directory; None / "none": no key-point labels). The manifest's
@@ -74,11 +94,11 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
 
     with use_keypoints(keypoints):
         return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-                      encoder_obj, batch_texts, keypoints)
+                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options)
 
 
 def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-           encoder_obj, batch_texts, keypoints) -> dict:
+           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -88,6 +108,9 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {pruned_labels!r}")
     if teacher not in T.NAMES:
         raise InputError(f"unknown teacher {teacher!r}; valid names: {', '.join(T.NAMES)}")
+    models = {name: T.get(name) for name in T.NAMES}
+    builder = RowBuilder(models, teacher, label_threshold, pruned_labels, labels=labels, positive_rate=positive_rate,
+                         label_options=label_options)  # a bad --labels fails before reading
     timings = Counter()
     t0 = time.perf_counter()
     report = ReadReport()
@@ -96,8 +119,6 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     source_sha = sha256_files(files)
     timings["hash_s"] += time.perf_counter() - t0
 
-    models = {name: T.get(name) for name in T.NAMES}
-    builder = RowBuilder(models, teacher, label_threshold, pruned_labels)
     loaded: dict = {}
 
     def embeddings():
@@ -129,15 +150,15 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
             return
         emb_cache = embeddings()
         t = time.perf_counter()
-        texts = list(dict.fromkeys(x for _, rd in pending for x in run_texts(rd, builder.max_chars)))
+        texts = list(dict.fromkeys(x for _, rd, info in pending for x in builder.texts(rd, info)))
         vecs = emb_cache.get(texts)
         vectors = dict(zip(texts, vecs))
         timings["embed_s"] += time.perf_counter() - t
         t = time.perf_counter()
-        for split, rd in pending:
-            new = builder.rows(rd, vectors, vecs.shape[1])
+        for split, rd, info in pending:
+            new = builder.rows(rd, vectors, vecs.shape[1], info)
             rows[split].extend(new)
-            kinds[builder.kind(rd)] += len(new)
+            kinds.update(r["utility_kind"] for r in new)
         timings["teacher_s"] += time.perf_counter() - t
         pending.clear()
         n_pending = 0
@@ -169,8 +190,9 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
                 n_runs[split] += 1
                 n_frames[split] += sum(1 for f in rd.frames if f.candidates)
                 if rd.n_decisions:
-                    pending.append((split, rd))
-                    n_pending += len(run_texts(rd, builder.max_chars))
+                    info = run_info(run.events)
+                    pending.append((split, rd, info))
+                    n_pending += len(builder.texts(rd, info))
                 if n_pending >= batch_texts:
                     flush()
             bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
@@ -187,8 +209,15 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         )
 
     emb_cache = embeddings()  # loads the encoder now only if no run had decisions: the manifest records its id
+    builder.fitted = builder.finalize(rows)
+    source_stats = getattr(builder.source, "stats", None)  # e.g. the judge's calls, cache hits and tokens
+    source_stats = source_stats() if callable(source_stats) else None
+    if callable(getattr(builder.source, "close", None)):
+        builder.source.close()
     manifest = _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models,
                          loaded["encoder"], emb_cache, problems, pruned_labels, fmt)
+    if source_stats is not None:
+        manifest["label_source_stats"] = source_stats
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     emb_cache.close()
@@ -244,9 +273,15 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
     labels = {s: Counter(str(r["label"]) for r in rows[s]) for s in SPLITS}
     sources = Counter(r["label_source"] for s in SPLITS for r in rows[s])
     utils = [r["utility"] for s in SPLITS for r in rows[s] if not math.isnan(r["utility"])]
-    kind_names = sorted(kinds) or [f"teacher:{teacher}"]
-    thresholds = {k: builder.threshold(k) for k in kind_names}
+    fitted = builder.fitted
+    kind_names = sorted(kinds) or [f"teacher:{builder.label_name}"]
+    thresholds = {k: fitted[k]["threshold"] for k in kind_names if k in fitted}
     label_kind = kind_names[0] if len(kind_names) == 1 else "mixed"
+    missing: dict = {}
+    for (kind, reason), n in sorted(builder.missing.items()):
+        missing.setdefault(kind, {"runs": 0, "reasons": {}})
+        missing[kind]["runs"] += n
+        missing[kind]["reasons"][reason] = n
     from branchgate.models.teachers import params
 
     return {
@@ -268,13 +303,19 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "ignored_files": list(report.ignored),
         "read_warnings": dict(sorted(report.warnings.items())),
         "run_problems": dict(sorted(problems.items())),
-        "teacher": teacher,
+        "teacher": builder.label_name,
         "teacher_params": params(builder.label_model),
+        "label_spec": builder.labels,
         "teachers": list(models),
         "label_kind": label_kind,
         "label_kinds": {k: int(v) for k, v in sorted(kinds.items())},
         "label_threshold": thresholds.get(label_kind),
+        "label_threshold_rule": (fitted.get(label_kind) or {}).get("rule"),
         "label_thresholds": thresholds,
+        "label_threshold_rules": {k: v["rule"] for k, v in sorted(fitted.items())},
+        "positive_rate_target": builder.positive_rate,
+        "positive_rate": {k: v["positive_rate"] for k, v in sorted(fitted.items())},
+        "label_missing": missing,
         "pruned_labels": pruned_labels,
         "encoder": enc.id,
         "encoder_dim": int(getattr(enc, "dim", 0) or 0),
@@ -282,8 +323,14 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "embedding_cache": cache.stats(),
         "source_sha256": source_sha,
         "columns": columns(list(models)),
-        "warnings": _label_warnings(rows, thresholds),
+        "warnings": _label_warnings(rows, thresholds) + _missing_warnings(missing),
     }
+
+
+def _missing_warnings(missing: dict) -> list[str]:
+    return [f"{v['runs']} run(s) have nothing for --labels {kind} to label by "
+            f"({'; '.join(f'{r}: {n}' for r, n in v['reasons'].items())}): their candidates are excluded (label -1)"
+            for kind, v in missing.items()]
 
 
 def _label_warnings(rows, thresholds) -> list[str]:

@@ -23,15 +23,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", nargs="+", required=True, metavar="PATH",
                         help="trace files or directories (searched recursively)")
     parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    parser.add_argument("--labels", default="auto", metavar="auto|keypoints|citations|judge|teacher:NAME",
+                        help="label source (default auto: key points when a run's evidence has them, else "
+                             "teacher:<--teacher>). keypoints: new ground-truth key points a branch's evidence covers; "
+                             "citations: its new evidence items the final report cites; teacher:NAME: the teacher's "
+                             "post-retrieval set gain of its evidence; judge: key points an LLM judge finds new "
+                             "(needs --llm-url/--llm-model). A run without what the source needs (no key-point "
+                             "labels, no report citing evidence) is counted in the manifest (label_missing) and its "
+                             "candidates excluded (label -1)")
     parser.add_argument("--teacher", default="sc",
-                        help="teacher whose marginal value labels runs without key-point labels (default: sc)")
+                        help="teacher whose marginal value labels runs without key-point labels under --labels auto, "
+                             "and scores --pruned-labels teacher_pre (default: sc)")
     parser.add_argument("--format", dest="fmt", choices=sorted(READERS), default=None,
                         help="force one log format instead of auto-detecting per file")
     parser.add_argument("--encoder", default="auto",
                         help="sentence encoder: auto (bge-small, else packaged MiniLM), packaged, a hub id or a directory")
     parser.add_argument("--strict", action="store_true", help="fail on the first bad record instead of skipping it")
     parser.add_argument("--label-threshold", type=float, default=None, metavar="X",
-                        help="label = 1[g >= X] (default: 1 key point, or the teacher's operating point, SC 0.05)")
+                        help="label = 1[g >= X] for every source (default: 1 key point, 1 citation; teachers: "
+                             "--positive-rate)")
+    parser.add_argument("--positive-rate", type=float, default=0.1, metavar="R",
+                        help="without --label-threshold, a teacher's threshold is the level at which a fraction R "
+                             "of the train split's realized utilities is positive (validation and test are not looked "
+                             "at). A teacher's set gain has no fixed scale across logs: at SC's operating point 0.05 "
+                             "every realized gain of the drgym dev runs without key points is 0, an all-negative "
+                             "dataset. Default 0.1, about the key-point labels' positive rate there (9%%); the "
+                             "manifest records the threshold, its rule and the rate achieved per split")
+    parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
+    parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
     parser.add_argument("--pruned-labels", choices=PRUNED_LABELS, default="excluded",
                         help="label of candidates never expanded / without known evidence: excluded (label -1, "
                              "default) or teacher_pre (the teacher's pre-retrieval score thresholded)")
@@ -50,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         manifest = build(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
                          strict=args.strict, label_threshold=args.label_threshold, cache=args.cache,
                          pruned_labels=args.pruned_labels, progress=False if args.no_progress else None,
-                         keypoints=args.keypoints)
+                         keypoints=args.keypoints, labels=args.labels, positive_rate=args.positive_rate,
+                         label_options={k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model))
+                                        if v is not None})
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

@@ -1,15 +1,16 @@
 """Decision rows with labels and per-teacher pre-retrieval scores (the dataset contract: ``data.schema``).
 
-Realized utility ``g`` of an expanded candidate ``c`` whose retrieved evidence E(c) is known:
+Realized utility ``g`` of an expanded candidate ``c`` whose retrieved evidence E(c) is known comes from the
+run's label source (``logs_to_dataset.label_sources``: ``keypoints``, ``citations``, ``teacher:<name>``,
+``judge``; ``auto`` = keypoints when the run's evidence carries ``labels``, else ``teacher:<name>``). For
+teachers, g = ``set_gain(teacher, E(c), state)`` given C_t and the root query; the pool P (used by coverage
+teachers) is C_t ∪ the evidence of every expanded candidate of the frame.
 
-- ``keypoints`` (the run's evidence carries ``labels``): the number of ground-truth key points covered by
-  E(c) and not already covered by the retained context C_t (evidence without labels covers none);
-- ``teacher:<name>`` otherwise: ``set_gain(teacher, E(c), state)``, the teacher's marginal value of the
-  set E(c) given C_t and the root query; the pool P (used by coverage teachers) is C_t ∪ the evidence of
-  every expanded candidate of the frame.
-
-``label = 1[g ≥ threshold]`` (the teacher's own comparison direction), ``label_source = "realized"``.
-Candidates never expanded, or expanded without known evidence, get ``utility = NaN`` and, by
+``label = 1[g ≥ threshold]`` (the source's comparison direction), ``label_source = "realized"``; labels are
+set once the whole build is read (``RowBuilder.finalize``), since a teacher's default threshold comes from
+the train split's realized utilities (the rate rule). A run that lacks what its source needs (no key-point
+labels, no report citing evidence) is counted in ``RowBuilder.missing`` and all its candidates get label −1
+(``excluded``). Candidates never expanded, or expanded without known evidence, get ``utility = NaN`` and, by
 ``pruned_labels``: ``"excluded"`` (label −1, default) or ``"teacher_pre"`` (the label teacher's
 pre-retrieval score on the candidate text, thresholded at its operating point).
 
@@ -20,14 +21,16 @@ Pre-retrieval scores ``teacher_<name>`` for every teacher: x = the frame's candi
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 
+from branchgate.errors import InputError
 from branchgate.features import FEATURE_NAMES, structured_features
 from branchgate.logs_to_dataset.decisions import RunDecisions
+from branchgate.logs_to_dataset.label_sources import (DEFAULT_POSITIVE_RATE, AutoSource, RunInfo, TeacherSource,
+                                                       make, rate_threshold)
 
-KEYPOINTS = "keypoints"
-DEFAULT_KEYPOINT_THRESHOLD = 1.0
 PRUNED_LABELS = ("excluded", "teacher_pre")
 # Evidence is cut to ~10 characters per token of the encoder's window before embedding (the build sets
 # it from the encoder): beyond what the encoder reads, so vectors are unchanged and tokenising stays cheap.
@@ -39,106 +42,158 @@ def evidence_text(text: str, max_chars: int) -> str:
     return text[:max_chars]
 
 
-def run_texts(rd: RunDecisions, max_chars: int) -> list[str]:
+def run_texts(rd: RunDecisions, max_chars: int, evidence: bool | None = None) -> list[str]:
     """Every text of a run that needs an embedding (one cache call per run).
 
-    Evidence is embedded only for teacher-labelled runs: key-point labels need no evidence vectors.
+    Evidence is embedded only when ``evidence`` (default: for runs without key-point labels): only teacher
+    labels need evidence vectors.
     """
+    if evidence is None:
+        evidence = not rd.has_labels
     texts = [rd.root_query]
     for f in rd.frames:
         texts += f.retained
         texts += [c.text for c in f.candidates]
-    if not rd.has_labels:
+    if evidence:
         texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
     return list(dict.fromkeys(texts))
 
 
+class _Tools:
+    """Embedded texts of one run, for sources that need vectors (teachers)."""
+
+    def __init__(self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, max_chars: int):
+        self.rd, self.vectors, self.dim, self.max_chars = rd, vectors, dim, max_chars
+        self.q = self.items([rd.root_query])
+
+    def items(self, texts: list[str], tokens=None):
+        from branchgate.models.teachers import Items
+
+        if not texts:
+            return Items.empty(self.dim)
+        return Items(list(texts), np.stack([self.vectors[t] for t in texts]), tokens)
+
+    def evidence(self, ids: list[str]):
+        evs = [self.rd.evidence[i] for i in ids]
+        texts = [evidence_text(e.text, self.max_chars) for e in evs]
+        tokens = np.array([e.tokens if e.tokens > 0 else max(1, len(e.text.split())) for e in evs], dtype=np.float64)
+        return self.items(texts, tokens if evs else None)
+
+
 class RowBuilder:
-    """Turns a run's decision points into rows, given embeddings for ``run_texts``."""
+    """Turns a run's decision points into rows, given embeddings for ``texts``; ``finalize`` labels them."""
 
     def __init__(self, teachers: dict, label_teacher: str, label_threshold: float | None = None,
-                 pruned_labels: str = "excluded", max_chars: int = EVIDENCE_MAX_CHARS):
+                 pruned_labels: str = "excluded", max_chars: int = EVIDENCE_MAX_CHARS, labels: str = "auto",
+                 positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None):
         from branchgate.models.teachers import get
 
         if pruned_labels not in PRUNED_LABELS:
             raise ValueError(f"pruned_labels must be one of {PRUNED_LABELS}")
+        if not 0.0 < positive_rate < 1.0:
+            raise InputError(f"--positive-rate must be in (0, 1), got {positive_rate}")
+        model = teachers[label_teacher] if label_teacher in teachers else get(label_teacher)
+        self.source = make(labels, label_teacher, model, label_options)
+        teacher = self.source.teacher if isinstance(self.source, AutoSource) else self.source
+        if not isinstance(teacher, TeacherSource):
+            teacher = TeacherSource(label_teacher, model)
         self.teachers = teachers
-        self.label_name = label_teacher
-        self.label_model = teachers[label_teacher] if label_teacher in teachers else get(label_teacher)
+        self.label_name, self.label_model = teacher.name, teacher.model
+        self.labels = labels
         self.override = label_threshold
+        self.positive_rate = positive_rate
         self.pruned_labels = pruned_labels
         self.max_chars = max_chars
+        self.kinds: dict[str, object] = {}  # utility_kind → its source, as met
+        self.missing: Counter = Counter()  # (kind, reason) → runs excluded
+        self.fitted: dict[str, dict] = {}  # kind → threshold, rule, positive rate per split (``finalize``)
 
-    def threshold(self, kind: str) -> float:
-        if self.override is not None:
-            return float(self.override)
-        return DEFAULT_KEYPOINT_THRESHOLD if kind == KEYPOINTS else float(self.label_model.threshold)
+    def resolve(self, rd: RunDecisions, info: RunInfo):
+        """(the run's source, why it cannot label the run or None)."""
+        src = self.source.resolve(rd) if isinstance(self.source, AutoSource) else self.source
+        self.kinds.setdefault(src.kind, src)
+        return src, src.missing(rd, info)
 
-    def kind(self, rd: RunDecisions) -> str:
-        return KEYPOINTS if rd.has_labels else f"teacher:{self.label_name}"
+    def texts(self, rd: RunDecisions, info: RunInfo) -> list[str]:
+        src, missing = self.resolve(rd, info)
+        return run_texts(rd, self.max_chars, evidence=missing is None and src.needs_vectors(rd))
 
-    def _keep(self, value: float, threshold: float, kind: str) -> bool:
-        if kind != KEYPOINTS and not getattr(self.label_model, "higher_is_better", True):
-            return value <= threshold
-        return value >= threshold
+    def rows(self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None) -> list[dict]:
+        """Rows of one run; realized rows carry ``label = None`` until ``finalize``."""
+        from branchgate.models.teachers import State
 
-    def rows(self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int) -> list[dict]:
-        from branchgate.models.teachers import Items, State, set_gain
-
-        def items(texts: list[str], tokens=None) -> Items:
-            if not texts:
-                return Items.empty(dim)
-            return Items(list(texts), np.stack([vectors[t] for t in texts]), tokens)
-
-        def ev_items(ids: list[str]) -> Items:
-            evs = [rd.evidence[i] for i in ids]
-            texts = [evidence_text(e.text, self.max_chars) for e in evs]
-            tokens = np.array([e.tokens if e.tokens > 0 else max(1, len(e.text.split())) for e in evs], dtype=np.float64)
-            return items(texts, tokens if evs else None)
-
-        kind = self.kind(rd)
-        thr = self.threshold(kind)
-        q = items([rd.root_query])
+        info = info or RunInfo()
+        src, missing = self.resolve(rd, info)
+        if missing is not None:
+            self.missing[(src.kind, missing)] += 1
+        tools = _Tools(rd, vectors, dim, self.max_chars)
+        g_of = {} if missing is not None else src.utilities(rd, info, tools)
+        q = tools.q
         out: list[dict] = []
         for f in rd.frames:
             if not f.candidates:
                 continue
-            x = items([c.text for c in f.candidates])
-            pre_state = State(q, items(f.retained), f.frame_query, f.parent_goal, f.depth, {"pool": x})
+            x = tools.items([c.text for c in f.candidates])
+            pre_state = State(q, tools.items(f.retained), f.frame_query, f.parent_goal, f.depth, {"pool": x})
             pre = {name: np.asarray(m.score(x, pre_state), dtype=np.float64) for name, m in self.teachers.items()}
             label_pre = pre[self.label_name] if self.label_name in pre else np.asarray(self.label_model.score(x, pre_state))
-            known = [c for c in f.candidates if c.expanded and c.evidence_ids is not None]
-            if kind == KEYPOINTS:
-                covered = {kp for i in f.context_ids for kp in (rd.evidence[i].labels or [])}
-            else:
-                ctx = ev_items(f.context_ids)
-                pool_ids = list(dict.fromkeys(f.context_ids + [i for c in known for i in c.evidence_ids]))
-                post_state = State(q, ctx, f.frame_query, f.parent_goal, f.depth, {"pool": ev_items(pool_ids)})
             feats = structured_features(f.depth, len(f.candidates), len(f.retained)).astype(int)
             for k, c in enumerate(f.candidates):
-                if c.expanded and c.evidence_ids is not None:
-                    if kind == KEYPOINTS:
-                        g = float(len({kp for i in c.evidence_ids for kp in (rd.evidence[i].labels or [])} - covered))
-                    else:
-                        g = float(set_gain(self.label_model, ev_items(c.evidence_ids), post_state))
-                    label, source = int(self._keep(g, thr, kind)), "realized"
-                    if math.isnan(g):
-                        label, source = -1, "excluded"
-                elif self.pruned_labels == "teacher_pre":
-                    g = math.nan
-                    label = int(self._keep(float(label_pre[k]), float(self.label_model.threshold), "teacher"))
+                g = g_of.get(c.candidate_id, math.nan)
+                if missing is not None:
+                    label, source = -1, "excluded"
+                elif c.candidate_id in g_of and not math.isnan(g):
+                    label, source = None, "realized"
+                elif c.candidate_id not in g_of and self.pruned_labels == "teacher_pre":
+                    label = int(_keep(float(label_pre[k]), float(self.label_model.threshold),
+                                      getattr(self.label_model, "higher_is_better", True)))
                     source = "teacher_pre"
                 else:
-                    g, label, source = math.nan, -1, "excluded"
+                    label, source = -1, "excluded"
                 row = {
                     "run_id": rd.run_id, "frame_id": f.frame_id, "candidate_id": c.candidate_id,
                     "root_query": rd.root_query, "frame_query": f.frame_query, "parent_goal": f.parent_goal,
                     "retained": list(f.retained), "query": c.query, "goal": c.goal,
                     **{name: int(v) for name, v in zip(FEATURE_NAMES, feats[k])},
                     "expanded": bool(c.expanded), "utility": g, "label": label, "label_source": source,
-                    "utility_kind": kind,
+                    "utility_kind": src.kind,
                 }
                 for name in self.teachers:
                     row[f"teacher_{name}"] = float(pre[name][k])
                 out.append(row)
         return out
+
+    def finalize(self, rows: dict[str, list[dict]]) -> dict[str, dict]:
+        """Label every realized row; per kind: ``threshold``, ``rule`` and the ``positive_rate`` per split.
+
+        Thresholds: ``--label-threshold`` if given; else the source's own (1 key point, 1 citation); else (teachers)
+        the rate rule over the train split's realized utilities; with none, the teacher's operating point."""
+        out = {}
+        for kind, src in sorted(self.kinds.items()):
+            realized = {s: [r for r in rs if r["utility_kind"] == kind and r["label_source"] == "realized"]
+                        for s, rs in rows.items()}
+            higher = getattr(src, "higher_is_better", True)
+            if self.override is not None:
+                thr, rule = float(self.override), "--label-threshold"
+            elif src.threshold is not None:
+                thr, rule = float(src.threshold), f"the source's default ({kind})"
+            else:
+                fit = rate_threshold([r["utility"] for r in realized.get("train", [])], self.positive_rate, higher)
+                if fit is None:
+                    thr = float(getattr(src, "model", self.label_model).threshold)
+                    rule = "the teacher's operating point (no realized train utility to set a rate from)"
+                else:
+                    thr = fit[0]
+                    rule = (f"positive rate {self.positive_rate:g} of the train split's realized utilities "
+                            f"(achieved {fit[1]:.4g})")
+            for rs in realized.values():
+                for r in rs:
+                    r["label"] = int(_keep(r["utility"], thr, higher))
+            out[kind] = {"threshold": thr, "rule": rule,
+                         "positive_rate": {s: (round(sum(r["label"] for r in rs) / len(rs), 4) if rs else None)
+                                           for s, rs in realized.items()}}
+        return out
+
+
+def _keep(value: float, threshold: float, higher_is_better: bool = True) -> bool:
+    return value >= threshold if higher_is_better else value <= threshold

@@ -132,11 +132,27 @@ class LLMCall(Event):
     cost_usd: float | None = None
 
 
+class ReportSentence(BaseModel):
+    """One sentence of a report and the evidence it was taken from."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str
+    evidence_ids: list[str] = Field(default_factory=list)
+
+
 class Report(Event):
+    """The final report. ``evidence_ids``: the evidence it was written from (e.g. the final context).
+    ``cited_ids``: the evidence its text cites (None: the writer did not record citations; the ``citations``
+    label source needs it). ``cited_sources``: citations as written in the text (e.g. URLs), mapped or not.
+    ``sentences``: optional per-sentence mapping to evidence (the reference pipeline's extractive report)."""
+
     type: Literal["report"] = "report"
     text: str | None = None
     path: str | None = None
     evidence_ids: list[str] = Field(default_factory=list)
+    cited_ids: list[str] | None = None
+    cited_sources: list[str] = Field(default_factory=list)
+    sentences: list[ReportSentence] = Field(default_factory=list)
 
 
 class RunEnd(Event):

@@ -146,20 +146,31 @@ def keyphrases(texts: list[str], idf, exclude: set[str], max_len: int = 3, df=No
 
 def learnings(query: str, texts: list[str], idf, max_sentences: int = 3, max_words: int = 60) -> list[str]:
     """Extractive learnings: the sentences of ``texts`` that best match the query's terms (IDF-weighted)."""
+    return [s for s, _ in cited_learnings(query, texts, idf, max_sentences, max_words)]
+
+
+def cited_learnings(query: str, texts: list[str], idf, max_sentences: int = 3,
+                    max_words: int = 60) -> list[tuple[str, list[int]]]:
+    """``learnings`` with, for each sentence, the indices of the texts it was taken from (every text that
+    holds the same sentence: a sentence is said once, and cites all of them)."""
     terms = set(content_words(query))
     scored = []
-    seen = set()
+    sources: dict[str, list[int]] = {}
     for ti, text in enumerate(texts):
         for si, sent in enumerate(sentences(text)):
             key = sent.strip().lower()
-            if key in seen or len(sent.split()) < 5:
+            if len(sent.split()) < 5:
                 continue
-            seen.add(key)
+            if key in sources:
+                if ti not in sources[key]:
+                    sources[key].append(ti)
+                continue
+            sources[key] = [ti]
             ws = set(content_words(sent))
             score = sum(idf(w) for w in ws & terms) + 0.01 * len(ws)
-            scored.append((-score, ti, si, " ".join(sent.split()[:max_words])))
+            scored.append((-score, ti, si, " ".join(sent.split()[:max_words]), key))
     scored.sort()
-    return [s for *_, s in scored[:max_sentences]]
+    return [(s, sources[key]) for *_, s, key in scored[:max_sentences]]
 
 
 class OfflineGenerator:

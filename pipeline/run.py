@@ -30,7 +30,7 @@ import numpy as np
 from branchgate import __version__
 from branchgate.pipeline import accounting, policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
-from branchgate.pipeline.generate import learnings
+from branchgate.pipeline.generate import cited_learnings
 from branchgate.texts import candidate_text
 
 SYSTEM = f"branchgate-reference {__version__}"
@@ -273,9 +273,13 @@ class Runner:
               actor=self.synth.actor)
         final_texts = [env.texts[i] for i in final]
         with led.timed("synth"):
-            report = " ".join(learnings(root, final_texts, env.idf, max_sentences=8, max_words=80))
+            said = cited_learnings(root, final_texts, env.idf, max_sentences=8, max_words=80)
+        report = " ".join(s for s, _ in said)
         self._llm(w, led, "synthesis", [root, *final_texts], [report])
-        w("report", text=report, evidence_ids=[env.ids[i] for i in final])
+        # the report is extractive: each sentence cites the final-context passages it was taken from
+        sentences = [{"text": s, "evidence_ids": [env.ids[final[j]] for j in src]} for s, src in said]
+        cited = list(dict.fromkeys(i for s in sentences for i in s["evidence_ids"]))
+        w("report", text=report, evidence_ids=[env.ids[i] for i in final], cited_ids=cited, sentences=sentences)
         final_kpr = kpr((env.labels[i] for i in final), kp_ids)
         totals = {
             "nodes": stats["nodes"],

@@ -159,7 +159,7 @@ def test_no_run_in_two_splits_and_split_matches_hash(built):
 
 
 def test_labels_realized_excluded_and_teacher_scores(built):
-    _, ds, _, _ = built
+    manifest, ds, _, _ = built
     df = _frame(ds).set_index(["run_id", "candidate_id"])
     kp = df.loc["caffeine-01"]
     assert (kp.utility_kind == "keypoints").all()
@@ -170,7 +170,8 @@ def test_labels_realized_excluded_and_teacher_scores(built):
     assert kp.loc["f1.c0", "n_retained"] == 2 and kp.loc["f1.c0", "depth"] == 1
     so1 = df.loc["9000001"]
     assert (so1.utility_kind == "teacher:sc").all() and (so1.label_source == "realized").all()
-    assert (so1.utility > 0).all() and (so1.label == (so1.utility >= 0.05)).all()
+    thr = manifest["label_thresholds"]["teacher:sc"]
+    assert (so1.utility > 0).all() and (so1.label == (so1.utility >= thr)).all()
     assert "9000002" not in df.index.get_level_values(0)  # no search: a run with zero decisions
     gptr = df.loc["task_1740910503_5b1e0c9f2a"]  # expanded, but which sources it found is not logged
     assert gptr.expanded.all() and gptr.utility.isna().sum() == 3 and (gptr.label == -1).sum() == 3
@@ -185,7 +186,12 @@ def test_manifest_reports_inputs_encoder_and_cache(built, traces, encoder):
                 "label_threshold", "label_kind", "encoder", "source_sha256", "teachers", "created_by"):
         assert key in manifest
     assert manifest["encoder"] == encoder.id and manifest["teachers"] == list(NAMES) and manifest["teacher"] == "sc"
-    assert manifest["label_kind"] == "mixed" and manifest["label_thresholds"] == {"keypoints": 1.0, "teacher:sc": 0.05}
+    assert manifest["label_kind"] == "mixed" and manifest["label_thresholds"]["keypoints"] == 1.0
+    rules = manifest["label_threshold_rules"]
+    assert rules["keypoints"] == "the source's default (keypoints)" and rules["teacher:sc"].startswith("positive rate 0.1 ")
+    assert manifest["label_thresholds"]["teacher:sc"] != 0.05 and manifest["label_spec"] == "auto"
+    assert set(manifest["positive_rate"]["teacher:sc"]) == {"train", "validation", "test"}
+    assert manifest["label_missing"] == {}
     assert manifest["n_files"] == 2 + 6 + 2 and manifest["skipped"] == []
     h = hashlib.sha256()
     for p in sorted(Path(traces).rglob("*")):
@@ -258,10 +264,21 @@ def test_cli_exit_codes(cli_encoder, tmp_path, capsys):
     out = tmp_path / "ds"
     args = ["dataset", "build", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"), "--encoder", "packaged",
             "--no-progress"]
-    assert main([*args, "--traces", str(FIX / "searcho1")]) == 0
+    assert main([*args, "--traces", str(FIX / "searcho1"), "--label-threshold", "0.05"]) == 0
     err = capsys.readouterr().err
     assert "3 runs from 6 files → 4 decisions" in err and "warning: all 3 realized teacher:sc labels are 0" in err
     assert json.loads((out / "manifest.json").read_text())["n_runs"]["total"] == 3
+    # the default threshold (positive rate 0.1 of the train utilities) gives both classes where 0.05 gives one
+    assert main([*args, "--traces", str(FIX / "searcho1")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["labels"]["train"] == {"-1": 1, "0": 2, "1": 1} and m["positive_rate"]["teacher:sc"]["train"] == 0.3333
+    assert m["label_threshold"] < 0.05 and m["label_threshold_rule"].startswith("positive rate 0.1 of the train split")
+    assert main([*args, "--traces", str(FIX / "searcho1"), "--labels", "judge"]) == 2
+    assert "--labels judge needs --llm-url/--llm-model" in capsys.readouterr().err
+    assert main([*args, "--traces", str(FIX / "searcho1"), "--labels", "nope"]) == 2
+    assert main([*args, "--traces", str(FIX / "searcho1"), "--labels", "teacher:nope"]) == 2
+    assert "unknown teacher 'nope' in --labels" in capsys.readouterr().err
     assert main([*args, "--traces", str(FIX / "gptr_broken" / "task_1740920002_empty.json")]) == 1
     assert "no run could be read" in capsys.readouterr().err
     assert main([*args, "--traces", str(FIX / "searcho1_broken"), "--strict"]) == 2

@@ -13,11 +13,14 @@ mapping (run_id = file stem, root_query = ``content.query``, system "gpt-researc
 | ``running_subquery_research`` / ``sub_query`` | ``decision`` expand (actor default) of the latest candidate with that query |
 | ``subquery_context_not_found`` | ``retrieval`` with no evidence for that candidate (known to have found nothing) |
 | ``added_source_url`` | ``evidence`` (id = source = URL, text "", not linked to a subquery) |
-| ``content.report`` | ``report``; ``content.costs`` → ``run_end.totals.cost_usd`` |
+| ``content.sources`` (``{url, ...}`` or URL strings) | ``evidence`` for URLs not added by an ``added_source_url`` log (text = the source's ``content``/``raw_content`` when a string) |
+| ``content.report`` | ``report``: ``cited_sources`` = the URLs the text cites (markdown links, bare URLs, the references list), ``cited_ids`` = those that are a logged source's evidence id (None when the text cites no URL); ``content.costs`` → ``run_end.totals.cost_usd`` |
 | any other event, the rest of ``content`` | ``raw`` (``source_type`` "gptr:<tag>"), kept verbatim |
 
 What could not be rebuilt is counted in the read report's warnings ("gptr: ..."), never invented: so
-expanded candidates have no retrieved evidence and their realized utility is unknown (NaN) downstream.
+expanded candidates have no retrieved evidence and their realized utility is unknown (NaN) downstream, and
+a cited source, though mapped to its evidence, is not tied to a branch (counted); a cited URL that no log
+names as a source, and numbered citations (``[1]``) without URLs, are counted and not mapped.
 
 Malformed input: not JSON / truncated / empty / binary / no ``events`` list → the file is skipped
 (reported); an event that is not an object or a ``logs`` event without a tag → that event is skipped
@@ -44,6 +47,8 @@ RUNNING = re.compile(r"Running research for '(.*)'\.\.\.", re.S)
 NOT_FOUND = re.compile(r"No content found for '(.*)'\.\.\.", re.S)
 QUERIES = re.compile(r"following queries:\s*(\[.*\])", re.S)
 URL = re.compile(r"(https?://\S+)")
+CITED_URL = re.compile(r"https?://[^\s<>()\[\]\"'`]+")
+NUMBERED = re.compile(r"\[\d+(?:\s*[,–-]\s*\d+)*\]")
 COST = re.compile(r"Total Research Costs: \$([0-9.eE+-]+)")
 RUNNING_TAGS = ("running_subquery_research", "running_subquery_with_vectorstore_research")
 
@@ -217,12 +222,21 @@ class GPTResearcherReader:
                     cost = float(m.group(1)) if m else cost
                 yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
 
+        sources = content.get("sources") if isinstance(content.get("sources"), list) else []
+        for src in sources:
+            url = src if isinstance(src, str) else src.get("url") if isinstance(src, dict) else None
+            if isinstance(url, str) and url and url not in urls:
+                urls.add(url)
+                body = next((src[k] for k in ("content", "raw_content") if isinstance(src, dict)
+                             and isinstance(src.get(k), str)), "")
+                warn(W + "source not linked to a subquery" + ("" if body else " and its text not logged"))
+                yield ev(Evidence, evidence_id=url, text=body, source=url, tokens=len(body.split()))
         rest = {k: v for k, v in content.items() if k not in ("query", "report")}
         if rest:
             yield ev(Raw, source_type="gptr:content", data=rest)
         text = content.get("report")
         if isinstance(text, str) and text.strip():
-            yield ev(Report, text=text)
+            yield ev(Report, text=text, **self._citations(text, urls, warn))
         costs = content.get("costs")
         cost = float(costs) if isinstance(costs, (int, float)) and not isinstance(costs, bool) and costs else cost
         n_cands = sum(len(f) for f in frames)
@@ -230,6 +244,20 @@ class GPTResearcherReader:
         yield ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",
                  totals={"nodes": len(expanded), "retrieval_calls": len(expanded), "candidates": n_cands,
                          "sources": len(urls), "cost_usd": cost})
+
+    @staticmethod
+    def _citations(text: str, urls: set[str], warn) -> dict:
+        """The URLs a report cites, and the evidence ids (= logged source URLs) they are."""
+        cited = list(dict.fromkeys(u.rstrip(".,;:!?*_") for u in CITED_URL.findall(text)))
+        if not cited:
+            if NUMBERED.search(text):
+                warn(W + "report cites by number ([n]) without URLs (citations not mapped)")
+            return {}
+        by_norm = {u.rstrip("/"): u for u in sorted(urls)}
+        ids = [by_norm[u.rstrip("/")] for u in cited if u.rstrip("/") in by_norm]
+        warn(W + "cited URL that no log names as a source (not mapped)", len(cited) - len(ids))
+        warn(W + "cited source not tied to a branch (sources are not linked to subqueries)", len(ids))
+        return {"cited_ids": list(dict.fromkeys(ids)), "cited_sources": cited}
 
     @staticmethod
     def _find(frames: list[list[Candidate]], query, ok) -> Candidate | None:

@@ -1,0 +1,195 @@
+"""Label sources: where a branch's realized utility g comes from (``dataset build --labels``).
+
+A source turns one run into ``{candidate_id: g}`` for its expanded candidates with known evidence E(c)
+(``RowBuilder`` makes the rows, ``label = 1[g ≥ threshold]``, ``utility_kind`` = the source's ``kind``):
+
+| ``--labels`` | kind | g | needs (else the run is excluded and counted) | default threshold |
+|---|---|---|---|---|
+| ``keypoints`` | ``keypoints`` | ground-truth key points covered by E(c) and not by C_t | evidence with key-point ``labels`` | 1 key point |
+| ``citations`` | ``citations`` | evidence items of E(c) \\ C_t that the final report cites | a ``report`` with ``cited_ids`` naming some evidence | 1 citation |
+| ``teacher:NAME`` | ``teacher:NAME`` | ``set_gain(teacher, E(c), state)`` given C_t | nothing (evidence text) | rate rule (below) |
+| ``judge`` | ``judge`` | key points an LLM judge finds new in E(c) (``logs_to_dataset/judge.py``) | ``--llm-url``, ``--llm-model`` | the judge's |
+| ``auto`` | per run | ``keypoints`` when the run has them, else ``teacher:<--teacher>`` | — | as above |
+
+Rate rule: a teacher's set gains have no scale a fixed threshold fits across logs (on drgym dev runs without
+key points every SC gain is below its 0.05 operating point), so with no ``--label-threshold`` the threshold
+is the value at which a target fraction (``--positive-rate``) of the train split's realized utilities is
+positive; validation and test are labelled with that threshold, never looked at.
+
+Adding a source is adding a class with ``kind``, ``threshold`` (a number, or None for the rate rule),
+``higher_is_better``, ``needs_vectors(rd)``, ``missing(rd, info)`` and ``utilities(rd, info, tools)``, and
+an entry in ``SOURCES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from branchgate.errors import InputError
+
+EXCLUDED = "excluded"
+DEFAULT_POSITIVE_RATE = 0.1
+
+
+@dataclass
+class RunInfo:
+    """What a run offers label sources beyond its decision points: its (last) report."""
+
+    report: object | None = None
+
+
+def run_info(events) -> RunInfo:
+    reports = [e for e in events if e.type == "report"]
+    return RunInfo(max(reports, key=lambda e: e.seq) if reports else None)
+
+
+def _new_ids(f, c) -> list[str]:
+    """E(c) minus the context C_t the frame opened with: the evidence the branch brought in."""
+    ctx = set(f.context_ids)
+    return [i for i in c.evidence_ids if i not in ctx]
+
+
+def _known(f):
+    return [c for c in f.candidates if c.expanded and c.evidence_ids is not None]
+
+
+class _CountSource:
+    """A source whose g counts things (key points, citations): positive from one, no vectors needed."""
+
+    threshold = 1.0
+    higher_is_better = True
+
+    def needs_vectors(self, rd) -> bool:
+        return False
+
+
+class KeypointSource(_CountSource):
+    kind = "keypoints"
+
+    def missing(self, rd, info) -> str | None:
+        return None if rd.has_labels else "no evidence carries key-point labels"
+
+    def utilities(self, rd, info, tools) -> dict[str, float]:
+        out = {}
+        for f in rd.frames:
+            covered = {kp for i in f.context_ids for kp in (rd.evidence[i].labels or [])}
+            for c in _known(f):
+                out[c.candidate_id] = float(len({kp for i in c.evidence_ids for kp in (rd.evidence[i].labels or [])}
+                                                - covered))
+        return out
+
+
+class CitationSource(_CountSource):
+    kind = "citations"
+
+    def missing(self, rd, info) -> str | None:
+        r = info.report
+        if r is None:
+            return "no report event"
+        if r.cited_ids is None:
+            return "the report records no citations (cited_ids)"
+        if not any(i in rd.evidence for i in r.cited_ids):
+            return "the report cites no evidence of the run"
+        return None
+
+    def utilities(self, rd, info, tools) -> dict[str, float]:
+        cited = set(info.report.cited_ids)
+        return {c.candidate_id: float(sum(1 for i in _new_ids(f, c) if i in cited))
+                for f in rd.frames for c in _known(f)}
+
+
+class TeacherSource:
+    threshold = None  # the rate rule, unless --label-threshold
+    needs_vectors = staticmethod(lambda rd: True)
+
+    def __init__(self, name: str, model):
+        self.name, self.model = name, model
+        self.kind = f"teacher:{name}"
+        self.higher_is_better = bool(getattr(model, "higher_is_better", True))
+
+    def missing(self, rd, info) -> str | None:
+        return None
+
+    def utilities(self, rd, info, tools) -> dict[str, float]:
+        from branchgate.models.teachers import State, set_gain
+
+        out = {}
+        for f in rd.frames:
+            known = _known(f)
+            if not known:
+                continue
+            pool = list(dict.fromkeys(f.context_ids + [i for c in known for i in c.evidence_ids]))
+            state = State(tools.q, tools.evidence(f.context_ids), f.frame_query, f.parent_goal, f.depth,
+                          {"pool": tools.evidence(pool)})
+            for c in known:
+                out[c.candidate_id] = float(set_gain(self.model, tools.evidence(c.evidence_ids), state))
+        return out
+
+
+class AutoSource:
+    """``keypoints`` for runs that have them, else the teacher (the behaviour before ``--labels``)."""
+
+    def __init__(self, teacher: TeacherSource):
+        self.keypoints, self.teacher = KeypointSource(), teacher
+
+    def resolve(self, rd):
+        return self.keypoints if rd.has_labels else self.teacher
+
+
+def _judge(teacher_source, options: dict):
+    if not options.get("llm_url") or not options.get("llm_model"):
+        raise InputError("--labels judge needs --llm-url/--llm-model (an OpenAI-compatible endpoint and model "
+                         "that reads each branch's evidence and names the key points it adds)")
+    try:
+        from branchgate.logs_to_dataset import judge
+    except ModuleNotFoundError as exc:
+        if exc.name != "branchgate.logs_to_dataset.judge":
+            raise
+        raise InputError("--labels judge needs branchgate.logs_to_dataset.judge, which this branchgate "
+                         "does not have yet") from None
+    return judge.label_source(**options)
+
+
+SOURCES = {
+    "keypoints": lambda teacher, options: KeypointSource(),
+    "citations": lambda teacher, options: CitationSource(),
+    "teacher": lambda teacher, options: teacher,
+    "judge": _judge,
+    "auto": lambda teacher, options: AutoSource(teacher),
+}
+
+
+def make(spec: str, teacher_name: str, teacher_model, options: dict | None = None):
+    """The source named by ``--labels`` (``teacher:NAME`` overrides ``--teacher``'s name for the label)."""
+    from branchgate.models import teachers as T
+
+    spec = (spec or "auto").strip()
+    name, _, arg = spec.partition(":")
+    if name not in SOURCES or (arg and name != "teacher"):
+        raise InputError(f"--labels must be one of auto, keypoints, citations, judge, teacher:NAME; got {spec!r}")
+    if arg:
+        if arg not in T.NAMES:
+            raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
+        teacher_name, teacher_model = arg, T.get(arg)
+    return SOURCES[name](TeacherSource(teacher_name, teacher_model), dict(options or {}))
+
+
+def rate_threshold(values, rate: float, higher_is_better: bool = True) -> tuple[float, float] | None:
+    """The threshold t among the values' own levels whose positive rate (g ≥ t, or g ≤ t when lower is better)
+    is closest to ``rate`` while leaving both classes (ties: fewer positives); (t, achieved rate), or None
+    when there are no values. With one level only, every value is positive (the build warns)."""
+    a = np.asarray([v for v in values if v == v], dtype=np.float64)
+    if not a.size:
+        return None
+    s = np.sort(a if higher_is_better else -a)
+    levels = np.unique(s)
+    rates = (s.size - np.searchsorted(s, levels, side="left")) / s.size  # fraction ≥ each level
+    ok = (rates > 0) & (rates < 1)
+    if not ok.any():
+        return (float(levels[0] if higher_is_better else -levels[0]), 1.0)
+    idx = np.flatnonzero(ok)
+    best = idx[np.lexsort((-levels[idx], np.abs(rates[idx] - rate)))[0]]
+    t = float(levels[best])
+    return (t if higher_is_better else -t, float(rates[best]))
