@@ -29,6 +29,11 @@ def atomic_path(path: str | Path, suffix: str = ".tmp"):
         Path(tmp).unlink(missing_ok=True)
 
 
+def default_cache_dir() -> Path:
+    """Where caches live (embeddings, LLM judge replies): ``$BRANCHGATE_CACHE``, else ``~/.cache/branchgate``."""
+    return Path(os.environ.get("BRANCHGATE_CACHE", Path.home() / ".cache" / "branchgate"))
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

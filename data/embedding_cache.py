@@ -9,18 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sqlite3
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from branchgate.fileio import default_cache_dir
+
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("BRANCHGATE_CACHE", Path.home() / ".cache" / "branchgate"))
 
 
 def _progress(total: int, show: bool):

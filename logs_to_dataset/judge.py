@@ -186,7 +186,7 @@ class Judge:
         self.base_url, self.model, self.batch = base_url, model, batch
         self.max_chars, self.timeout, self.api_key, self.retries = max_evidence_chars, timeout, api_key, retries
         if cache is None:
-            from branchgate.data.embedding_cache import default_cache_dir  # the one $BRANCHGATE_CACHE rule
+            from branchgate.fileio import default_cache_dir  # the one $BRANCHGATE_CACHE rule
 
             cache = default_cache_dir() / "judge.sqlite"
         self.cache = JudgeCache(Path(cache))
