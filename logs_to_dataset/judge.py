@@ -9,18 +9,21 @@ run-time cost.
 **What is judged.** ``Judge.utilities(rd)`` walks the run's frames in order and, per frame, its candidates that
 were expanded with known evidence (``c.expanded and c.evidence_ids is not None``). A branch's evidence is E(c)
 minus the passages already in the frame's context C_t (they add nothing by definition); a branch left with no
-evidence text scores 0 without a request. The rest go to the judge with what was known before: the text of C_t
-(``rd.frames[i].context_ids``) and the key points the judge has already named earlier in the run.
+evidence text scores 0 without a request. The rest go to the judge with what was known before the frame opened:
+the text of C_t (``rd.frames[i].context_ids``) and, as ALREADY NAMED, the key points the judge named for the
+branches of earlier frames whose judged evidence (the passages their points were named from) is in C_t. A branch
+whose evidence was pruned after retrieval is not in C_t, so neither are its points; a branch's points count as
+known when any of its judged passages is in C_t (the judge names points per branch, not per passage).
 
-**Utility.** The number of key points named for the branch whose normalised text (``spans.normalize``: NFKC,
-case-folded, punctuation and spacing ignored) was not named before in the run: a point found twice counts once,
-the first time ("earlier" = an earlier frame, by ``seq``, or an earlier candidate of the same frame). Unlike the
-``keypoints`` source, which subtracts only what C_t covers, a sibling expanded after another one gets no credit
-for a point the first already brought.
+**Utility.** The number of distinct key points named for the branch (normalised by ``spans.normalize``: NFKC,
+case-folded, punctuation and spacing ignored; a point named twice for the branch counts once) that are not among
+the points known before the frame. Siblings are judged independently: a point two branches of a frame both bring
+is credited to both, whichever request or order they come in. This is the ``keypoints`` source's g(c) = |key
+points covered by E(c)| minus those C_t covers, with the judge's points in place of ground-truth labels.
 
 **Prompt and reply** (``PROMPT``). One request holds up to ``batch`` branches of one frame: the question, KNOWN
-BEFORE (C_t's passages), ALREADY NAMED (the run's key points so far) and numbered BRANCHes (query + evidence),
-each text block cut to ``max_evidence_chars`` (every passage an equal share; a short one's unused share goes to
+BEFORE (C_t's passages), ALREADY NAMED (the points known before the frame) and numbered BRANCHes (query +
+evidence), each text block cut to ``max_evidence_chars`` (every passage an equal share; a short one's unused share goes to
 the others). The reply must be one JSON object mapping every branch number to a list of short key-point strings,
 ``{"1": ["…", "…"], "2": []}`` (prose or a code fence around it is tolerated; with one branch a bare list is
 accepted). A reply that does not validate gets one retry (the bad answer and a correction as the next turns);
@@ -28,8 +31,7 @@ if that fails too, the batch's branches are failures: no utility (the build excl
 
 **Batching: several branches per request, not concurrent requests.** The branches of a frame share their
 KNOWN BEFORE block, the bulk of the prompt, so one request per frame sends it once instead of once per branch;
-and each request's ALREADY NAMED depends on the replies before it, so requests of a run cannot run concurrently
-without the judge losing what it already named.
+and a frame's ALREADY NAMED depends on the replies for earlier frames, so the requests of a run are made in order.
 
 **Cache** (SQLite, default ``$BRANCHGATE_CACHE/judge.sqlite``): every request and its reply (content, usage) keyed
 by sha256 of (model, messages), committed per reply, so a rerun makes no request and an interrupted run resumes
@@ -55,10 +57,11 @@ from branchgate.logs_to_dataset.decisions import CandidateInfo, FrameInfo, RunDe
 from branchgate.logs_to_dataset.spans import normalize
 
 PROMPT = """You are judging web research. For the question below, each BRANCH is a search query with the evidence
-it retrieved. For every branch, list the key points its evidence adds: short
+it retrieved. For EACH branch, list every key point its evidence adds: short
 factual statements (at most 20 words each) that help answer the question and that are not already stated in
-KNOWN BEFORE or listed in ALREADY NAMED. Name each point once, under the first branch that shows it. Give an
-empty list to a branch whose evidence is off-topic or only repeats what is known. Use only what the evidence says.
+KNOWN BEFORE or listed in ALREADY NAMED. Judge every branch on its own: list a point under each branch whose
+evidence shows it, even when another branch in this request shows it too. Give an empty list to a branch whose
+evidence is off-topic or only repeats what is known. Use only what the evidence says.
 
 Answer with one JSON object and nothing else, with exactly the keys {keys}, each mapping to that branch's list of
 key points, for example {example}
@@ -197,37 +200,46 @@ class Judge:
         self._seconds = 0.0
 
     def utilities(self, rd: RunDecisions) -> dict[str, float]:
-        """candidate_id → the number of new key points the judge finds in that expanded candidate's evidence, given
-        the frame's context C_t and the key points already named earlier in the run; only candidates with
-        ``c.expanded and c.evidence_ids is not None`` whose batch got a valid reply."""
+        """candidate_id → the number of distinct new key points the judge finds in that expanded candidate's
+        evidence, beyond the frame's context C_t and the points named for the branches whose evidence is in C_t
+        (siblings independent); only candidates with ``c.expanded and c.evidence_ids is not None`` whose batch got
+        a valid reply."""
         self._stats["runs"] += 1
-        named: dict[str, str] = {}  # normalised → as first named, in order
+        judged: list[tuple[set[str], dict[str, str]]] = []  # per judged branch: (its judged ids, normalised → as named)
         out: dict[str, float] = {}
         for frame in rd.frames:
-            todo: list[tuple[CandidateInfo, str]] = []
             context = set(frame.context_ids)
+            known: dict[str, str] = {}  # the points of the branches whose judged evidence is in C_t, in order
+            for ids, points in judged:
+                if ids & context:
+                    for norm, point in points.items():
+                        known.setdefault(norm, point)
+            todo: list[tuple[CandidateInfo, list[str], str]] = []
             for c in frame.candidates:
                 if not c.expanded or c.evidence_ids is None:
                     continue
-                evidence = clip([rd.evidence[i].text for i in c.evidence_ids if i not in context], self.max_chars)
+                ids = [i for i in c.evidence_ids if i not in context]
+                evidence = clip([rd.evidence[i].text for i in ids], self.max_chars)
                 if evidence:
-                    todo.append((c, evidence))
+                    todo.append((c, ids, evidence))
                 else:  # nothing beyond C_t: nothing new, no request
                     out[c.candidate_id] = 0.0
                     self._stats["branches"] += 1
             for start in range(0, len(todo), self.batch):
                 chunk = todo[start:start + self.batch]
-                points = self._judge(self._prompt(rd, frame, chunk, list(named.values())), len(chunk))
+                points = self._judge(self._prompt(rd, frame, [(c, ev) for c, _, ev in chunk], list(known.values())),
+                                     len(chunk))
                 if points is None:
                     self._stats["failures"] += len(chunk)
                     continue
-                for (c, _), found in zip(chunk, points):
-                    new = 0
+                for (c, ids, _), found in zip(chunk, points):
+                    mine: dict[str, str] = {}
                     for point in found:
                         norm = normalize(point)
-                        if norm and norm not in named:
-                            named[norm] = point
-                            new += 1
+                        if norm:
+                            mine.setdefault(norm, point)
+                    new = sum(1 for norm in mine if norm not in known)
+                    judged.append((set(ids), mine))
                     out[c.candidate_id] = float(new)
                     self._stats["branches"] += 1
                     self._stats["key_points"] += new
@@ -253,7 +265,7 @@ class Judge:
     def _prompt(self, rd: RunDecisions, frame: FrameInfo, chunk: list[tuple[CandidateInfo, str]],
                 named: list[str]) -> str:
         known = clip([rd.evidence[i].text for i in frame.context_ids], self.max_chars)
-        kept: list[str] = []  # ALREADY NAMED, in the order named, within the same budget
+        kept: list[str] = []  # ALREADY NAMED (the points known before the frame), in order, within the same budget
         size = 0
         for point in named:
             size += len(point) + 3

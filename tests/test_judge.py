@@ -1,8 +1,8 @@
 """The ``judge`` label source against a stub OpenAI-compatible server on 127.0.0.1 (the ``chat_stub`` fixture).
 
-The stub judges deterministically from the prompt: a branch's key points are the capitalised words of its
-evidence not in KNOWN BEFORE, not in ALREADY NAMED and not named for an earlier branch of the same request, so
-every utility below is exact.
+The stub judges deterministically from the prompt, as the prompt asks: each branch's key points are the
+capitalised words of its evidence not in KNOWN BEFORE and not in ALREADY NAMED, whatever the other branches of the
+request show, so every utility below is exact.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from branchgate.logs_to_dataset.judge import Judge, clip, parse_points
 from branchgate.logs_to_dataset.traces import TraceWriter, read_events
 
 CAP = re.compile(r"\b[A-Z][a-z]+\b")
-EXPECTED = {"c0": 2.0, "c1": 1.0, "d0": 1.0, "d1": 2.0, "d3": 0.0, "g0": 1.0, "g1": 0.0}
+# what the keypoints source would give with the capitalised words as ground-truth key points: siblings are
+# credited independently (Beta to c0 and c1, Delta to g0 and g1), only what C_t covers is subtracted (Gamma for d0)
+EXPECTED = {"c0": 2.0, "c1": 2.0, "d0": 1.0, "d1": 2.0, "d3": 0.0, "g0": 2.0, "g1": 1.0}
 
 
 @pytest.fixture(autouse=True)
@@ -30,9 +32,10 @@ def quick_retries(monkeypatch):
 
 
 def make_run(tmp_path):
-    """F0: c0 (Alpha, Beta), c1 (Beta, Gamma), c2 pruned. F1 (C_t = e1, e2): d0 (Gamma, Delta), d1 (e4: Epsilon,
-    Alpha, Zeta; e1 is in C_t), d2 (unknown evidence), d3 (retrieved nothing). e3 pruned after retrieval. F2 (C_t =
-    e1, e2, e4): g0 (Delta, Eta; Delta already named), g1 (e3: Gamma, Delta, both known)."""
+    """F0: c0 (Alpha, Beta), c1 (Beta, Gamma: Beta is c0's too, both are credited), c2 pruned. F1 (C_t = e1, e2,
+    the parent frame's kept branches): d0 (Gamma, known from e2; Delta), d1 (e4: Epsilon, Alpha, Zeta; e1 is in C_t,
+    Alpha known), d2 (unknown evidence), d3 (retrieved nothing). e3 pruned after retrieval. F2 (C_t = e1, e2, e4):
+    g0 (Delta, Eta; Delta was named for d0, but e3 is not in C_t), g1 (e3: Gamma known, Delta: g0's too)."""
     path = tmp_path / "run.jsonl"
     r = "run-1"
     with TraceWriter(path) as w:
@@ -75,16 +78,15 @@ def sections(prompt: str):
 
 
 def good(body, sloppy=False):
-    """A careful judge; ``sloppy`` names every capitalised word it sees, in varying spellings."""
+    """A careful judge; ``sloppy`` names every capitalised word of the evidence, known or not, each twice in
+    varying spellings."""
     known, named, branches = sections(body["messages"][0]["content"])
     seen = set() if sloppy else set(CAP.findall(known)) | set(named)
     out = {}
     for n, evidence in branches:
         points = [w for w in dict.fromkeys(CAP.findall(evidence)) if w not in seen]
         if sloppy:
-            points = [f"{w.upper()}." if int(n) % 2 else f"  {w.lower()} " for w in points]
-        else:
-            seen |= set(points)
+            points = [p for w in points for p in (f"{w.upper()}.", f"  {w.lower()} ", w)]
         out[n] = points
     return "Here are the key points:\n```json\n" + json.dumps(out) + "\n```"
 
@@ -98,12 +100,18 @@ def test_utilities_are_exact_and_a_rerun_is_free(chat_stub, tmp_path):
         first = judge.stats()
     assert len(stub.requests) == 3  # one request per frame (batch 8)
     assert all(b["model"] == "stub-model" and b["temperature"] == 0 for b in stub.requests)
-    known, named, branches = sections(stub.requests[2]["messages"][0]["content"])
-    assert "Delta" not in known and "Delta" in named  # pruned from C_t, but already named
+    prompts = [b["messages"][0]["content"] for b in stub.requests]
+    assert "even when another branch in this request shows it too" in prompts[0]
+    assert sections(prompts[0])[:2] == ("(nothing yet)", [])
+    known, named, branches = sections(prompts[1])
+    assert known == "Alpha and Beta shape the ice.\n\nBeta meets Gamma near the coast." and named == ["Alpha", "Beta", "Gamma"]
+    assert branches[1][1] == "then Epsilon joins Alpha and Zeta."  # e1 ∈ C_t
+    known, named, branches = sections(prompts[2])
+    assert named == ["Alpha", "Beta", "Gamma", "Epsilon", "Zeta"]  # the points of C_t's branches (c0, c1, d1)
+    assert "Delta" not in known  # d0 named it, but its e3 was pruned from C_t: not known before F2
     assert [ev for _, ev in branches] == ["Delta and Eta.", "Gamma and Delta appear."]
-    assert sections(stub.requests[1]["messages"][0]["content"])[2][1][1] == "then Epsilon joins Alpha and Zeta."  # e1 ∈ C_t
     assert first["calls"] == 3 and first["cached"] == 0 and first["failures"] == 0 and first["bad_replies"] == 0
-    assert first["branches"] == 7 and first["key_points"] == 7 and first["runs"] == 1
+    assert first["branches"] == 7 and first["key_points"] == 10 and first["runs"] == 1
     assert first["prompt_tokens"] == sum(u["prompt_tokens"] for u in stub.usage) > 0
     assert first["completion_tokens"] == sum(u["completion_tokens"] for u in stub.usage) > 0
     assert first["endpoint"] == stub.url + "/chat/completions" and first["seconds"] > 0
@@ -121,17 +129,18 @@ def test_utilities_are_exact_and_a_rerun_is_free(chat_stub, tmp_path):
     assert len(stub.requests) == 6
 
 
-def test_batches_and_dedupe_across_the_run(chat_stub, tmp_path):
+def test_batches_and_dedupe_within_a_branch(chat_stub, tmp_path):
     rd = make_run(tmp_path)
     stub = chat_stub(good)
     with Judge(stub.url, "m", cache=tmp_path / "one.sqlite", batch=1) as judge:
         assert judge.utilities(rd) == EXPECTED
-    assert len(stub.requests) == 6  # one per branch that has evidence beyond C_t
+    assert len(stub.requests) == 6  # one per branch that has evidence beyond C_t; siblings alone, same utilities
+    assert sections(stub.requests[5]["messages"][0]["content"])[1] == ["Alpha", "Beta", "Gamma", "Epsilon", "Zeta"]
     sloppy = chat_stub(lambda body: (good(body, sloppy=True), {}))  # and reports no usage
     with Judge(sloppy.url, "m", cache=tmp_path / "sloppy.sqlite") as judge:
-        assert judge.utilities(rd) == EXPECTED  # repeats (any case, punctuation) count once, the first time
+        assert judge.utilities(rd) == EXPECTED  # repeats (any case, punctuation) count once; known points none
         stats = judge.stats()
-    assert stats["key_points"] == 7 and stats["usage_missing"] == 3 and stats["prompt_tokens"] == 0
+    assert stats["key_points"] == 10 and stats["usage_missing"] == 3 and stats["prompt_tokens"] == 0
     with Judge(sloppy.url, "m", cache=tmp_path / "sloppy.sqlite") as judge:  # state is per run
         assert judge.utilities(rd) == EXPECTED
 
