@@ -78,8 +78,8 @@ def sections(prompt: str):
 
 
 def good(body, sloppy=False):
-    """A careful judge; ``sloppy`` names every capitalised word of the evidence, known or not, each twice in
-    varying spellings."""
+    """A careful judge; ``sloppy`` names every capitalised word of the evidence, known or not, each in three
+    spellings."""
     known, named, branches = sections(body["messages"][0]["content"])
     seen = set() if sloppy else set(CAP.findall(known)) | set(named)
     out = {}
