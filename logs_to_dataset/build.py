@@ -350,7 +350,8 @@ def _label_warnings(rows, thresholds) -> list[str]:
             u = np.asarray([r["utility"] for r in rs], dtype=np.float64)
             q = ", ".join(f"{p}%={np.percentile(u, p):.4g}" for p in (25, 50, 75))
             out.append(f"all {len(rs)} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
-                       f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose --label-threshold")
+                       f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose another --label-threshold "
+                       "(or, for a teacher, leave it unset: --positive-rate)")
     return out
 
 
