@@ -5,7 +5,8 @@ Reads canonical JSONL traces, Search-o1 traces (``<qid>.q`` + ``<qid>.a``) and G
 point into one row per candidate with realized labels and per-teacher pre-retrieval scores, and
 writes a Hugging Face ``DatasetDict`` (train / validation / test by hash of run_id) + ``manifest.json``.
 Search-o1 evidence gets DeepResearchGym key-point labels from ``--keypoints`` (default: a ``key_point/``
-folder beside the traces' folder), so its utility is the number of new key points covered.
+folder beside the traces' folder), so its utility is the number of new key points covered. ``--labels``
+chooses the label source (keypoints, citations, teacher:NAME, judge; ``logs_to_dataset/label_sources.py``).
 Bad records are skipped and listed in the manifest (``--strict``: the first one fails, exit 2); exit 1
 if nothing could be parsed.
 """
