@@ -46,9 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--positive-rate", type=float, default=0.1, metavar="R",
                         help="without --label-threshold, a teacher's threshold is the level at which a fraction R "
                              "of the train split's realized utilities is positive (validation and test are not looked "
-                             "at). A teacher's set gain has no fixed scale across logs: at SC's operating point 0.05 "
-                             "every realized gain of the drgym dev runs without key points is 0, an all-negative "
-                             "dataset. Default 0.1, about the key-point labels' positive rate there (9%%); the "
+                             "at). A teacher's set gain has no fixed scale across logs: every realized SC gain of the "
+                             "drgym dev runs without key points is below SC's operating point 0.05 (at most 0.017), "
+                             "an all-negative dataset. Default 0.1, about the key-point labels' positive rate there (9%%); the "
                              "manifest records the threshold, its rule and the rate achieved per split")
     parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
     parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
