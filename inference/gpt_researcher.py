@@ -7,6 +7,7 @@
     researcher = GPTResearcher(query="...", report_type="deep")
     hook = gate_deep_research(researcher, Gate.load("controller.onnx"), trace="traces/run.jsonl")
     await researcher.conduct_research()
+    hook.record_report(await researcher.write_report())  # optional: the report and the sources it cites
     hook.close()
 
 GPT-Researcher's deep research (``gpt_researcher/skills/deep_research.py``) asks an LLM for
@@ -17,7 +18,8 @@ The hook patches those methods on the one skill instance (``deep_research``, ``g
 ``process_research_results``, ``run``): each ``deep_research`` call is a frame; its candidates are gated
 (``gate=None`` only records) and never emptied, since GPT-Researcher's deep research fails on an empty
 candidate list. Events: run_start, frame_open, candidate, decision, evidence + retrieval (the branch's
-research context), learning, followup, run_end.
+research context), learning, followup, run_end, and ``report`` when ``record_report(text)`` is called (the
+report's cited URLs, mapped to the evidence recorded with that ``source`` URL: the ``citations`` label).
 
 Import-safe without gpt-researcher: it is duck-typed and never imported here.
 """
@@ -81,6 +83,7 @@ class DeepResearchHook:
         self.frames: list[_Frame] = []
         self.retained: list[str] = []
         self._evidence: set[str] = set()
+        self._by_url: dict[str, list[str]] = {}  # source URL → evidence ids (for the report's citations)
         self._started = self._ended = False
         self.write_errors = 0
         self._t0 = time.time()
@@ -228,6 +231,8 @@ class DeepResearchHook:
                 self._evidence.add(eid)
                 source = str(item.get("url") or item.get("href") or "") if isinstance(item, dict) else ""
                 self._write("evidence", evidence_id=eid, text=text, source=source, tokens=n)
+                if source:
+                    self._by_url.setdefault(source, []).append(eid)
             ids.append(eid)
             tokens += n
         self._write("retrieval", candidate_id=cid, query=query, evidence_ids=ids, tokens=tokens)
@@ -237,6 +242,19 @@ class DeepResearchHook:
                 self._write("learning", candidate_id=cid, text=str(text))
             for text in result.get("followUpQuestions") or []:
                 self._write("followup", candidate_id=cid, text=str(text))
+
+    def record_report(self, text, path: str | None = None) -> list[str]:
+        """Record the final report: its cited URLs (``cited_sources``) and the evidence recorded with those
+        ``source`` URLs (``cited_ids``); returns the cited ids. GPT-Researcher writes the report after deep
+        research, so this event may follow run_end."""
+        from branchgate.logs_to_dataset.readers.gptr import cited_urls, map_urls
+
+        text = str(text or "")
+        cited = cited_urls(text)
+        ids, unmapped = map_urls(cited, self._by_url)
+        self.counts["cited_unmapped"] = unmapped
+        self._write("report", text=text, path=path, cited_ids=ids, cited_sources=cited)
+        return ids
 
     # -- trace writing ------------------------------------------------------------------------------------
     @property

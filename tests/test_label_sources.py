@@ -177,3 +177,49 @@ def test_gptr_report_citations_map_to_source_evidence():
     assert rep2.cited_ids is None and rep2.cited_sources == []
     assert report2.warnings["gptr: report cites by number ([n]) without URLs (citations not mapped)"] == 1
     assert re.search(r"\[1\]", rep2.text)
+
+
+class _Skill:
+    """The smallest DeepResearchSkill shape: one frame of three queries, each finding one page of its own."""
+
+    def __init__(self):
+        self.researcher = type("R", (), {"query": "Why are honeybee colonies collapsing?"})()
+        self.breadth, self.depth = 3, 1
+
+    async def generate_search_queries(self, query, num_queries=3):
+        return [{"query": f"q{i}", "researchGoal": f"goal {i}"} for i in range(num_queries)]
+
+    async def process_research_results(self, query, context, num_learnings=3):
+        return {"learnings": [f"learned {query}"], "followUpQuestions": []}
+
+    async def deep_research(self, query, breadth, depth, **kw):
+        for q in await self.generate_search_queries(query, breadth):
+            ctx = [{"Content": f"page found by {q['query']}", "url": f"https://example.org/{q['query']}"}]
+            await self.process_research_results(query=q["query"], context=ctx)
+        return {"learnings": []}
+
+    async def run(self, on_progress=None):
+        await self.deep_research("root", self.breadth, self.depth)
+        return "context"
+
+
+def test_gpt_researcher_hook_records_report_citations_that_label_branches(tmp_path, encoder):
+    import asyncio
+
+    from branchgate.inference.gpt_researcher import gate_deep_research
+
+    skill = _Skill()
+    hook = gate_deep_research(skill, None, tmp_path / "t.jsonl", run_id="hooked")
+    asyncio.run(skill.run())
+    ids = hook.record_report("Mites matter ([study](https://example.org/q1/)). See https://elsewhere.example/x.")
+    hook.close()
+    (run,) = read_runs([tmp_path / "t.jsonl"])
+    ev = {e.evidence_id: e for e in run.events if e.type == "evidence"}
+    (rep,) = [e for e in run.events if e.type == "report"]
+    assert rep.cited_ids == ids and len(ids) == 1 and ev[ids[0]].source == "https://example.org/q1"
+    assert rep.cited_sources == ["https://example.org/q1/", "https://elsewhere.example/x"]
+    assert hook.counts["cited_unmapped"] == 1
+    build([tmp_path / "t.jsonl"], tmp_path / "o", encoder_obj=encoder, cache=tmp_path / "c.sqlite", progress=False,
+          labels="citations")
+    df = _frame(tmp_path / "o").set_index("query")
+    assert list(df.loc[["q0", "q1", "q2"], "label"]) == [0, 1, 0]

@@ -53,6 +53,20 @@ COST = re.compile(r"Total Research Costs: \$([0-9.eE+-]+)")
 RUNNING_TAGS = ("running_subquery_research", "running_subquery_with_vectorstore_research")
 
 
+def cited_urls(text: str) -> list[str]:
+    """The URLs a GPT-Researcher report cites (markdown links, bare URLs, its references list), in order."""
+    return list(dict.fromkeys(u.rstrip(".,;:!?*_") for u in CITED_URL.findall(text)))
+
+
+def map_urls(cited: list[str], ids_by_url: dict[str, list[str]]) -> tuple[list[str], int]:
+    """(evidence ids of the cited URLs, ignoring a trailing slash; how many cited URLs have none)."""
+    by_norm: dict[str, list[str]] = {}
+    for url, ids in ids_by_url.items():
+        by_norm.setdefault(url.rstrip("/"), []).extend(ids)
+    found = [by_norm.get(u.rstrip("/")) for u in cited]
+    return list(dict.fromkeys(i for ids in found if ids for i in ids)), sum(1 for ids in found if not ids)
+
+
 def _ts(value) -> float | None:
     if not isinstance(value, str):
         return None
@@ -248,16 +262,15 @@ class GPTResearcherReader:
     @staticmethod
     def _citations(text: str, urls: set[str], warn) -> dict:
         """The URLs a report cites, and the evidence ids (= logged source URLs) they are."""
-        cited = list(dict.fromkeys(u.rstrip(".,;:!?*_") for u in CITED_URL.findall(text)))
+        cited = cited_urls(text)
         if not cited:
             if NUMBERED.search(text):
                 warn(W + "report cites by number ([n]) without URLs (citations not mapped)")
             return {}
-        by_norm = {u.rstrip("/"): u for u in sorted(urls)}
-        ids = [by_norm[u.rstrip("/")] for u in cited if u.rstrip("/") in by_norm]
-        warn(W + "cited URL that no log names as a source (not mapped)", len(cited) - len(ids))
+        ids, unmapped = map_urls(cited, {u: [u] for u in urls})
+        warn(W + "cited URL that no log names as a source (not mapped)", unmapped)
         warn(W + "cited source not tied to a branch (sources are not linked to subqueries)", len(ids))
-        return {"cited_ids": list(dict.fromkeys(ids)), "cited_sources": cited}
+        return {"cited_ids": ids, "cited_sources": cited}
 
     @staticmethod
     def _find(frames: list[list[Candidate]], query, ok) -> Candidate | None:
