@@ -32,6 +32,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("export",), "branchgate.export.cli", "Export a checkpoint to an ONNX controller (with parity check)."),
     (("gate",), "branchgate.inference.gate_cli", "Gate one decision read as JSON on stdin with an ONNX controller."),
     (("bench-gate",), "branchgate.export.bench_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
+    (("bench",), "branchgate.bench.cli", "The held-out experiment in one command: simulate, dataset, train, export, closed loop, report."),
     (("quickstart",), "branchgate.quickstart", "The whole chain on the bundled sample: simulate, dataset, train, evaluate, export."),
 ]
 

@@ -1,0 +1,10 @@
+"""``branchgate bench``: the whole held-out experiment in one command (see ``bench/cli.py``).
+
+Modules: ``steps.py`` (cached steps with fingerprints), ``stats.py`` (bootstrap intervals, offline metrics of
+scorers on a decision dataset), ``policies.py`` (the closed-loop policy families and their sweeps),
+``closed_loop.py`` (running them and pairing by query), ``report.py`` (report.json, report.md, the PNG),
+``cli.py`` (the command).
+"""
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")

@@ -1,0 +1,94 @@
+"""``branchgate bench``: the whole held-out experiment in one command, every step cached under OUT.
+
+    branchgate bench --env DIR --train-queries FILE --eval-queries FILE --out DIR [--config bench]
+                     [--labels keypoints|judge|citations|teacher:NAME] [--real DATASET_DIR ...]
+
+Steps (OUT/<step>/, reused when their fingerprint matches, see ``bench/steps.py``): ``simulate`` (no pruning,
+train queries) → ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (every
+policy of ``bench/policies.py`` on the eval queries) → ``offline`` (the dataset's test split) → ``real`` (each
+``--real`` decision dataset). Writes OUT/report.json, OUT/report.md and OUT/kpr_vs_tokens.png.
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+import argparse
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+from branchgate.errors import InputError
+
+OPTIONS = ("breadth", "depth", "encoder", "labels", "bootstrap")  # command-line overrides of config keys
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--env", required=True, help="environment folder (branchgate env build), or 'sample'")
+    parser.add_argument("--train-queries", required=True, metavar="FILE", help="query ids to train on (one per line or JSON lines with 'id')")
+    parser.add_argument("--eval-queries", required=True, metavar="FILE", help="held-out query ids for the closed loop (no overlap)")
+    parser.add_argument("--out", required=True, help="output folder (one sub-folder per step; reruns reuse them)")
+    parser.add_argument("--config", default="bench", help="bench YAML (default: the packaged configs/bench.yaml)")
+    parser.add_argument("--labels", default=None, metavar="keypoints|judge|citations|teacher:NAME",
+                        help="dataset label source (default: the config's)")
+    parser.add_argument("--real", nargs="*", default=[], metavar="DIR", help="decision datasets from real agents to score")
+    parser.add_argument("--breadth", type=int, default=None, help="override the config's breadth")
+    parser.add_argument("--depth", type=int, default=None, help="override the config's depth")
+    parser.add_argument("--encoder", default=None, help="override the config's encoder")
+    parser.add_argument("--bootstrap", type=int, default=None, help="override the config's bootstrap resamples")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def load_config(name: str) -> dict:
+    import yaml
+
+    path = Path(name)
+    if not path.is_file():
+        packaged = Path(str(files("branchgate.configs")))
+        path = next((p for p in (packaged / name, packaged / f"{name}.yaml") if p.is_file()), path)
+    if not path.is_file():
+        raise InputError("bench config not found", name)
+    base = yaml.safe_load((Path(str(files("branchgate.configs"))) / "bench.yaml").read_text())
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise InputError("expected a mapping of bench settings", str(path))
+    unknown = set(cfg) - set(base)
+    if unknown:
+        raise InputError(f"unknown keys {sorted(unknown)} (known: {sorted(base)})", str(path))
+    for key in ("train", "policies"):
+        cfg[key] = {**base[key], **(cfg.get(key) or {})}
+    return {**base, **cfg}
+
+
+def read_ids(env, path: str) -> list[str]:
+    from branchgate.pipeline.simulate import select_queries
+
+    return list(dict.fromkeys(q for q, _ in select_queries(env, None, path)))  # InputError names file and line
+
+
+def check_disjoint(train_file: str, train: list[str], eval_file: str, ev: list[str]) -> None:
+    common = sorted(set(train) & set(ev))
+    if common:
+        raise InputError(f"{len(common)} query ids are in both {train_file} and {eval_file} (e.g. {common[0]!r}); "
+                         "the train and eval sets must not overlap", eval_file)
+
+
+def run(args) -> int:
+    from branchgate.bench.pipeline import run_bench
+
+    cfg = load_config(args.config)
+    for key in OPTIONS:
+        if getattr(args, key, None) is not None:
+            cfg[key] = getattr(args, key)
+    report, paths, steps = run_bench(args.env, args.train_queries, args.eval_queries, args.out, cfg, args.real,
+                                     progress=not args.no_progress and sys.stderr.isatty())
+    pol = report["policies"]
+    print(f"{'policy':<22} {'tokens':>9} {'KPR':>7}  [95% CI]")
+    for name, p in pol.items():
+        lo, hi = p["kpr"]["ci95"]
+        print(f"{name:<22} {p['tokens']['mean']:9.0f} {p['kpr']['mean']:7.3f}  [{lo:.3f}, {hi:.3f}]")
+    g = report["offline"].get("gate", {})
+    print(f"offline gate AUROC {g.get('auroc') or float('nan'):.3f}; steps run: {', '.join(steps.ran) or 'none (all cached)'}")
+    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+    return 0

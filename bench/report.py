@@ -1,0 +1,98 @@
+"""The bench's outputs: ``report.json`` (keys documented in ARCHITECTURE.md), ``report.md`` (the same as
+tables) and ``kpr_vs_tokens.png`` (every policy family as a curve of KPR against tokens, 95% intervals)."""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+from pathlib import Path
+
+from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
+
+REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "encoder", "timings")
+PLOT = "kpr_vs_tokens.png"
+
+
+def _f(v, fmt=".3f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def _mc(d: dict, fmt=".3f") -> str:
+    lo, hi = d.get("ci95") or (None, None)
+    return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
+
+
+def markdown(report: dict) -> str:
+    lab = report["labels"]
+    lines = ["# branchgate bench", "", f"Labels: `{lab['source']}` (threshold {lab.get('threshold')}); encoder: `{report['encoder']}`; "
+             f"{report['queries']['train']} train and {report['queries']['eval']} eval queries.", "",
+             "## Closed loop (eval queries; mean [95% CI over queries])", "",
+             "| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
+    for name, p in report["policies"].items():
+        lines.append(f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
+                     f"| {_mc(p['kpr'])} |")
+    lines += ["", "## Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries)", "",
+              "| baseline | tokens | Δ KPR [95% CI] | |", "|---|---|---|---|"]
+    for name, g in report["gate_vs"].items():
+        lines.append(f"| {name} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} | "
+                     f"{'outside the gate sweep (clamped)' if g['extrapolated'] else ''} |")
+    lines += ["", "## Offline (dataset test split; 95% CI over runs)", ""] + _offline_table(report["offline"])
+    for stratum, table in report["offline_by_depth"].items():
+        lines += ["", f"### {stratum}", ""] + _offline_table(table)
+    for ds, table in report["real"].items():
+        lines += ["", f"## Real decisions: {ds}", "", "| scorer | AUROC [95% CI] | gate − scorer [95% CI] |",
+                  "|---|---|---|"]
+        for name, m in table.items():
+            d = m.get("delta_vs_gate")
+            lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_mc(d, '+.3f') if d else ''} |")
+    lines += ["", "## Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
+    lines += ["", f"![KPR vs tokens]({PLOT})", ""]
+    return "\n".join(lines)
+
+
+def _offline_table(table: dict) -> list[str]:
+    rows = ["| scorer | AUROC [95% CI] | AUPRC | top-1 | rows |", "|---|---|---|---|---|"]
+    for name, m in table.items():
+        rows.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95_auroc']})} | {_f(m['auprc'])} "
+                    f"| {_f(m['top1'])} | {m['n_rows']} |")
+    return rows
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams: dict[str, list] = {}
+    for name, p in report["policies"].items():
+        fams.setdefault(p["family"], []).append(p)
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for fam, pts in fams.items():
+        pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
+        x = [p["tokens"]["mean"] for p in pts]
+        y = [p["kpr"]["mean"] for p in pts]
+        lo = [p["kpr"]["mean"] - (p["kpr"]["ci95"][0] if p["kpr"]["ci95"][0] is not None else p["kpr"]["mean"]) for p in pts]
+        hi = [(p["kpr"]["ci95"][1] if p["kpr"]["ci95"][1] is not None else p["kpr"]["mean"]) - p["kpr"]["mean"] for p in pts]
+        style = dict(marker="*", markersize=14, linestyle="none", color="black") if fam == "none" else \
+            dict(marker="o", linewidth=2.5 if fam == "gate" else 1.2)
+        ax.errorbar(x, y, yerr=[lo, hi], label=fam, capsize=2, **style)
+    ax.set_xlabel("tokens per run (mean)")
+    ax.set_ylabel("key-point recall (mean, 95% CI)")
+    ax.set_title(f"closed loop on {report['queries']['eval']} eval queries (labels: {report['labels']['source']})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def write(out: Path, report: dict) -> dict[str, Path]:
+    paths = {"json": out / "report.json", "md": out / "report.md", "png": out / PLOT}
+    atomic_write_json(paths["json"], report)
+    plot(report, paths["png"])
+    atomic_write_text(paths["md"], markdown(report))
+    return paths

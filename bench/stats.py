@@ -1,0 +1,145 @@
+"""Bootstrap intervals and offline metrics of scorers (the gate, every teacher) on a decision dataset.
+
+``bootstrap_ci`` is the one bootstrap: resample groups (runs, queries) with replacement, recompute a statistic,
+take the 2.5/97.5 percentiles. ``offline_metrics`` scores the controller (the training path,
+``training/evaluate.predict``) and every ``teacher_*`` column on rows of a dataset: AUROC, AUPRC and top-1 per
+scorer with bootstrap intervals over runs, pooled and per depth stratum.
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+from typing import Callable
+
+import numpy as np
+
+DEPTH_STRATA = {"depth0": lambda d: d == 0, "depth1+": lambda d: d >= 1}
+
+
+def bootstrap_ci(groups, stat: Callable[[np.ndarray], float], boot: int = 1000, seed: int = 0) -> list[float | None]:
+    """95% percentile interval of ``stat(resampled group ids)`` over ``boot`` resamples of the distinct ``groups``
+    (``stat`` gets an array of group ids, repeats included); NaN values are skipped, ``[None, None]`` if none."""
+    uniq = np.unique(np.asarray(groups))
+    if len(uniq) == 0 or boot < 1:
+        return [None, None]
+    rng = np.random.default_rng(seed)
+    vals = np.array([stat(uniq[rng.integers(0, len(uniq), len(uniq))]) for _ in range(boot)], np.float64)
+    vals = vals[np.isfinite(vals)]
+    if not len(vals):
+        return [None, None]
+    lo, hi = np.percentile(vals, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def mean_ci(values, boot: int = 1000, seed: int = 0) -> dict:
+    """``{"mean", "ci95"}`` of per-item values (one per query), bootstrapping items."""
+    v = np.asarray(values, np.float64)
+    if not len(v):
+        return {"mean": None, "ci95": [None, None]}
+    ci = bootstrap_ci(np.arange(len(v)), lambda idx: float(v[idx].mean()), boot, seed)
+    return {"mean": float(v.mean()), "ci95": ci}
+
+
+def _nan(x):
+    return np.nan if x is None else float(x)
+
+
+def _auprc(labels, scores) -> float | None:
+    from sklearn.metrics import average_precision_score
+
+    if len(labels) == 0 or len(np.unique(labels)) < 2:
+        return None
+    return float(average_precision_score(labels, scores))
+
+
+class Rows:
+    """Labelled rows of a dataset with scorer columns, grouped by run for the bootstrap."""
+
+    def __init__(self, labels, utility, runs, frames, depth, scorers: dict[str, np.ndarray]):
+        keep = np.asarray(labels) >= 0
+        self.labels = np.asarray(labels, np.int64)[keep]
+        self.utility = np.asarray(utility, np.float64)[keep]
+        self.runs = np.asarray(runs)[keep]
+        self.frames = np.asarray(frames)[keep]
+        self.depth = np.asarray(depth, np.int64)[keep]
+        self.scorers = {k: np.asarray(v, np.float64)[keep] for k, v in scorers.items()}
+        self.by_run = {r: np.flatnonzero(self.runs == r) for r in np.unique(self.runs)}
+
+    def rows_of(self, run_ids) -> np.ndarray:
+        parts = [self.by_run[r] for r in run_ids]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def auroc(self, name: str, rows) -> float:
+        from branchgate.training.metrics import safe_auroc
+
+        return _nan(safe_auroc(self.labels[rows], self.scorers[name][rows]))
+
+    def top1(self, name: str, rows) -> float:
+        from branchgate.training.metrics import top1_accuracy
+
+        return _nan(top1_accuracy(self.scorers[name][rows], self.utility[rows], self.frames[rows]))
+
+    def subset(self, mask) -> "Rows":
+        return Rows(self.labels[mask], self.utility[mask], self.runs[mask], self.frames[mask], self.depth[mask],
+                    {k: v[mask] for k, v in self.scorers.items()})
+
+
+def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
+    """``{SCORER: {"auroc", "auprc", "top1", "ci95_auroc", "n_rows"}}``; with ``ref`` (the gate) every other
+    scorer also gets ``delta_vs_gate`` = paired bootstrap over runs of ref's AUROC minus its own."""
+    out = {}
+    everything = np.arange(len(rows.labels))
+    for name in rows.scorers:
+        auroc = rows.auroc(name, everything)
+        m = {"auroc": None if np.isnan(auroc) else auroc,
+             "auprc": _auprc(rows.labels, rows.scorers[name]),
+             "top1": None if np.isnan(t := rows.top1(name, everything)) else t,
+             "ci95_auroc": bootstrap_ci(rows.runs, lambda b, n=name: rows.auroc(n, rows.rows_of(b)), boot, seed),
+             "n_rows": int(len(rows.labels))}
+        if ref is not None and name != ref:
+            def delta(b, n=name):
+                r = rows.rows_of(b)
+                return rows.auroc(ref, r) - rows.auroc(n, r)
+            d = rows.auroc(ref, everything) - auroc
+            m["delta_vs_gate"] = {"mean": None if np.isnan(d) else float(d),
+                                  "ci95": bootstrap_ci(rows.runs, delta, boot, seed)}
+        out[name] = m
+    return out
+
+
+def by_depth(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
+    """``scorer_metrics`` per stratum of ``DEPTH_STRATA`` (depth 0, depth ≥ 1)."""
+    return {k: scorer_metrics(rows.subset(f(rows.depth)), boot, seed, ref) for k, f in DEPTH_STRATA.items()}
+
+
+def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
+    """The controller (``gate``, by the training path) and every ``teacher_*`` column on ``splits`` of a dataset."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.training.checkpoint import load_controller
+    from branchgate.training.evaluate import predict
+
+    net, meta = load_controller(checkpoint)
+    dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
+    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
+    dm.setup("test")
+    cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth")}
+    scorers: dict[str, list] = {}
+    for split in splits:
+        part = dm.splits[split]
+        p, _ = predict(net, dm.sets[split], dm.table)
+        cols["label"].append(np.asarray(part["label"], np.int64))
+        cols["utility"].append(np.asarray([np.nan if v is None else v for v in part["utility"]], np.float64))
+        cols["run"].append(np.asarray(part["run_id"]))
+        cols["frame"].append(np.asarray([f"{r}/{f}" for r, f in zip(part["run_id"], part["frame_id"])]))
+        cols["depth"].append(np.asarray(part["depth"], np.int64))
+        scorers.setdefault("gate", []).append(p.astype(np.float64))
+        for c in part.column_names:
+            if c.startswith("teacher_"):
+                scorers.setdefault(c[len("teacher_"):], []).append(
+                    np.asarray([np.nan if v is None else v for v in part[c]], np.float64))
+    cat = {k: np.concatenate(v) for k, v in cols.items()}
+    return Rows(cat["label"], cat["utility"], cat["run"], cat["frame"], cat["depth"],
+                {k: np.concatenate(v) for k, v in scorers.items()})

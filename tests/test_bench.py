@@ -1,0 +1,130 @@
+"""`branchgate bench` end to end on the bundled sample (tiny settings), its step cache, and its query checks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from branchgate.bench.closed_loop import interpolate
+from branchgate.bench.stats import bootstrap_ci
+from branchgate.cli import main
+from branchgate.models.teachers import NAMES
+from branchgate.pipeline.sample import SAMPLE_DIR
+
+STEPS = ("simulate", "dataset", "train", "export", "closed_loop", "offline", "real")
+TINY = """breadth: 2
+depth: 2
+encoder: packaged
+train:
+  config: quickstart
+  overrides: ["--trainer.max_epochs=2"]
+policies:
+  teacher_max_items: [1]
+  gate_taus: [0.1, 0.5]
+  shallow_nodes: [3]
+  random_rates: [RATES]
+bootstrap: 50
+"""
+
+
+def _ids():
+    return [json.loads(line)["id"] for line in (SAMPLE_DIR / "queries.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    ids = _ids()
+    (d / "train.txt").write_text("\n".join(ids[:12]) + "\n")
+    (d / "eval.jsonl").write_text("".join(json.dumps({"id": q}) + "\n" for q in ids[30:34]))
+    (d / "tiny.yaml").write_text(TINY.replace("RATES", "0.5"))
+    argv = ["bench", "--env", "sample", "--train-queries", str(d / "train.txt"), "--eval-queries",
+            str(d / "eval.jsonl"), "--out", str(d / "out"), "--config", str(d / "tiny.yaml"), "--no-progress"]
+    assert main(argv) == 0
+    # the bench's own dataset stands in for a real agent's decisions (--real takes any decision dataset)
+    assert main(argv + ["--real", str(d / "out" / "dataset" / "dataset")]) == 0
+    return d, argv, json.loads((d / "out" / "report.json").read_text())
+
+
+def _contains(d):
+    lo, hi = d["ci95"]
+    return lo - 1e-9 <= d["mean"] <= hi + 1e-9
+
+
+def test_report_has_every_policy_and_plausible_values(bench):
+    d, _, rep = bench
+    assert {"policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "encoder", "timings"} <= set(rep)
+    pol = rep["policies"]
+    expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5"} | {f"{t}@1" for t in NAMES}
+    assert set(pol) == expected
+    for name, p in pol.items():
+        assert p["runs"] == 4, name
+        assert 0.0 <= p["kpr"]["mean"] <= 1.0, name
+        for k in ("nodes", "tokens", "kpr"):
+            assert _contains(p[k]), (name, k, p[k])
+    assert max(pol, key=lambda n: pol[n]["tokens"]["mean"]) == "none"  # no pruning spends the most
+    assert pol["gate@tau=0.5"]["tokens"]["mean"] < pol["gate@tau=0.1"]["tokens"]["mean"]  # higher τ prunes more
+    assert set(rep["gate_vs"]) == expected - {"gate", "gate@tau=0.1", "gate@tau=0.5"}
+    for g in rep["gate_vs"].values():
+        assert _contains(g["kpr_delta"]) and -1 <= g["kpr_delta"]["mean"] <= 1
+    assert set(rep["offline"]) == {"gate", *NAMES}
+    assert {"depth0", "depth1+"} <= set(rep["offline_by_depth"])
+    assert sum(m["n_rows"] for m in (rep["offline_by_depth"][s]["gate"] for s in ("depth0", "depth1+"))) \
+        == rep["offline"]["gate"]["n_rows"]
+    for m in rep["offline"].values():
+        assert 0 <= m["auroc"] <= 1 and 0 <= m["auprc"] <= 1
+    real = rep["real"]["dataset"]
+    assert set(real) == {"gate", *NAMES} and "delta_vs_gate" not in real["gate"]
+    assert all(_contains(m["delta_vs_gate"]) for k, m in real.items() if k != "gate")
+    assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
+    md = (d / "out" / "report.md").read_text()
+    assert "| gate@tau=0.5 |" in md and "## Offline" in md
+    assert (d / "out" / "kpr_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_loop(bench, capsys):
+    d, argv, first = bench
+    out = d / "out"
+    argv = argv + ["--real", str(out / "dataset" / "dataset")]
+    mtimes = {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS}
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "steps run: none (all cached)" in capsys.readouterr().out
+    assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS} == mtimes
+    assert json.loads((out / "report.json").read_text())["policies"] == first["policies"]
+    points = {p.parent.name: p.stat().st_mtime_ns for p in (out / "closed_loop").glob("seed0/*/point.json")}
+    (d / "tiny.yaml").write_text(TINY.replace("RATES", "0.5, 0.9"))  # one closed-loop setting changes
+    assert main(argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps_run"] == ["closed_loop"]
+    assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS if s != "closed_loop"} \
+        == {s: t for s, t in mtimes.items() if s != "closed_loop"}
+    assert "random@0.9" in rep["policies"]
+    after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "closed_loop").glob("seed0/*/point.json")}
+    assert {k: after[k] for k in points} == points  # only the new point was simulated
+
+
+def test_overlapping_or_unknown_query_ids_exit_2(tmp_path, capsys):
+    ids = _ids()
+    (tmp_path / "a.txt").write_text("\n".join(ids[:3]) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(ids[2:5]) + "\n")
+    (tmp_path / "c.txt").write_text(f"{ids[6]}\nno-such-query\n")
+    base = ["bench", "--env", "sample", "--out", str(tmp_path / "out"), "--train-queries", str(tmp_path / "a.txt")]
+    assert main(base + ["--eval-queries", str(tmp_path / "b.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "a.txt" in err and "b.txt" in err and ids[2] in err
+    assert main(base + ["--eval-queries", str(tmp_path / "c.txt")]) == 2
+    assert "c.txt:2" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "simulate").exists()
+
+
+def test_bootstrap_ci_and_interpolation():
+    v = np.array([0.0, 1.0, 0.0, 1.0, 1.0])
+    lo, hi = bootstrap_ci(np.arange(5), lambda idx: float(v[idx].mean()), boot=200)
+    assert 0.0 <= lo < 0.6 < hi <= 1.0
+    assert bootstrap_ci([], lambda idx: 0.0) == [None, None]
+    curve = [(100.0, {"q": 0.2}), (300.0, {"q": 0.6})]
+    assert interpolate(curve, 200.0) == ({"q": pytest.approx(0.4)}, False)
+    assert interpolate(curve, 500.0) == ({"q": 0.6}, True)  # beyond the sweep: clamped, flagged
