@@ -81,13 +81,20 @@ class Rows:
 
         return _nan(top1_accuracy(self.scorers[name][rows], self.utility[rows], self.frames[rows]))
 
+    def top1_informative(self, name: str, rows) -> float:
+        """Top-1 accuracy over decision points where some candidate has positive utility (the choice matters)."""
+        from branchgate.training.metrics import top1_hits
+
+        hits = top1_hits(self.scorers[name][rows], self.utility[rows], self.frames[rows], informative=True)
+        return float(np.mean(list(hits.values()))) if hits else np.nan
+
     def subset(self, mask) -> "Rows":
         return Rows(self.labels[mask], self.utility[mask], self.runs[mask], self.frames[mask], self.depth[mask],
                     {k: v[mask] for k, v in self.scorers.items()})
 
 
 def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
-    """``{SCORER: {"auroc", "auprc", "top1", "ci95_auroc", "n_rows"}}``; with ``ref`` (the gate) every other
+    """``{SCORER: {"auroc", "auprc", "top1", "top1_informative", "ci95_auroc", "n_rows"}}``; with ``ref`` (the gate) every other
     scorer also gets ``delta_vs_gate`` = paired bootstrap over runs of ref's AUROC minus its own."""
     out = {}
     everything = np.arange(len(rows.labels))
@@ -96,6 +103,7 @@ def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None 
         m = {"auroc": None if np.isnan(auroc) else auroc,
              "auprc": _auprc(rows.labels, rows.scorers[name]),
              "top1": None if np.isnan(t := rows.top1(name, everything)) else t,
+             "top1_informative": None if np.isnan(t := rows.top1_informative(name, everything)) else t,
              "ci95_auroc": bootstrap_ci(rows.runs, lambda b, n=name: rows.auroc(n, rows.rows_of(b)), boot, seed),
              "n_rows": int(len(rows.labels))}
         if ref is not None and name != ref:

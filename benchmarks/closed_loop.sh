@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Superseded by `branchgate bench` (the whole experiment, cached, with report.json/report.md and a plot);
+# kept as a thin shell over `branchgate simulate` for re-running the README's older table by hand.
 # Closed loop on held-out queries: no pruning, the learned gate (at its τ and at the τ values in GATE_TAUS,
 # to meet the teachers' token budgets), teachers at pre-retrieval, the gate combined with later-stage
 # teachers, and equal-budget shallow searches. Prints one summary line per configuration; then

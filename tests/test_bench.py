@@ -74,7 +74,7 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert sum(m["n_rows"] for m in (rep["offline_by_depth"][s]["gate"] for s in ("depth0", "depth1+"))) \
         == rep["offline"]["gate"]["n_rows"]
     for m in rep["offline"].values():
-        assert 0 <= m["auroc"] <= 1 and 0 <= m["auprc"] <= 1
+        assert 0 <= m["auroc"] <= 1 and 0 <= m["auprc"] <= 1 and 0 <= m["top1_informative"] <= 1
     real = rep["real"]["dataset"]
     assert set(real) == {"gate", *NAMES} and "delta_vs_gate" not in real["gate"]
     assert all(_contains(m["delta_vs_gate"]) for k, m in real.items() if k != "gate")
