@@ -90,5 +90,5 @@ def run(args) -> int:
         print(f"{name:<22} {p['tokens']['mean']:9.0f} {p['kpr']['mean']:7.3f}  [{lo:.3f}, {hi:.3f}]")
     g = report["offline"].get("gate", {})
     print(f"offline gate AUROC {g.get('auroc') or float('nan'):.3f}; steps run: {', '.join(steps.ran) or 'none (all cached)'}")
-    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

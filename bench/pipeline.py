@@ -31,6 +31,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     env = envmod.load(env_path)
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
+    real_fp = [_manifest_hash(p) for p in real]  # a missing --real path fails before any work
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     steps = Steps(out)
@@ -122,19 +123,27 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     off = steps.run("offline", {"upstream": steps.fingerprints["train"], "bootstrap": boot}, offline_step)
 
     def real_step(folder: Path) -> dict:
+        from branchgate.logs_to_dataset.build import build
+
         result = {}
         for path in real:
+            name = Path(path).resolve().name
+            name = name if name not in result else f"{name}-{len(result)}"
+            if not (Path(path) / "manifest.json").is_file():  # agent traces: build their decision dataset first
+                dest = folder / Path(path).name / "dataset"
+                build([path], dest, encoder=enc, labels="auto", progress=progress)
+                path = dest
             rows = stats.controller_rows(tr["checkpoint"], path, ("train", "validation", "test"))
             table = stats.scorer_metrics(rows, boot, ref="gate")
-            result[Path(path).name or str(path)] = {
+            result[name] = {
                 k: {"auroc": m["auroc"], "auprc": m["auprc"], "ci95": m["ci95_auroc"],
                     **({"delta_vs_gate": m["delta_vs_gate"]} if "delta_vs_gate" in m else {})}
                 for k, m in table.items()}
         return result
 
-    real_fp = [_manifest_hash(p) for p in real]
     rl = steps.run("real", {"upstream": steps.fingerprints["train"], "real": [str(p) for p in real],
-                            "manifests": real_fp, "bootstrap": boot}, real_step)
+                            "manifests": real_fp, "bootstrap": boot,
+                            "encoder": enc_id}, real_step)
     report = {"policies": cl["policies"], "gate_vs": cl["gate_vs"], "offline": off["offline"],
               "offline_by_depth": off["offline_by_depth"], "real": rl,
               "labels": {"source": cfg["labels"], "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold")},
@@ -148,7 +157,17 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
 
 
 def _manifest_hash(path) -> str:
+    """A decision dataset's manifest, or a trace folder's file names, sizes and mtimes, hashed."""
     from branchgate.bench.steps import fingerprint
 
-    m = Path(path) / "manifest.json"
-    return fingerprint(json.loads(m.read_text())) if m.is_file() else "missing"
+    path = Path(path)
+    m = path / "manifest.json"
+    if m.is_file():
+        return fingerprint(json.loads(m.read_text()))
+    if not path.exists():
+        from branchgate.errors import InputError
+
+        raise InputError("not found (--real takes decision datasets or trace folders)", str(path))
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return fingerprint([(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
+                        for p in files])

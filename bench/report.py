@@ -1,5 +1,6 @@
 """The bench's outputs: ``report.json`` (keys documented in ARCHITECTURE.md), ``report.md`` (the same as
-tables) and ``kpr_vs_tokens.png`` (every policy family as a curve of KPR against tokens, 95% intervals)."""
+tables) and ``kpr_vs_tokens.png`` (every policy family as a curve of KPR against tokens, 95% intervals), with ``--real``
+also ``real_auroc.png`` (each scorer's AUROC on the real decisions, 95% intervals)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
 
 REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "encoder", "timings")
 PLOT = "kpr_vs_tokens.png"
+REAL_PLOT = "real_auroc.png"
 
 
 def _f(v, fmt=".3f") -> str:
@@ -48,7 +50,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_mc(d, '+.3f') if d else ''} |")
     lines += ["", "## Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
-    lines += ["", f"![KPR vs tokens]({PLOT})", ""]
+    lines += ["", f"![KPR vs tokens]({PLOT})", ""] + ([f"![AUROC on real decisions]({REAL_PLOT})", ""] if report["real"] else [])
     return "\n".join(lines)
 
 
@@ -90,9 +92,38 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_real(report: dict, path: Path) -> None:
+    """AUROC of every scorer on each ``--real`` dataset, with 95% intervals over runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    real = report["real"]
+    fig, axes = plt.subplots(1, len(real), figsize=(6 * len(real), 4), squeeze=False)
+    for ax, (ds, table) in zip(axes[0], real.items()):
+        names = list(table)
+        y = [table[n]["auroc"] or 0.0 for n in names]
+        err = [[max(0.0, v - (table[n]["ci95"][0] if table[n]["ci95"][0] is not None else v)) for n, v in zip(names, y)],
+               [max(0.0, (table[n]["ci95"][1] if table[n]["ci95"][1] is not None else v) - v) for n, v in zip(names, y)]]
+        ax.bar(names, y, yerr=err, capsize=3, color=["tab:blue" if n == "gate" else "tab:gray" for n in names])
+        ax.axhline(0.5, color="black", linewidth=0.8, linestyle=":")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"real decisions: {ds}")
+        ax.set_ylabel("AUROC (95% CI over runs)")
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+
+
 def write(out: Path, report: dict) -> dict[str, Path]:
     paths = {"json": out / "report.json", "md": out / "report.md", "png": out / PLOT}
     atomic_write_json(paths["json"], report)
     plot(report, paths["png"])
+    if report["real"]:
+        paths["real_png"] = out / REAL_PLOT
+        plot_real(report, paths["real_png"])
     atomic_write_text(paths["md"], markdown(report))
     return paths

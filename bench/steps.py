@@ -1,6 +1,7 @@
 """Cached bench steps: each writes OUT/<step>/ and, when finished, OUT/<step>/done.json with its fingerprint.
 
-The fingerprint is the sha256 of the step's inputs (its config section, the query ids, the upstream steps'
+An interrupted step (OUT/<step>/started.json with the same fingerprint, no done.json) resumes in its
+folder (simulation skips finished runs). The fingerprint is the sha256 of the step's inputs (its config section, the query ids, the upstream steps'
 fingerprints, the branchgate version). A rerun with the same fingerprint returns the recorded result without
 running; a different one clears the folder and runs again, so a changed setting re-runs exactly the steps
 that depend on it.
@@ -54,9 +55,14 @@ class Steps:
                 self.timings[name] = 0.0
                 return rec["result"]
             log.info("%s: settings changed, running again", name)
-        if folder.exists():
+        elif (folder / "started.json").is_file():
+            log.info("%s: resuming an interrupted run", name)
+        started = folder / "started.json"
+        resume = started.is_file() and not done.is_file() and json.loads(started.read_text()).get("fingerprint") == fp
+        if folder.exists() and not resume:  # an interrupted step with the same inputs resumes in place
             shutil.rmtree(folder) if not getattr(fn, "keeps_folder", False) else done.unlink(missing_ok=True)
         folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(started, {"fingerprint": fp})
         print(f"== {name}: running", file=sys.stderr, flush=True)
         start = time.perf_counter()
         result = fn(folder)

@@ -43,9 +43,13 @@ def bench(tmp_path_factory):
     argv = ["bench", "--env", "sample", "--train-queries", str(d / "train.txt"), "--eval-queries",
             str(d / "eval.jsonl"), "--out", str(d / "out"), "--config", str(d / "tiny.yaml"), "--no-progress"]
     assert main(argv) == 0
-    # the bench's own dataset stands in for a real agent's decisions (--real takes any decision dataset)
-    assert main(argv + ["--real", str(d / "out" / "dataset" / "dataset")]) == 0
+    # the bench's own dataset and traces stand in for a real agent's (--real takes decision datasets or traces)
+    assert main(argv + _real(d)) == 0
     return d, argv, json.loads((d / "out" / "report.json").read_text())
+
+
+def _real(d):
+    return ["--real", str(d / "out" / "dataset" / "dataset"), str(d / "out" / "simulate" / "seed0" / "traces")]
 
 
 def _contains(d):
@@ -78,6 +82,8 @@ def test_report_has_every_policy_and_plausible_values(bench):
     real = rep["real"]["dataset"]
     assert set(real) == {"gate", *NAMES} and "delta_vs_gate" not in real["gate"]
     assert all(_contains(m["delta_vs_gate"]) for k, m in real.items() if k != "gate")
+    assert rep["real"]["traces"] == real  # the traces, built into a dataset, give the same decisions
+    assert (d / "out" / "real_auroc.png").read_bytes()[:4] == b"\x89PNG"
     assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
     md = (d / "out" / "report.md").read_text()
     assert "| gate@tau=0.5 |" in md and "## Offline" in md
@@ -87,7 +93,7 @@ def test_report_has_every_policy_and_plausible_values(bench):
 def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_loop(bench, capsys):
     d, argv, first = bench
     out = d / "out"
-    argv = argv + ["--real", str(out / "dataset" / "dataset")]
+    argv = argv + _real(d)
     mtimes = {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS}
     capsys.readouterr()
     assert main(argv) == 0
