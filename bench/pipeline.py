@@ -6,6 +6,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import json
+import time
 from pathlib import Path
 
 from branchgate.bench import closed_loop, stats
@@ -28,6 +29,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     from branchgate.models.encoder import resolve
     from branchgate.pipeline import env as envmod
 
+    started = time.perf_counter()
     env = envmod.load(env_path)
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
@@ -147,7 +149,8 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     report = {"policies": cl["policies"], "gate_vs": cl["gate_vs"], "offline": off["offline"],
               "offline_by_depth": off["offline_by_depth"], "real": rl,
               "labels": {"source": cfg["labels"], "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold")},
-              "encoder": enc_id, "timings": dict(steps.timings),
+              "encoder": enc_id,
+              "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
               "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": tr.get("tau"),
               "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
     from branchgate.training.metrics import clean

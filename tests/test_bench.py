@@ -85,6 +85,7 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert rep["real"]["traces"] == real  # the traces, built into a dataset, give the same decisions
     assert (d / "out" / "real_auroc.png").read_bytes()[:4] == b"\x89PNG"
     assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
+    assert set(STEPS) | {"total"} == set(rep["timings"]) and rep["timings"]["total"] > 0
     md = (d / "out" / "report.md").read_text()
     assert "| gate@tau=0.5 |" in md and "## Offline" in md
     assert (d / "out" / "kpr_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
