@@ -55,11 +55,11 @@ class Steps:
                 self.timings[name] = 0.0
                 return rec["result"]
             log.info("%s: settings changed, running again", name)
-        elif (folder / "started.json").is_file():
-            log.info("%s: resuming an interrupted run", name)
         started = folder / "started.json"
         resume = started.is_file() and not done.is_file() and json.loads(started.read_text()).get("fingerprint") == fp
-        if folder.exists() and not resume:  # an interrupted step with the same inputs resumes in place
+        if resume:
+            log.info("%s: resuming an interrupted run in %s", name, folder)
+        elif folder.exists():
             shutil.rmtree(folder) if not getattr(fn, "keeps_folder", False) else done.unlink(missing_ok=True)
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_json(started, {"fingerprint": fp})

@@ -9,6 +9,7 @@ import pytest
 
 from branchgate.bench.closed_loop import interpolate
 from branchgate.bench.stats import bootstrap_ci
+from branchgate.bench.steps import Steps
 from branchgate.cli import main
 from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
@@ -135,3 +136,20 @@ def test_bootstrap_ci_and_interpolation():
     curve = [(100.0, {"q": 0.2}), (300.0, {"q": 0.6})]
     assert interpolate(curve, 200.0) == ({"q": pytest.approx(0.4)}, False)
     assert interpolate(curve, 500.0) == ({"q": 0.6}, True)  # beyond the sweep: clamped, flagged
+
+
+def test_steps_resume_an_interrupted_step_and_rerun_a_changed_one(tmp_path):
+    steps = Steps(tmp_path)
+
+    def interrupted(folder):
+        (folder / "partial").write_text("x")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        steps.run("s", {"a": 1}, interrupted)
+    seen = []
+    steps.run("s", {"a": 1}, lambda f: seen.append((f / "partial").exists()) or {"n": 1})  # same inputs: resumes
+    steps.run("s", {"a": 2}, lambda f: seen.append((f / "partial").exists()) or {"n": 2})  # changed: starts afresh
+    assert seen == [True, False]
+    again = Steps(tmp_path)
+    assert again.run("s", {"a": 2}, lambda f: 1 / 0) == {"n": 2} and again.ran == []  # finished: reused
