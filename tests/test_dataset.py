@@ -96,6 +96,35 @@ def test_evidence_retrieved_again_after_a_prune_is_back_in_context(tmp_path):
     assert rd.problems == ["retrieval for unknown candidate 'ghost' (ignored)"]
 
 
+def test_orders_are_renumbered_to_positions_for_rows_and_training(tmp_path):
+    """A trace's own orders (gaps, any start, a log lacking them) become positions 0..K-1 in the frame, as the Gate
+    numbers candidates; training batches take them from features.structured_features whatever the stored column."""
+    import datasets
+
+    from branchgate.data.decisions import TextTable, build_decisions
+    from branchgate.data.schema import DECISION_COLUMNS
+
+    path = tmp_path / "t.jsonl"
+    with TraceWriter(path) as w:
+        w.write(type="run_start", run_id="r", root_query="q")
+        w.write(type="frame_open", run_id="r", frame_id="f0")
+        for cid, order in (("a", 10), ("b", 3), ("c", 7)):
+            w.write(type="candidate", run_id="r", frame_id="f0", candidate_id=cid, query=cid, order=order)
+    rd = run_decisions("r", _run("r", path).events)
+    assert [(c.candidate_id, c.order) for c in rd.frames[0].candidates] == [("b", 0), ("c", 1), ("a", 2)]
+    rows = {name: [] for name in DECISION_COLUMNS}
+    for i, (order, depth) in enumerate(((40, 2), (5, 2), (17, 2))):  # stored orders from elsewhere: not positions
+        row = {"run_id": "r", "frame_id": "f", "root_query": "q", "frame_query": "", "parent_goal": "",
+               "retained": ["x"], "query": f"c{i}", "goal": "", "depth": depth, "order": order, "label": 1,
+               "utility": 1.0}
+        for name in DECISION_COLUMNS:
+            rows[name].append(row[name])
+    dset = build_decisions("test", datasets.Dataset.from_dict(rows), TextTable())
+    assert dset.features[:, 1].tolist() == [0.0, 1.0, 2.0]  # order = position, so order / (K - 1) ≤ 1
+    assert dset.features[:, [0, 2, 3]].tolist() == [[2.0, 3.0, 1.0]] * 3  # depth, K, R
+    assert dset.row.tolist() == [1, 2, 0]  # sorted by the stored order
+
+
 def test_run_without_run_start_is_rejected(tmp_path):
     path = tmp_path / "t.jsonl"
     with TraceWriter(path) as w:
