@@ -330,6 +330,9 @@ class JudgeSource:
     def stats(self) -> dict:
         return self.judge.stats()
 
+    def close(self) -> None:  # the build closes its label source when it is done
+        self.judge.close()
+
 
 def label_source(llm_url: str, llm_model: str, **options) -> JudgeSource:
     """The label source for ``llm_url``/``llm_model``; ``options`` go to ``Judge`` (cache, batch, …; the API key

@@ -142,13 +142,8 @@ def _judge(teacher_source, options: dict):
     if not options.get("llm_url") or not options.get("llm_model"):
         raise InputError("--labels judge needs --llm-url/--llm-model (an OpenAI-compatible endpoint and model "
                          "that reads each branch's evidence and names the key points it adds)")
-    try:
-        from branchgate.logs_to_dataset import judge
-    except ModuleNotFoundError as exc:
-        if exc.name != "branchgate.logs_to_dataset.judge":
-            raise
-        raise InputError("--labels judge needs branchgate.logs_to_dataset.judge, which this branchgate "
-                         "does not have yet") from None
+    from branchgate.logs_to_dataset import judge
+
     return judge.label_source(**options)
 
 

@@ -233,3 +233,29 @@ def test_label_source_for_the_dataset_build(chat_stub, tmp_path, monkeypatch):
     assert source.utilities(rd, None, None) == EXPECTED
     assert source.stats()["calls"] == 6 and stub.headers[0]["Authorization"] == "Bearer sk-stub"
     source.judge.close()
+
+
+def test_dataset_build_with_judge_labels_end_to_end(chat_stub, tmp_path, encoder, monkeypatch):
+    """`branchgate dataset build --labels judge` against the stub: rows carry the judge's utilities, labels are
+    utility ≥ 1, the manifest holds the judge's token statistics, and a rebuild asks the LLM nothing."""
+    import datasets
+
+    from branchgate.logs_to_dataset.build import build
+
+    monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
+    make_run(tmp_path)
+    stub = chat_stub(good)
+    opts = {"llm_url": stub.url, "llm_model": "m"}
+    manifest = build([tmp_path / "run.jsonl"], tmp_path / "ds", labels="judge", label_options=opts,
+                     encoder_obj=encoder, cache=tmp_path / "emb.sqlite", progress=False)
+    rows = [r for split in datasets.load_from_disk(str(tmp_path / "ds")).values() for r in split]
+    got = {r["candidate_id"]: r["utility"] for r in rows if r["label_source"] == "realized"}
+    assert got == EXPECTED
+    assert all(r["label"] == int(r["utility"] >= 1) for r in rows if r["label_source"] == "realized")
+    assert {r["utility_kind"] for r in rows} == {"judge"}
+    stats = manifest["label_source_stats"]
+    assert stats["calls"] == len(stub.requests) > 0 and stats["prompt_tokens"] > 0
+    calls = len(stub.requests)
+    build([tmp_path / "run.jsonl"], tmp_path / "ds2", labels="judge", label_options=opts, encoder_obj=encoder,
+          cache=tmp_path / "emb.sqlite", progress=False)
+    assert len(stub.requests) == calls  # every reply came from the judge's cache
