@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from branchgate.training.metrics import safe_auprc
+
 DEPTH_STRATA = {"depth0": lambda d: d == 0, "depth1+": lambda d: d >= 1}
 
 
@@ -44,14 +46,6 @@ def mean_ci(values, boot: int = 1000, seed: int = 0) -> dict:
 
 def _nan(x):
     return np.nan if x is None else float(x)
-
-
-def _auprc(labels, scores) -> float | None:
-    from sklearn.metrics import average_precision_score
-
-    if len(labels) == 0 or len(np.unique(labels)) < 2:
-        return None
-    return float(average_precision_score(labels, scores))
 
 
 class Rows:
@@ -101,7 +95,7 @@ def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None 
     for name in rows.scorers:
         auroc = rows.auroc(name, everything)
         m = {"auroc": None if np.isnan(auroc) else auroc,
-             "auprc": _auprc(rows.labels, rows.scorers[name]),
+             "auprc": safe_auprc(rows.labels, rows.scorers[name]),
              "top1": None if np.isnan(t := rows.top1(name, everything)) else t,
              "top1_informative": None if np.isnan(t := rows.top1_informative(name, everything)) else t,
              "ci95_auroc": bootstrap_ci(rows.runs, lambda b, n=name: rows.auroc(n, rows.rows_of(b)), boot, seed),

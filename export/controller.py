@@ -4,13 +4,14 @@
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
-``controller.md`` (model card). Both graphs get skippable tower and head parts (``inference.parts``).
+``controller.md`` (model card). Both graphs get skippable tower and head parts (``export.parts``).
 Metadata (``metadata_props``) records the encoder, feature schema, standardisation, τ, versions and the
 training-data hash; ``Gate.load`` validates it.
 
 Parity: the torch text tower must reproduce the encoder's own embeddings (what training used) within
 ``tol``; the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
-parity decisions within ``tol`` in p_keep (max |Δ|); the int8 graph's AUROC on the labelled decisions
+parity decisions within ``tol`` in p_keep (max |Δ|), and, on a dataset, the training path itself
+(``export.parity.training_scores``) within ``tol`` too; the int8 graph's AUROC on the labelled decisions
 must be within ``auroc_tol`` of the fp32 graph's. A model that fails is not written unless ``force``.
 """
 
@@ -136,7 +137,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
             torch.onnx.export(graph, example_inputs(encoder, len(FEATURE_NAMES)), str(raw), dynamo=False,
                               input_names=INPUT_NAMES, output_names=OUTPUT_NAMES, dynamic_axes=DYNAMIC_AXES,
                               opset_version=OPSET, do_constant_folding=True)
-        try:  # the tower and head as skippable parts (see inference.parts)
+        try:  # the tower and head as skippable parts (see export.parts)
             write_metadata(raw, tmp_paths["fp32"], dict(props, precision="fp32", parts=PARTS), parts=encoder.dim)
             props["parts"] = PARTS
         except ValueError as exc:

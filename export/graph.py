@@ -11,7 +11,7 @@ Inputs (graph_io_version 1):
   features[K, F] float32                              raw FEATURE_NAMES, in order
 Outputs: p_keep[K], utility[K], text_emb[N, D] (unit-norm embeddings of the new texts, for the cache).
 
-Export then makes the two parts skippable (``inference.parts``, metadata ``parts``): N = 0 runs the head
+Export then makes the two parts skippable (``export.parts``, metadata ``parts``): N = 0 runs the head
 only, K = 0 the tower only.
 """
 

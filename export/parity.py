@@ -86,9 +86,13 @@ def training_scores(net, encoder, decisions: ParityDecisions) -> list[np.ndarray
     from branchgate.training.evaluate import predict
 
     dset, n = decisions.dset, len(decisions.items)
+    # embed only the texts of the parity decisions (the split's others are left zero; their scores are unused)
+    used = np.unique(np.concatenate([dset.root[:n], dset.frame[:n], dset.goal[:n], dset.ret_ids[:dset.ret_ptr[n]],
+                                     dset.cand_ids[:dset.cand_ptr[n]]]))
+    used = used[used > 0]
     table = np.zeros((len(decisions.texts), int(encoder.dim)), np.float32)
-    if len(decisions.texts) > 1:
-        table[1:] = encoder.encode(decisions.texts.texts[1:])
+    if len(used):
+        table[used] = encoder.encode([decisions.texts.texts[i] for i in used])
     p, _ = predict(net, dset, torch.from_numpy(table))
     return [p[dset.row[dset.cand_ptr[d]:dset.cand_ptr[d + 1]]] for d in range(n)]
 

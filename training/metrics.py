@@ -26,6 +26,16 @@ def safe_auroc(labels, scores) -> float | None:
     return float(roc_auc_score(labels, scores))
 
 
+def safe_auprc(labels, scores) -> float | None:
+    """Average precision; None without both classes (as ``safe_auroc``)."""
+    from sklearn.metrics import average_precision_score
+
+    labels, scores = np.asarray(labels), np.asarray(scores)
+    if len(labels) == 0 or len(np.unique(labels)) < 2:
+        return None
+    return float(average_precision_score(labels, scores))
+
+
 def calibrate_tau(scores, labels, method: str = "f1", keep_rate: float | None = None, tau: float | None = None) -> float:
     """Threshold on validation scores: ``f1`` maximises F1 (keep when score ≥ τ), ``keep_rate`` keeps the
     given fraction of candidates, ``fixed`` returns ``tau`` unchanged."""
@@ -135,7 +145,7 @@ def spearman(x, y) -> float | None:
 
 def gate_metrics(scores, probs, labels, utility, groups, tau: float, utility_pred=None) -> dict:
     """All METRIC_KEYS for one scorer. ``utility_pred`` (default ``scores``) is correlated with utility."""
-    from sklearn.metrics import average_precision_score, brier_score_loss
+    from sklearn.metrics import brier_score_loss
 
     scores = np.asarray(scores, np.float64)
     probs = np.asarray(probs, np.float64)
@@ -147,10 +157,9 @@ def gate_metrics(scores, probs, labels, utility, groups, tau: float, utility_pre
     precision = tp / keep.sum() if keep.sum() else 0.0
     recall = tp / (y == 1).sum() if (y == 1).sum() else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    both = len(np.unique(y)) == 2
     return {
         "auroc": safe_auroc(y, s),
-        "auprc": float(average_precision_score(y, s)) if both else None,
+        "auprc": safe_auprc(y, s),
         "f1": float(f1), "precision": float(precision), "recall": float(recall),
         "brier": float(brier_score_loss(y, np.clip(p, 0, 1))) if len(y) else None,
         "ece": ece(p, y) if len(y) else None,
