@@ -1,12 +1,14 @@
 """``branchgate bench``: the whole held-out experiment in one command, every step cached under OUT.
 
     branchgate bench --env DIR --train-queries FILE --eval-queries FILE --out DIR [--config bench]
-                     [--labels keypoints|judge|citations|teacher:NAME] [--real DATASET_DIR ...]
+                     [--labels SOURCE[,SOURCE...]] [--real DIR ...] [--workers N]
 
-Steps (OUT/<step>/, reused when their fingerprint matches, see ``bench/steps.py``): ``simulate`` (no pruning,
-train queries) → ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (every
-policy of ``bench/policies.py`` on the eval queries) → ``offline`` (the dataset's test split) → ``real`` (each
-``--real`` decision dataset). Writes OUT/report.json, OUT/report.md and OUT/kpr_vs_tokens.png.
+Steps (reused when their fingerprint matches, see ``bench/steps.py``): ``simulate`` (no pruning, train
+queries) → ``closed_loop`` (every policy of ``bench/policies.py`` that needs no gate, on the eval queries) →
+``real_data`` (``--real`` trace folders built into decision datasets); then per label source, under
+OUT/<source>/: ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (the gate's
+τ sweep) → ``offline`` (its test split) → ``real`` (each ``--real`` dataset). Writes OUT/report.json,
+OUT/report.md, OUT/kpr_vs_tokens.png and, with ``--real``, OUT/real_auroc.png.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from branchgate.errors import InputError
 
-OPTIONS = ("breadth", "depth", "encoder", "labels", "bootstrap")  # command-line overrides of config keys
+OPTIONS = ("breadth", "depth", "encoder", "labels", "bootstrap", "workers")  # command-line overrides of config keys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,13 +32,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-queries", required=True, metavar="FILE", help="held-out query ids for the closed loop (no overlap)")
     parser.add_argument("--out", required=True, help="output folder (one sub-folder per step; reruns reuse them)")
     parser.add_argument("--config", default="bench", help="bench YAML (default: the packaged configs/bench.yaml)")
-    parser.add_argument("--labels", default=None, metavar="keypoints|judge|citations|teacher:NAME",
-                        help="dataset label source (default: the config's)")
+    parser.add_argument("--labels", default=None, metavar="SOURCE[,SOURCE...]",
+                        help="dataset label source(s): keypoints, citations, judge, teacher:NAME; several "
+                             "(comma-separated) train one gate each, compared in one report (default: the config's)")
     parser.add_argument("--real", nargs="*", default=[], metavar="DIR", help="decision datasets from real agents to score")
     parser.add_argument("--breadth", type=int, default=None, help="override the config's breadth")
     parser.add_argument("--depth", type=int, default=None, help="override the config's depth")
     parser.add_argument("--encoder", default=None, help="override the config's encoder")
     parser.add_argument("--bootstrap", type=int, default=None, help="override the config's bootstrap resamples")
+    parser.add_argument("--workers", type=int, default=None, help="processes for simulation and the closed loop "
+                        "(default: the config's; 0 = one per core)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

@@ -42,12 +42,14 @@ def per_query(folder: Path) -> dict[str, dict]:
 
 
 def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, out: Path, upstream: dict,
-               encoder=None, progress: bool = False) -> dict[str, dict[str, dict]]:
-    """Simulate every point (reusing folders whose fingerprint matches); {name: {query id: totals}}."""
-    from branchgate.pipeline.run import Config
-    from branchgate.pipeline.simulate import simulate
+               encoder=None, progress: bool = False, workers: int = 1) -> dict[str, dict[str, dict]]:
+    """Simulate every point (reusing folders whose fingerprint matches); {name: {query id: totals}}.
 
-    result = {}
+    With ``workers`` > 1 the points run in that many processes, each loading the environment and the encoder
+    once (a point's runs stay in one process, so its traces are those of a serial run)."""
+    from tqdm.auto import tqdm
+
+    todo = []
     for p in pts:
         folder = out / safe_name(p.name)
         inputs = {"sim": sim, "pre": p.pre, "post": p.post, "synth": p.synth, "queries": upstream["queries"],
@@ -57,11 +59,60 @@ def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, o
         if folder.exists() and not (mark.is_file() and json.loads(mark.read_text()).get("fingerprint") == fp):
             shutil.rmtree(folder)
         if not mark.is_file():
-            cfg = Config(**sim, pre=p.pre, post=p.post, synth=p.synth)
-            simulate(env, cfg, folder, queries_file=queries_file, progress=progress, encoder=encoder)
-            atomic_write_json(mark, {"fingerprint": fp, "name": p.name, "spec": p.spec})
-        result[p.name] = per_query(folder)
-    return result
+            todo.append((p, str(folder), fp))
+    todo.sort(key=lambda job: job[0].family != "none")  # the unpruned point is the longest: start it first
+    bar = tqdm(total=len(todo), desc="policy points", unit="point", disable=not progress)
+    try:
+        if workers <= 1 or len(todo) <= 1:
+            for job in todo:
+                _run_point(env, sim, job, queries_file, encoder)
+                bar.update(1)
+        else:
+            import multiprocessing as mp
+
+            pool = mp.get_context("spawn").Pool(min(workers, len(todo)), initializer=_init_worker,
+                                                initargs=(env, sim["encoder"]))
+            try:
+                for _ in pool.imap_unordered(_point_job, [(sim, job, queries_file) for job in todo]):
+                    bar.update(1)
+                pool.close()
+            except BaseException:
+                pool.terminate()
+                raise
+            finally:
+                pool.join()
+    finally:
+        bar.close()
+    return {p.name: per_query(out / safe_name(p.name)) for p in pts}
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(env_path: str, encoder: str) -> None:
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from branchgate.models.encoder import Encoder
+    from branchgate.pipeline import env as envmod
+
+    _WORKER["env"], _WORKER["encoder"] = envmod.load(env_path), Encoder.load(encoder)
+
+
+def _point_job(args) -> str:
+    sim, job, queries_file = args
+    _run_point(_WORKER["env"], sim, job, queries_file, _WORKER["encoder"])
+    return job[0].name
+
+
+def _run_point(env, sim: dict, job, queries_file: str, encoder) -> None:
+    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.simulate import simulate
+
+    p, folder, fp = job
+    cfg = Config(**sim, pre=p.pre, post=p.post, synth=p.synth)
+    simulate(env, cfg, folder, queries_file=queries_file, progress=False, encoder=encoder)
+    atomic_write_json(Path(folder) / "point.json", {"fingerprint": fp, "name": p.name, "spec": p.spec})
 
 
 def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], boot: int, seed: int = 0) -> dict:
@@ -75,11 +126,11 @@ def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], boot: in
     return out
 
 
-def gate_curve(pts: list[PolicyPoint], runs: dict) -> list[tuple[float, dict[str, float]]]:
-    """The gate's τ points as (mean tokens, {query: kpr}), sorted by tokens."""
+def gate_curve(pts: list[PolicyPoint], runs: dict, family: str = "gate") -> list[tuple[float, dict[str, float]]]:
+    """One gate's τ points (those of curve ``family``) as (mean tokens, {query: kpr}), sorted by tokens."""
     curve = []
     for p in pts:
-        if p.family == "gate":
+        if p.family == family:
             r = runs[p.name]
             curve.append((float(np.mean([t["tokens"] for t in r.values()])), {q: t["kpr"] for q, t in r.items()}))
     return sorted(curve, key=lambda c: c[0])
@@ -98,13 +149,14 @@ def interpolate(curve, tokens: float) -> tuple[dict[str, float], bool]:
     return {q: (1 - w) * a[q] + w * b[q] for q in a if q in b}, False
 
 
-def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0) -> dict:
-    """``{BASELINE: {"tokens", "kpr_delta": {"mean", "ci95"}, "extrapolated", "queries"}}``: the gate's KPR at
-    the baseline's mean token budget (interpolated along its τ sweep) minus the baseline's, paired by query."""
-    curve = gate_curve(pts, runs)
+def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0, family: str = "gate") -> dict:
+    """``{BASELINE: {"tokens", "kpr_delta": {"mean", "ci95"}, "extrapolated", "queries"}}``: the KPR of gate
+    ``family`` at each baseline's mean token budget (interpolated along its τ sweep) minus the baseline's,
+    paired by query. Baselines are the points that do not use a gate."""
+    curve = gate_curve(pts, runs, family)
     out = {}
     for p in pts:
-        if p.family == "gate" or not curve:
+        if "gate:" in p.spec or not curve:
             continue
         r = runs[p.name]
         tokens = float(np.mean([t["tokens"] for t in r.values()])) if r else float("nan")

@@ -6,11 +6,14 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import json
+import os
 import time
 from pathlib import Path
 
-from branchgate.bench import closed_loop, stats
-from branchgate.bench.policies import points
+from branchgate.bench import closed_loop as closed_loop_mod
+from branchgate.bench import stats
+from branchgate.bench.closed_loop import safe_name
+from branchgate.bench.policies import baseline_points, gate_points
 from branchgate.bench.report import write
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.fileio import atomic_write_text
@@ -22,6 +25,27 @@ def _sim(cfg: dict, seed: int, encoder: str) -> dict:
     return {**{k: cfg[k] for k in SIM_KEYS}, "seed": int(seed), "encoder": encoder}
 
 
+def label_sources(value) -> list[str]:
+    """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
+    from branchgate.errors import InputError
+    from branchgate.logs_to_dataset.label_sources import parse_spec
+
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out = [str(s).strip() for s in items if str(s).strip()]
+    if not out:
+        raise InputError("no label source given", "labels")
+    if len(set(out)) != len(out):
+        raise InputError(f"a label source is listed twice in {out}", "labels")
+    for spec in out:
+        parse_spec(spec)  # an unknown source fails before any work
+    return out
+
+
+def gate_family(index: int, source: str) -> str:
+    """The gate trained on the first label source is ``gate``; the others are ``gate[SOURCE]``."""
+    return "gate" if index == 0 else f"gate[{source}]"
+
+
 def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str] = (),
               progress: bool = False):
     """Run (or reuse) every step; returns ``(report, paths, steps)``."""
@@ -30,6 +54,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     from branchgate.pipeline import env as envmod
 
     started = time.perf_counter()
+    sources = label_sources(cfg["labels"])
     env = envmod.load(env_path)
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
@@ -41,6 +66,8 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     enc_id = resolve(enc).id
     seeds = [int(s) for s in cfg["seeds"]]
     boot = int(cfg["bootstrap"])
+    workers = max(1, int(cfg.get("workers") or os.cpu_count() or 1))
+    sim_cfg = {k: cfg[k] for k in SIM_KEYS}
     base = {"env": env.fingerprint(), "encoder": enc_id}
 
     def write_ids(folder: Path, ids: list[str]) -> str:
@@ -56,25 +83,73 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         runs = 0
         for seed in seeds:
             s = simulate(env_path, Config(**_sim(cfg, seed, enc), pre="none"), folder / f"seed{seed}", queries_file=qf,
-                         progress=progress)
+                         progress=progress, workers=workers)
             runs += s["n_runs"]
         return {"runs": runs, "traces": [str(folder / f"seed{s}" / "traces") for s in seeds]}
 
-    sim = steps.run("simulate", {**base, "sim": {k: cfg[k] for k in SIM_KEYS}, "seeds": seeds, "queries": train_ids},
-                    simulate_step)
+    sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": seeds, "queries": train_ids}, simulate_step)
+
+    def closed_loop(folder: Path, pts, upstream: str) -> dict:
+        from branchgate.models.encoder import Encoder
+
+        qf = write_ids(folder, eval_ids)
+        encoder = Encoder.load(enc) if workers <= 1 else None
+        by_seed = [closed_loop_mod.run_points(env_path, _sim(cfg, seed, enc), pts, qf, folder / f"seed{seed}",
+                                              {"queries": eval_ids, "export": upstream}, encoder=encoder,
+                                              progress=progress, workers=workers) for seed in seeds]
+        return {"runs": closed_loop_mod.average_seeds(by_seed)}
+
+    baselines = baseline_points(cfg["policies"])
+    loop_inputs = {**base, "sim": sim_cfg, "seeds": seeds, "queries": eval_ids}
+    cl = steps.run("closed_loop", {**loop_inputs, "points": [(p.name, p.spec) for p in baselines]},
+                   keeps_folder(lambda folder: closed_loop(folder, baselines, "")))
+    real_sets = steps.run("real_data", {"real": [str(p) for p in real], "manifests": real_fp, "encoder": enc_id},
+                          lambda folder: _real_datasets(real, folder, enc, progress))
+    pts, runs = list(baselines), dict(cl["runs"])
+    per_source = {}
+    for i, source in enumerate(sources):
+        family = gate_family(i, source)
+        res = _source_steps(steps, source, family, cfg, enc_id, sim, real_sets, closed_loop, loop_inputs, boot, progress)
+        pts += res.pop("points")
+        runs.update(res.pop("runs"))
+        per_source[source] = res
+    for source, res in per_source.items():
+        res["gate_vs"] = closed_loop_mod.gate_vs(pts, runs, boot, family=res["family"])
+    first = per_source[sources[0]]
+    report = {"policies": closed_loop_mod.summarize(pts, runs, boot), "gate_vs": first["gate_vs"],
+              "offline": first["offline"], "offline_by_depth": first["offline_by_depth"], "real": first["real"],
+              "labels": first["labels"], "by_labels": per_source, "encoder": enc_id,
+              "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
+              "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": first["tau"],
+              "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
+    from branchgate.training.metrics import clean
+
+    report = clean(report)
+    return report, write(out, report), steps
+
+
+def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str, sim: dict, real_sets: dict,
+                  closed_loop, loop_inputs: dict, boot: int, progress: bool) -> dict:
+    """One label source's steps, under OUT/<source>/: dataset → train → export → the gate's closed-loop points
+    → offline metrics (its own test split and labels) → real decisions."""
+    enc = cfg["encoder"]
+    key = safe_name(source)
 
     def dataset_step(folder: Path) -> dict:
         from branchgate.logs_to_dataset.build import build
 
-        m = build(sim["traces"], folder / "dataset", encoder=enc, labels=cfg["labels"],
+        m = build(sim["traces"], folder / "dataset", encoder=enc, labels=source,
                   positive_rate=float(cfg["positive_rate"]), label_options=dict(cfg.get("label_options") or {}),
                   progress=progress)
         return {"dataset": str(folder / "dataset"), "n_runs": m.get("n_runs"), "n_rows": m.get("n_rows"),
-                "label_kind": m.get("label_kind"), "label_threshold": m.get("label_threshold")}
+                "label_kind": m.get("label_kind"), "label_threshold": m.get("label_threshold"),
+                "label_threshold_rule": m.get("label_threshold_rule"),
+                "positive_rate": (m.get("positive_rate") or {}).get(m.get("label_kind")),
+                "labels": m.get("labels")}
 
-    ds = steps.run("dataset", {"upstream": steps.fingerprints["simulate"], "labels": cfg["labels"],
-                               "positive_rate": cfg["positive_rate"], "label_options": cfg.get("label_options"),
-                               "encoder": enc_id}, dataset_step)
+    ds = steps.run(f"{key}/dataset", {"upstream": steps.fingerprints["simulate"], "labels": source,
+                                      "positive_rate": cfg["positive_rate"], "label_options": cfg.get("label_options"),
+                                      "encoder": enc_id}, dataset_step)
 
     def train_step(folder: Path) -> dict:
         from branchgate.training.cli import resolve_config_names
@@ -88,7 +163,8 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         return {"checkpoint": str(folder / "run" / "controller.safetensors"), "tau": m.get("tau"),
                 "auroc": m.get("auroc"), "epochs": m.get("epochs")}
 
-    tr = steps.run("train", {"upstream": steps.fingerprints["dataset"], "train": cfg["train"]}, train_step)
+    tr = steps.run(f"{key}/train", {"upstream": steps.fingerprints[f"{key}/dataset"], "train": cfg["train"]},
+                   train_step)
 
     def export_step(folder: Path) -> dict:
         from branchgate.export.controller import export_controller
@@ -97,44 +173,23 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         rep = export_controller(tr["checkpoint"], onnx, int8=False, parity_dataset=ds["dataset"])
         return {"controller": str(onnx), "passed": rep.get("passed") if isinstance(rep, dict) else None}
 
-    ex = steps.run("export", {"upstream": steps.fingerprints["train"]}, export_step)
-
-    pts = points(cfg["policies"], ex["controller"])
-
-    @keeps_folder
-    def closed_loop_step(folder: Path) -> dict:
-        from branchgate.models.encoder import Encoder
-
-        qf = write_ids(folder, eval_ids)
-        encoder = Encoder.load(enc)
-        by_seed = [closed_loop.run_points(env_path, _sim(cfg, seed, enc), pts, qf, folder / f"seed{seed}",
-                                          {"queries": eval_ids, "export": steps.fingerprints["export"]},
-                                          encoder=encoder, progress=progress) for seed in seeds]
-        runs = closed_loop.average_seeds(by_seed)
-        return {"policies": closed_loop.summarize(pts, runs, boot), "gate_vs": closed_loop.gate_vs(pts, runs, boot)}
-
-    cl = steps.run("closed_loop", {**base, "upstream": steps.fingerprints["export"], "policies": cfg["policies"],
-                                   "sim": {k: cfg[k] for k in SIM_KEYS}, "seeds": seeds, "queries": eval_ids,
-                                   "bootstrap": boot}, closed_loop_step)
+    ex = steps.run(f"{key}/export", {"upstream": steps.fingerprints[f"{key}/train"]}, export_step)
+    pts = gate_points(cfg["policies"], ex["controller"], family)
+    gl = steps.run(f"{key}/closed_loop", {**loop_inputs, "upstream": steps.fingerprints[f"{key}/export"],
+                                          "points": [(p.name, p.spec) for p in pts]},
+                   keeps_folder(lambda folder: closed_loop(folder, pts, steps.fingerprints[f"{key}/export"])))
 
     def offline_step(folder: Path) -> dict:
         rows = stats.controller_rows(tr["checkpoint"], ds["dataset"], ("test",))
         return {"offline": stats.scorer_metrics(rows, boot, ref="gate"),
                 "offline_by_depth": stats.by_depth(rows, boot, ref="gate")}
 
-    off = steps.run("offline", {"upstream": steps.fingerprints["train"], "bootstrap": boot}, offline_step)
+    off = steps.run(f"{key}/offline", {"upstream": steps.fingerprints[f"{key}/train"], "bootstrap": boot},
+                    offline_step)
 
     def real_step(folder: Path) -> dict:
-        from branchgate.logs_to_dataset.build import build
-
         result = {}
-        for path in real:
-            name = Path(path).resolve().name
-            name = name if name not in result else f"{name}-{len(result)}"
-            if not (Path(path) / "manifest.json").is_file():  # agent traces: build their decision dataset first
-                dest = folder / Path(path).name / "dataset"
-                build([path], dest, encoder=enc, labels="auto", progress=progress)
-                path = dest
+        for name, path in real_sets["datasets"].items():
             rows = stats.controller_rows(tr["checkpoint"], path, ("train", "validation", "test"))
             table = stats.scorer_metrics(rows, boot, ref="gate")
             result[name] = {
@@ -143,20 +198,31 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
                 for k, m in table.items()}
         return result
 
-    rl = steps.run("real", {"upstream": steps.fingerprints["train"], "real": [str(p) for p in real],
-                            "manifests": real_fp, "bootstrap": boot,
-                            "encoder": enc_id}, real_step)
-    report = {"policies": cl["policies"], "gate_vs": cl["gate_vs"], "offline": off["offline"],
-              "offline_by_depth": off["offline_by_depth"], "real": rl,
-              "labels": {"source": cfg["labels"], "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold")},
-              "encoder": enc_id,
-              "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
-              "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": tr.get("tau"),
-              "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
-    from branchgate.training.metrics import clean
+    rl = steps.run(f"{key}/real", {"upstream": steps.fingerprints[f"{key}/train"],
+                                   "real": steps.fingerprints["real_data"], "bootstrap": boot}, real_step)
+    labels = {"source": source, "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold"),
+              "threshold_rule": ds.get("label_threshold_rule"), "positive_rate": ds.get("positive_rate"),
+              "counts": ds.get("labels")}
+    return {"family": family, "labels": labels, "tau": tr.get("tau"), "train_auroc": tr.get("auroc"),
+            "offline": off["offline"], "offline_by_depth": off["offline_by_depth"], "real": rl,
+            "points": pts, "runs": gl["runs"]}
 
-    report = clean(report)
-    return report, write(out, report), steps
+
+def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool) -> dict:
+    """``{"datasets": {NAME: decision dataset}}``: each ``--real`` path, trace folders built into datasets
+    (``dataset build --labels auto``) once for every label source."""
+    from branchgate.logs_to_dataset.build import build
+
+    result: dict[str, str] = {}
+    for path in real:
+        name = Path(path).resolve().name
+        name = name if name not in result else f"{name}-{len(result)}"
+        if not (Path(path) / "manifest.json").is_file():  # agent traces: build their decision dataset first
+            dest = folder / safe_name(name) / "dataset"
+            build([path], dest, encoder=enc, labels="auto", progress=progress)
+            path = dest
+        result[name] = str(path)
+    return {"datasets": result}
 
 
 def _manifest_hash(path) -> str:

@@ -3,7 +3,7 @@
 
 - ``none`` (no pruning, one point);
 - every teacher ``NAME:max_items=K`` for K in ``teacher_max_items`` (its breadth budget);
-- the gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``;
+- each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``;
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate).
 """
@@ -32,14 +32,12 @@ class PolicyPoint:
         return self.pre if self.post == self.synth == "none" else f"{self.pre} | {self.post} | {self.synth}"
 
 
-def points(section: dict, gate_path: str) -> list[PolicyPoint]:
-    """Every policy point the config section asks for (``configs/bench.yaml``: ``policies``)."""
+def baseline_points(section: dict) -> list[PolicyPoint]:
+    """The policy points that do not use the gate (``configs/bench.yaml``: ``policies``): ``none``, every teacher
+    over its breadth budget, ``shallow``, ``random`` and the three-stage combinations without ``gate``."""
     from branchgate.models import teachers
 
     out = [PolicyPoint("none", "none", "none")]
-    out.append(PolicyPoint("gate", "gate", f"gate:{gate_path}"))
-    for tau in section.get("gate_taus") or []:
-        out.append(PolicyPoint(f"gate@tau={tau:g}", "gate", f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
     names = section.get("teachers") or list(teachers.NAMES)
     for name in names:
         if name not in teachers.NAMES:
@@ -53,15 +51,41 @@ def points(section: dict, gate_path: str) -> list[PolicyPoint]:
         out.append(PolicyPoint(f"shallow@{int(n)}", "shallow", f"shallow:{int(n)}", budget=float(n)))
     for r in section.get("random_rates") or []:
         out.append(PolicyPoint(f"random@{r:g}", "random", f"random:{r:g}", budget=float(r)))
-    gate = lambda s: f"gate:{gate_path}" if s == "gate" else s  # noqa: E731
+    out += [p for p in _stages(section, None, "gate") if p is not None]
+    return _unique(out)
+
+
+def gate_points(section: dict, gate_path: str, family: str = "gate") -> list[PolicyPoint]:
+    """The gate's points: ``gate:PATH`` at its calibrated τ, ``gate:PATH,tau=T`` for T in ``gate_taus``, and
+    the three-stage combinations that name ``gate``. ``family`` names the curve (``gate`` for the first label
+    source, ``gate[SOURCE]`` for the others), and prefixes every point's name."""
+    out = [PolicyPoint(family, family, f"gate:{gate_path}")]
+    for tau in section.get("gate_taus") or []:
+        out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
+    out += [p for p in _stages(section, gate_path, family) if p is not None]
+    return _unique(out)
+
+
+def _stages(section: dict, gate_path: str | None, family: str) -> list[PolicyPoint | None]:
+    """Three-stage points: with ``gate_path`` those naming ``gate`` (named with ``family``), without it the rest."""
+    out: list[PolicyPoint | None] = []
     for combo in section.get("stages") or []:
-        if len(combo) != 3:
+        if not isinstance(combo, (list, tuple)) or len(combo) != 3:
             raise InputError(f"expected [pre, post, synth], got {combo!r}", "policies.stages")
-        pre, post, synth = (gate(str(s)) for s in combo)
-        out.append(PolicyPoint("+".join(str(s) for s in combo), "stages", pre, post, synth))
+        combo = [str(s) for s in combo]
+        if ("gate" in combo) != (gate_path is not None):
+            out.append(None)
+            continue
+        pre, post, synth = (f"gate:{gate_path}" if s == "gate" else s for s in combo)
+        name = "+".join(family if s == "gate" else s for s in combo)
+        out.append(PolicyPoint(name, "stages", pre, post, synth))
+    return out
+
+
+def _unique(points: list[PolicyPoint]) -> list[PolicyPoint]:
     seen = set()
-    for p in out:
+    for p in points:
         if p.name in seen:
             raise InputError(f"policy {p.name!r} listed twice", "policies")
         seen.add(p.name)
-    return out
+    return points

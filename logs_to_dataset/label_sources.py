@@ -156,17 +156,25 @@ SOURCES = {
 }
 
 
-def make(spec: str, teacher_name: str, teacher_model, options: dict | None = None):
-    """The source named by ``--labels`` (``teacher:NAME`` overrides ``--teacher``'s name for the label)."""
+def parse_spec(spec: str | None) -> tuple[str, str]:
+    """``(source, teacher name or "")`` of a ``--labels`` value; InputError for an unknown one."""
     from branchgate.models import teachers as T
 
     spec = (spec or "auto").strip()
     name, _, arg = spec.partition(":")
     if name not in SOURCES or (arg and name != "teacher"):
         raise InputError(f"--labels must be one of auto, keypoints, citations, judge, teacher:NAME; got {spec!r}")
+    if arg and arg not in T.NAMES:
+        raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
+    return name, arg
+
+
+def make(spec: str, teacher_name: str, teacher_model, options: dict | None = None):
+    """The source named by ``--labels`` (``teacher:NAME`` overrides ``--teacher``'s name for the label)."""
+    from branchgate.models import teachers as T
+
+    name, arg = parse_spec(spec)
     if arg:
-        if arg not in T.NAMES:
-            raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
         teacher_name, teacher_model = arg, T.get(arg)
     return SOURCES[name](TeacherSource(teacher_name, teacher_model), dict(options or {}))
 

@@ -50,10 +50,12 @@ def run_texts(rd: RunDecisions, max_chars: int, evidence: bool | None = None) ->
     """
     if evidence is None:
         evidence = not rd.has_labels
-    texts = [rd.root_query]
+    towers = [rd.root_query]
     for f in rd.frames:
-        texts += f.retained
-        texts += [c.text for c in f.candidates]
+        if f.candidates:  # the towers' texts of a decision
+            towers += [f.frame_query, f.parent_goal, *f.retained, *(c.text for c in f.candidates)]
+    # each as the teachers here read it and, stripped, as training reads it (data/decisions.TextTable)
+    texts = [rd.root_query] + [v for t in towers if t and t.strip() for v in (t, t.strip())]
     if evidence:
         texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
     return list(dict.fromkeys(texts))

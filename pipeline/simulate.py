@@ -133,7 +133,7 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
         raise BranchgateError("--breadth, --depth and --top-k must be ≥ 1 and --oversample ≥ 1")
     if cfg.retriever not in ("bm25", "dense"):
         raise BranchgateError(f"unknown retriever {cfg.retriever!r}: bm25 | dense")
-    env = envmod.load(env_path)
+    env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)  # a path or a loaded Env
     env_path = str(env.path)
     out = Path(out)
     (out / "traces").mkdir(parents=True, exist_ok=True)

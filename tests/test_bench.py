@@ -14,10 +14,12 @@ from branchgate.cli import main
 from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
 
-STEPS = ("simulate", "dataset", "train", "export", "closed_loop", "offline", "real")
+SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "real")
+STEPS = ("simulate", "closed_loop", "real_data", *(f"keypoints/{s}" for s in SOURCE_STEPS))
 TINY = """breadth: 2
 depth: 2
 encoder: packaged
+workers: 1
 train:
   config: quickstart
   overrides: ["--trainer.max_epochs=2"]
@@ -50,7 +52,7 @@ def bench(tmp_path_factory):
 
 
 def _real(d):
-    return ["--real", str(d / "out" / "dataset" / "dataset"), str(d / "out" / "simulate" / "seed0" / "traces")]
+    return ["--real", str(d / "out" / "keypoints" / "dataset" / "dataset"), str(d / "out" / "simulate" / "seed0" / "traces")]
 
 
 def _contains(d):
@@ -60,7 +62,9 @@ def _contains(d):
 
 def test_report_has_every_policy_and_plausible_values(bench):
     d, _, rep = bench
-    assert {"policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "encoder", "timings"} <= set(rep)
+    assert {"policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "encoder",
+            "timings"} <= set(rep)
+    assert list(rep["by_labels"]) == ["keypoints"] and rep["by_labels"]["keypoints"]["gate_vs"] == rep["gate_vs"]
     pol = rep["policies"]
     expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5"} | {f"{t}@1" for t in NAMES}
     assert set(pol) == expected
@@ -106,12 +110,33 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
     (d / "tiny.yaml").write_text(TINY.replace("RATES", "0.5, 0.9"))  # one closed-loop setting changes
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["steps_run"] == ["closed_loop"]
+    assert rep["steps_run"] == ["closed_loop"]  # the baselines' closed loop; the gate's points are untouched
     assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS if s != "closed_loop"} \
         == {s: t for s, t in mtimes.items() if s != "closed_loop"}
     assert "random@0.9" in rep["policies"]
     after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "closed_loop").glob("seed0/*/point.json")}
     assert {k: after[k] for k in points} == points  # only the new point was simulated
+
+
+def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
+    d, argv, first = bench
+    out = d / "out"
+    argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
+    assert main(argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps_run"] == [f"citations/{s}" for s in SOURCE_STEPS]  # simulation and baselines reused
+    assert list(rep["by_labels"]) == ["keypoints", "citations"]
+    cit = rep["by_labels"]["citations"]
+    assert cit["family"] == "gate[citations]" and cit["labels"]["kind"] == "citations"
+    assert {"gate[citations]", "gate[citations]@tau=0.1", "gate[citations]@tau=0.5"} <= set(rep["policies"])
+    assert rep["policies"]["gate[citations]"]["runs"] == 4  # ran in the worker pool, read back like any point
+    assert set(cit["gate_vs"]) == set(rep["gate_vs"])  # both gates against the same baselines
+    assert not any(k.startswith("gate") for k in rep["gate_vs"])
+    assert rep["labels"]["source"] == "keypoints"  # the first source stays the report's headline gate
+    assert set(cit["real"]["dataset"]) == {"gate", *NAMES}
+    md = (out / "report.md").read_text()
+    assert "## Label sources compared" in md and "| gate[citations] |" in md
+    assert "AUROC on dataset" in md
 
 
 def test_overlapping_or_unknown_query_ids_exit_2(tmp_path, capsys):
