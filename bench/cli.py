@@ -86,8 +86,12 @@ def run(args) -> int:
     for key in OPTIONS:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
+    import shlex
+
     report, paths, steps = run_bench(args.env, args.train_queries, args.eval_queries, args.out, cfg, args.real,
-                                     progress=not args.no_progress and sys.stderr.isatty())
+                                     progress=not args.no_progress and sys.stderr.isatty(),
+                                     command=shlex.join(["branchgate", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"]
+                                     else None)
     pol = report["policies"]
     print(f"{'policy':<22} {'tokens':>9} {'KPR':>7}  [95% CI]")
     for name, p in pol.items():
@@ -95,5 +99,7 @@ def run(args) -> int:
         print(f"{name:<22} {p['tokens']['mean']:9.0f} {p['kpr']['mean']:7.3f}  [{lo:.3f}, {hi:.3f}]")
     g = report["offline"].get("gate", {})
     print(f"offline gate AUROC {g.get('auroc') or float('nan'):.3f}; steps run: {', '.join(steps.ran) or 'none (all cached)'}")
+    for line in report.get("findings", []):
+        print(f"- {line}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -47,8 +47,8 @@ def gate_family(index: int, source: str) -> str:
 
 
 def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str] = (),
-              progress: bool = False):
-    """Run (or reuse) every step; returns ``(report, paths, steps)``."""
+              progress: bool = False, command: str | None = None):
+    """Run (or reuse) every step; returns ``(report, paths, steps)`` (``command``, the invocation, is recorded)."""
     from branchgate.bench.cli import check_disjoint, read_ids
     from branchgate.models.encoder import resolve
     from branchgate.pipeline import env as envmod
@@ -122,9 +122,13 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
               "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
               "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": first["tau"],
               "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
+    from branchgate.bench.report import findings
     from branchgate.training.metrics import clean
 
     report = clean(report)
+    report["findings"] = findings(report)
+    if command:
+        report["command"] = command
     return report, write(out, report), steps
 
 

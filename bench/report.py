@@ -11,7 +11,11 @@ from pathlib import Path
 
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
 
-REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "encoder", "timings")
+REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "findings", "encoder",
+               "timings")
+COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
+OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
+ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
 PLOT = "kpr_vs_tokens.png"
 REAL_PLOT = "real_auroc.png"
 
@@ -25,42 +29,100 @@ def _mc(d: dict, fmt=".3f") -> str:
     return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, level: int = 1, images: str = "", title: str = "branchgate bench") -> str:
+    """The report as Markdown: ``level`` is the title's heading level (sections one deeper), ``images`` the
+    folder the PNG links point into (README: ``docs/bench/``)."""
+    h = "#" * (level + 1)
     lab = report["labels"]
     by = report.get("by_labels") or {}
-    lines = ["# branchgate bench", "", f"Labels: `{lab['source']}` (threshold {_f(lab.get('threshold'), '.4g')}"
-             f"{'; ' + lab['threshold_rule'] if lab.get('threshold_rule') else ''}); encoder: `{report['encoder']}`; "
-             f"{report['queries']['train']} train and {report['queries']['eval']} eval queries. "
-             "Every KPR is ground-truth key-point recall on the eval queries, whatever the gate was trained on.", ""]
+    lines = [f"{'#' * level} {title}", ""]
+    if report.get("command"):
+        lines += [f"Made by `{report['command']}`" + (f" at commit {report['commit']}" if report.get("commit") else "")
+                  + ".", ""]
+    lines += [f"Labels: `{lab['source']}` (threshold {_f(lab.get('threshold'), '.4g')}"
+              f"{'; ' + lab['threshold_rule'] if lab.get('threshold_rule') else ''}); encoder: `{report['encoder']}`; "
+              f"{report['queries']['train']} train and {report['queries']['eval']} eval queries. "
+              "Every KPR is ground-truth key-point recall on the eval queries, whatever the gate was trained on.", ""]
+    if report.get("findings"):
+        lines += [f"{h} Findings (stated by the bench from the figures below)", ""]
+        lines += [f"- {f}" for f in report["findings"]] + [""]
     if len(by) > 1:
-        lines += _sources_tables(report)
-    lines += ["## Closed loop (eval queries; mean [95% CI over queries])", "",
+        lines += _sources_tables(report, h)
+    lines += [f"![KPR vs tokens]({images}{PLOT})", ""]
+    lines += [f"{h} Closed loop (eval queries; mean [95% CI over queries])", "",
               "| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
     for name, p in report["policies"].items():
         lines.append(f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
                      f"| {_mc(p['kpr'])} |")
-    lines += ["", f"## Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
+    lines += ["", f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
               f"labels `{lab['source']}`)", "", "| baseline | tokens | Δ KPR [95% CI] | |", "|---|---|---|---|"]
     for name, g in report["gate_vs"].items():
         lines.append(f"| {name} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} | "
                      f"{'outside the gate sweep (clamped)' if g['extrapolated'] else ''} |")
-    sections = [(src, res) for src, res in by.items()] or [(lab["source"], report)]
-    for src, res in sections:
-        lines += ["", f"## Offline (labels `{src}`: the dataset's test split, its own labels; 95% CI over runs)", ""]
-        lines += _offline_table(res["offline"])
-        for stratum, table in res["offline_by_depth"].items():
-            lines += ["", f"### {stratum}", ""] + _offline_table(table)
     for ds, table in real_tables(report).items():
-        lines += ["", f"## Real decisions: {ds} (labelled by their own key points)", "",
+        lines += ["", f"{h} Real decisions: {ds} (labelled by their own key points; 95% CI over runs)", "",
                   "| scorer | AUROC [95% CI] | AUPRC | first gate − scorer [95% CI] |", "|---|---|---|---|"]
         for name, m in table.items():
             d = m.get("delta_vs_gate")
             lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_f(m.get('auprc'))} "
                          f"| {_mc(d, '+.3f') if d else ''} |")
-    lines += ["", "## Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
+    if report["real"]:
+        lines += ["", f"![AUROC on real decisions]({images}{REAL_PLOT})"]
+    sections = [(src, res) for src, res in by.items()] or [(lab["source"], report)]
+    for src, res in sections:
+        lines += ["", f"{h} Offline (labels `{src}`: the dataset's test split, its own labels; 95% CI over runs)", ""]
+        lines += _offline_table(res["offline"])
+        for stratum, table in res["offline_by_depth"].items():
+            lines += ["", f"{h}# {stratum}", ""] + _offline_table(table)
+    lines += ["", f"{h} Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
-    lines += ["", f"![KPR vs tokens]({PLOT})", ""] + ([f"![AUROC on real decisions]({REAL_PLOT})", ""] if report["real"] else [])
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def _sig(d: dict) -> int:
+    """+1 when an interval lies above zero, -1 below, 0 when it contains zero (or is missing)."""
+    lo, hi = d.get("ci95") or (None, None)
+    return 0 if lo is None or hi is None else (1 if lo > 0 else -1 if hi < 0 else 0)
+
+
+def findings(report: dict) -> list[str]:
+    """Plain statements of what the figures show, the unwelcome ones included: which baselines each gate beats,
+    ties or loses to at their budgets, a τ sweep that collapses, labels the gate fits but that do not transfer
+    to real decisions, and a pooled AUROC that mostly measures the root frame."""
+    out = []
+    pol = report["policies"]
+    unpruned = (pol.get("none") or {}).get("tokens", {}).get("mean")
+    for src, res in (report.get("by_labels") or {}).items():
+        fam = res["family"]
+        verdict = {1: [], 0: [], -1: []}
+        for name, g in res["gate_vs"].items():
+            if name != "none":
+                verdict[_sig(g["kpr_delta"])].append(name)
+        out.append(f"`{fam}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
+                   f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
+                   f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries).")
+        toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == fam and p["tokens"]["mean"] is not None]
+        if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
+            out.append(f"`{fam}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–{max(toks):.0f} "
+                       f"tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% of unpruned), so τ "
+                       "gives no control over cost.")
+        own = (res["offline"].get("gate") or {}).get("auroc")
+        for ds, table in res["real"].items():
+            g = table.get("gate", {}).get("auroc")
+            if own is not None and g is not None and own - g > OVERFIT:
+                out.append(f"`{fam}` fits its own labels (test AUROC {own:.3f}) far better than it ranks the real "
+                           f"decisions of {ds} ({g:.3f}): its labels do not carry what makes a branch valuable.")
+            worse = [(k, m) for k, m in table.items() if k != "gate" and _sig(m.get("delta_vs_gate") or {}) < 0]
+            if worse:
+                k, m = max(worse, key=lambda km: km[1]["auroc"] or 0)
+                out.append(f"On {ds}, `{fam}` (AUROC {g:.3f}) ranks below {len(worse)} teacher(s), the best {k} "
+                           f"({m['auroc']:.3f}; gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}).")
+    gate = report["offline"].get("gate") or {}
+    deep = (report.get("offline_by_depth") or {}).get("depth1+", {}).get("gate") or {}
+    if gate.get("auroc") is not None and deep.get("auroc") is not None and gate["auroc"] - deep["auroc"] > ROOT_GAP:
+        out.append(f"The pooled offline AUROC ({gate['auroc']:.3f}) mostly measures the root frame: within depth ≥ 1 "
+                   f"the gate scores {deep['auroc']:.3f}.")
+    return out
 
 
 def real_tables(report: dict) -> dict[str, dict]:
@@ -73,9 +135,9 @@ def real_tables(report: dict) -> dict[str, dict]:
     return out
 
 
-def _sources_tables(report: dict) -> list[str]:
+def _sources_tables(report: dict, h: str = "##") -> list[str]:
     by = report["by_labels"]
-    lines = ["## Label sources compared (one gate per source)", "",
+    lines = [f"{h} Label sources compared (one gate per source)", "",
              "| labels | gate | threshold | train positive rate | AUROC on own test labels | "
              + " | ".join(f"AUROC on {ds}" for ds in report["real"]) + " |",
              "|---|---|---|---|---|" + "---|" * len(report["real"])]

@@ -12,8 +12,11 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 frame's oversampled candidates, greedily; its threshold applies there only
                                 when the spec sets ``threshold`` explicitly.
 - ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
-- ``gate:PATH[,tau=T]``         the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on
-                                first use), thresholded at its τ (or ``T``) with the top-1 fallback
+- ``gate:PATH[,tau=T][,greedy=1]`` the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded
+                                on first use), thresholded at its τ (or ``T``) with the top-1 fallback; with
+                                ``greedy=1`` set-aware: keep the best candidate, re-score the rest as if it were
+                                already expanded (appended to the retained context), repeat while the best
+                                p_keep ≥ τ
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``)
@@ -117,6 +120,7 @@ class GatePolicy(Policy):
     path: str = ""
     spec: str = ""
     tau: float | None = None  # overrides the controller's τ
+    greedy: bool = False  # set-aware selection (see the module docstring)
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -137,8 +141,32 @@ class GatePolicy(Policy):
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
         tau = model.threshold if self.tau is None else self.tau
-        kept = decide(p, tau, fallback=stage != "post_retrieval").kept
+        if self.greedy:
+            kept = self._greedy(model, x, state, p, tau, fallback=stage != "post_retrieval")
+        else:
+            kept = decide(p, tau, fallback=stage != "post_retrieval").kept
         return Choice(kept, [float(v) for v in p], [float(v) for v in p])
+
+    @staticmethod
+    def _greedy(model, x, state, p: np.ndarray, tau: float, fallback: bool) -> list[int]:
+        """Set-aware keep: the best candidate, then the rest re-scored with it in the retained context."""
+        from branchgate.inference.inputs import DecisionState
+
+        root = state.query.texts[0] if len(state.query.texts) else ""
+        retained = list(state.context.texts)
+        kept: list[int] = []
+        rest, scores = list(range(len(p))), p
+        while rest:
+            j = int(np.argmax(scores))
+            if scores[j] < tau and (kept or not fallback):
+                break
+            kept.append(rest.pop(j))
+            retained.append(x.texts[kept[-1]])
+            if not rest:
+                break
+            st = DecisionState(root, state.frame_query or "", state.parent_goal or "", retained, int(state.depth or 0))
+            scores = np.asarray(model.predict(st, [x.texts[i] for i in rest])[0], dtype=np.float64)
+        return sorted(kept)
 
 
 @dataclass
@@ -207,16 +235,22 @@ def parse(spec: str | None, stage: str) -> Policy:
             raise BranchgateError(f"{flag} {spec}: RATE must be in [0, 1]")
         return RandomPolicy(rate=rate, spec=spec)
     if name == "gate":
-        path, _, option = arg.partition(",tau=")
+        pieces, opts = arg.split(","), {}
+        while len(pieces) > 1 and pieces[-1].partition("=")[0].strip() in ("tau", "greedy") and "=" in pieces[-1]:
+            key, _, value = pieces.pop().partition("=")
+            opts.setdefault(key.strip(), value.strip())
+        path = ",".join(pieces)
         if not path:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T] (a controller.onnx or its folder)")
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1] (a controller.onnx or its folder)")
         try:
-            tau = float(option) if option else None
+            tau = float(opts["tau"]) if opts.get("tau") else None
         except ValueError:
-            raise BranchgateError(f"{flag} {spec}: tau must be a number, got {option!r}") from None
+            raise BranchgateError(f"{flag} {spec}: tau must be a number, got {opts['tau']!r}") from None
         if tau is not None and not 0.0 <= tau <= 1.0:
             raise BranchgateError(f"{flag} {spec}: tau must be in [0, 1]")
-        return GatePolicy(path=path, spec=spec, tau=tau)
+        if opts.get("greedy", "0") not in ("0", "1"):
+            raise BranchgateError(f"{flag} {spec}: greedy must be 0 or 1, got {opts['greedy']!r}")
+        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1")
     if name == "shallow":
         if stage != "pre_retrieval":
             raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")

@@ -178,3 +178,23 @@ def test_steps_resume_an_interrupted_step_and_rerun_a_changed_one(tmp_path):
     assert seen == [True, False]
     again = Steps(tmp_path)
     assert again.run("s", {"a": 2}, lambda f: 1 / 0) == {"n": 2} and again.ran == []  # finished: reused
+
+
+def test_readme_results_are_the_stored_bench_report():
+    """The README's results block is exactly the rendering of the stored report (no number typed by hand)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("readme_results", root / "benchmarks" / "readme_results.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert readme.count(mod.BEGIN) == 1 and readme.count(mod.END) == 1
+    inner = readme.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0]
+    report = json.loads(mod.STORED.read_text())
+    assert inner == "\n" + mod.block(report)
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", inner)
+    assert images and all((root / img).read_bytes()[:4] == b"\x89PNG" for img in images)
+    assert mod.replace_block(readme, mod.block(report)) == readme  # rerunning the script changes nothing

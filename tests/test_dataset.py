@@ -154,6 +154,18 @@ def built(traces, encoder, tmp_path_factory):
     return manifest, load_from_disk(str(out)), out, cache
 
 
+def test_training_finds_every_text_it_reads_in_the_build_cache(built):
+    """The build embeds every text the towers read (root, frame, goal, retained, candidates), so training
+    embeds nothing new."""
+    from branchgate.data.datamodule import DecisionDataModule
+
+    manifest, _, out, cache = built
+    dm = DecisionDataModule(str(out), encoder="packaged", cache=str(cache), show_progress=False)
+    dm.setup("fit")
+    assert dm.cache_stats["distinct_texts"] > 0
+    assert dm.cache_stats["misses"] == 0 and dm.cache_stats["hits"] == dm.cache_stats["distinct_texts"]
+
+
 def _frame(ds) -> "object":
     import pandas as pd
 

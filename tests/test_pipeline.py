@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from branchgate.cli import main
@@ -170,13 +171,51 @@ def test_policy_specs_parse_or_fail_clearly():
         gate.model
     assert gate.tau is None and policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").tau == 0.25
     assert policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").path == "/x/controller.onnx"
+    g = policies.parse("gate:/x/a,b/controller.onnx,tau=0.3,greedy=1", "pre_retrieval")
+    assert (g.path, g.tau, g.greedy) == ("/x/a,b/controller.onnx", 0.3, True) and not gate.greedy
     for spec, stage, msg in [("nope", "pre_retrieval", "unknown policy"), ("mmr:threshold", "pre_retrieval", "key=value"),
                              ("mmr:bogus=1", "pre_retrieval", "bogus"), ("random:2", "post_retrieval", r"\[0, 1\]"),
                              ("shallow:5", "post_retrieval", "pre-retrieval"), ("shallow:x", "pre_retrieval", "integer"),
                              ("gate:", "pre_retrieval", "gate:PATH"), ("gate:m.onnx,tau=x", "pre_retrieval", "number"),
-                             ("gate:m.onnx,tau=2", "pre_retrieval", r"\[0, 1\]"), ("sc:max_items=0", "pre_synthesis", "positive")]:
+                             ("gate:m.onnx,tau=2", "pre_retrieval", r"\[0, 1\]"), ("sc:max_items=0", "pre_synthesis", "positive"),
+                             ("gate:m.onnx,greedy=yes", "pre_retrieval", "greedy")]:
         with pytest.raises(BranchgateError, match=msg):
             policies.parse(spec, stage)
+
+
+def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
+    from branchgate.models.teachers import Items, State
+
+    first = {"alpha one": 0.9, "alpha two": 0.8, "beta three": 0.6}
+
+    class Model:  # p_keep falls to 0.1 for a candidate whose first word a retained text already has
+        threshold = 0.5
+        seen: list = []
+
+        def predict(self, st, texts):
+            self.seen.append(list(st.retained))
+            have = {t.split()[0] for t in st.retained}
+            return np.array([0.1 if t.split()[0] in have else first[t] for t in texts]), None
+
+        def score(self, x, state):
+            return self.predict(state_of(state), list(x.texts))[0]
+
+    def state_of(state):
+        from branchgate.inference.inputs import DecisionState
+
+        return DecisionState("root", retained=list(state.context.texts))
+
+    x = Items(list(first), np.zeros((3, 2)))
+    state = State(Items(["root"], np.zeros((1, 2))), Items(["gamma zero"], np.zeros((1, 2))))
+    plain = policies.GatePolicy(path="m", _gate=Model())
+    greedy = policies.GatePolicy(path="m", greedy=True, _gate=Model())
+    assert plain.choose(x, state, "pre_retrieval", None).kept == [0, 1, 2]
+    Model.seen.clear()
+    assert greedy.choose(x, state, "pre_retrieval", None).kept == [0, 2]  # "alpha two" is redundant once "alpha one" is kept
+    assert Model.seen[1:] == [["gamma zero", "alpha one"], ["gamma zero", "alpha one", "beta three"]]
+    low = policies.GatePolicy(path="m", greedy=True, tau=0.95, _gate=Model())
+    assert low.choose(x, state, "pre_retrieval", None).kept == [0]  # nothing passes: the top-1 fallback
+    assert low.choose(x, state, "post_retrieval", None).kept == []  # no fallback after retrieval
 
 
 def test_random_policy_prunes_and_is_seeded(tmp_path):
