@@ -115,6 +115,9 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         per_source[source] = res
     for source, res in per_source.items():
         res["gate_vs"] = closed_loop_mod.gate_vs(pts, runs, boot, family=res["family"])
+        greedy = f"{res['family']}+greedy"
+        if any(p.family == greedy for p in pts):
+            res["greedy"] = {"family": greedy, "gate_vs": closed_loop_mod.gate_vs(pts, runs, boot, family=greedy)}
     first = per_source[sources[0]]
     report = {"policies": closed_loop_mod.summarize(pts, runs, boot), "gate_vs": first["gate_vs"],
               "offline": first["offline"], "offline_by_depth": first["offline_by_depth"], "real": first["real"],
@@ -178,7 +181,7 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
         return {"controller": str(onnx), "passed": rep.get("passed") if isinstance(rep, dict) else None}
 
     ex = steps.run(f"{key}/export", {"upstream": steps.fingerprints[f"{key}/train"]}, export_step)
-    pts = gate_points(cfg["policies"], ex["controller"], family)
+    pts = gate_points(cfg["policies"], ex["controller"], family, greedy=family == "gate")
     gl = steps.run(f"{key}/closed_loop", {**loop_inputs, "upstream": steps.fingerprints[f"{key}/export"],
                                           "points": [(p.name, p.spec) for p in pts]},
                    keeps_folder(lambda folder: closed_loop(folder, pts, steps.fingerprints[f"{key}/export"])))

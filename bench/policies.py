@@ -3,7 +3,9 @@
 
 - ``none`` (no pruning, one point);
 - every teacher ``NAME:max_items=K`` for K in ``teacher_max_items`` (its breadth budget);
-- each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``;
+- each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``,
+  and, for the first label source's gate, set-aware ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus``
+  (curve ``gate+greedy``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate).
 """
@@ -55,13 +57,18 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
     return _unique(out)
 
 
-def gate_points(section: dict, gate_path: str, family: str = "gate") -> list[PolicyPoint]:
+def gate_points(section: dict, gate_path: str, family: str = "gate", greedy: bool = True) -> list[PolicyPoint]:
     """The gate's points: ``gate:PATH`` at its calibrated τ, ``gate:PATH,tau=T`` for T in ``gate_taus``, and
-    the three-stage combinations that name ``gate``. ``family`` names the curve (``gate`` for the first label
+    the three-stage combinations that name ``gate``; with ``greedy`` also the set-aware points of
+    ``greedy_taus`` (curve ``<family>+greedy``). ``family`` names the curve (``gate`` for the first label
     source, ``gate[SOURCE]`` for the others), and prefixes every point's name."""
     out = [PolicyPoint(family, family, f"gate:{gate_path}")]
     for tau in section.get("gate_taus") or []:
         out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
+    curve = f"{family}+greedy"  # set-aware selection (gate:PATH,greedy=1), its own curve
+    for tau in (section.get("greedy_taus") or []) if greedy else []:
+        out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},greedy=1",
+                               budget=float(tau)))
     out += [p for p in _stages(section, gate_path, family) if p is not None]
     return _unique(out)
 

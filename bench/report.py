@@ -46,7 +46,7 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     if report.get("findings"):
         lines += [f"{h} Findings (stated by the bench from the figures below)", ""]
         lines += [f"- {f}" for f in report["findings"]] + [""]
-    if len(by) > 1:
+    if len(by) > 1 or any(res.get("greedy") for res in by.values()):
         lines += _sources_tables(report, h)
     lines += [f"![KPR vs tokens]({images}{PLOT})", ""]
     lines += [f"{h} Closed loop (eval queries; mean [95% CI over queries])", "",
@@ -94,18 +94,19 @@ def findings(report: dict) -> list[str]:
     unpruned = (pol.get("none") or {}).get("tokens", {}).get("mean")
     for src, res in (report.get("by_labels") or {}).items():
         fam = res["family"]
-        verdict = {1: [], 0: [], -1: []}
-        for name, g in res["gate_vs"].items():
-            if name != "none":
-                verdict[_sig(g["kpr_delta"])].append(name)
-        out.append(f"`{fam}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
-                   f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
-                   f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries).")
-        toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == fam and p["tokens"]["mean"] is not None]
-        if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
-            out.append(f"`{fam}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–{max(toks):.0f} "
-                       f"tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% of unpruned), so τ "
-                       "gives no control over cost.")
+        for curve, vs in _curves(res):
+            verdict = {1: [], 0: [], -1: []}
+            for name, g in vs.items():
+                if name != "none":
+                    verdict[_sig(g["kpr_delta"])].append(name)
+            out.append(f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
+                       f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
+                       f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries).")
+            toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None]
+            if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
+                out.append(f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
+                           f"{max(toks):.0f} tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% "
+                           "of unpruned), so τ gives no control over cost.")
         own = (res["offline"].get("gate") or {}).get("auroc")
         for ds, table in res["real"].items():
             g = table.get("gate", {}).get("auroc")
@@ -123,6 +124,12 @@ def findings(report: dict) -> list[str]:
         out.append(f"The pooled offline AUROC ({gate['auroc']:.3f}) mostly measures the root frame: within depth ≥ 1 "
                    f"the gate scores {deep['auroc']:.3f}.")
     return out
+
+
+def _curves(res: dict) -> list[tuple[str, dict]]:
+    """A label source's gate curves and their ``gate_vs``: the threshold gate, and the set-aware one if run."""
+    return [(res["family"], res["gate_vs"])] + ([(res["greedy"]["family"], res["greedy"]["gate_vs"])]
+                                               if res.get("greedy") else [])
 
 
 def real_tables(report: dict) -> dict[str, dict]:
@@ -150,14 +157,15 @@ def _sources_tables(report: dict, h: str = "##") -> list[str]:
                      f"| {_mc({'mean': g.get('auroc'), 'ci95': g.get('ci95_auroc')})} | " + " | ".join(real)
                      + (" |" if real else "|"))
     baselines = list(next(iter(by.values()))["gate_vs"])
+    curves = [c for res in by.values() for c in _curves(res)]
     lines += ["", "Each gate's KPR at a baseline's token budget minus the baseline's (paired over eval queries; "
               "* = outside the gate's τ sweep, clamped):", "",
-              "| baseline | tokens | " + " | ".join(res["family"] for res in by.values()) + " |",
-              "|---|---|" + "---|" * len(by)]
+              "| baseline | tokens | " + " | ".join(name for name, _ in curves) + " |",
+              "|---|---|" + "---|" * len(curves)]
     for b in baselines:
         cells = []
-        for res in by.values():
-            g = res["gate_vs"].get(b)
+        for _, vs in curves:
+            g = vs.get(b)
             cells.append("" if g is None else _mc(g["kpr_delta"], "+.3f") + (" *" if g["extrapolated"] else ""))
         tokens = next(iter(by.values()))["gate_vs"][b]["tokens"]
         lines.append(f"| {b} | {tokens:.0f} | " + " | ".join(cells) + " |")

@@ -121,10 +121,16 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
 def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
     d, argv, first = bench
     out = d / "out"
+    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  gate_taus:"))
+    argv = [a if a != str(d / "tiny.yaml") else str(d / "tiny2.yaml") for a in argv]
     argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["steps_run"] == [f"citations/{s}" for s in SOURCE_STEPS]  # simulation and baselines reused
+    # simulation and baselines reused; the first gate only adds its set-aware point
+    assert rep["steps_run"] == ["keypoints/closed_loop"] + [f"citations/{s}" for s in SOURCE_STEPS]
+    assert "gate+greedy@tau=0.5" in set(rep["policies"]) and not any("]+greedy" in k for k in rep["policies"])
+    assert rep["by_labels"]["keypoints"]["greedy"]["family"] == "gate+greedy"
+    assert set(rep["by_labels"]["keypoints"]["greedy"]["gate_vs"]) == set(rep["gate_vs"])
     assert list(rep["by_labels"]) == ["keypoints", "citations"]
     cit = rep["by_labels"]["citations"]
     assert cit["family"] == "gate[citations]" and cit["labels"]["kind"] == "citations"
@@ -135,7 +141,8 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert rep["labels"]["source"] == "keypoints"  # the first source stays the report's headline gate
     assert set(cit["real"]["dataset"]) == {"gate", *NAMES}
     md = (out / "report.md").read_text()
-    assert "## Label sources compared" in md and "| gate[citations] |" in md
+    assert "## Label sources compared" in md and "| gate[citations] |" in md and "| gate+greedy |" in md
+    assert any("`gate+greedy` (labels `keypoints`)" in f for f in rep["findings"])
     assert "AUROC on dataset" in md
 
 
