@@ -35,20 +35,28 @@ def _tokenizer():
     return tok
 
 
+_COUNTS: dict[str, int] = {}  # text → tokens, per process: the closed loop counts the same passages and prompts
+_COUNTS_MAX = 500_000  # texts remembered (cleared when full)
+
+
 def count_tokens(texts: str | Iterable[str]) -> int:
     """Total tokens of one text or of several texts (each counted on its own)."""
     if isinstance(texts, str):
         texts = [texts]
-    texts = [t for t in texts if t]
-    if not texts:
-        return 0
-    return sum(len(e.ids) for e in _tokenizer().encode_batch(texts, add_special_tokens=False))
+    return sum(token_counts([t for t in texts if t]))
 
 
 def token_counts(texts: list[str]) -> list[int]:
+    """Tokens of each text (remembered per process; a text's count never depends on the others)."""
     if not texts:
         return []
-    return [len(e.ids) for e in _tokenizer().encode_batch(list(texts), add_special_tokens=False)]
+    todo = list(dict.fromkeys(t for t in texts if t not in _COUNTS))
+    if todo:
+        if len(_COUNTS) + len(todo) > _COUNTS_MAX:
+            _COUNTS.clear()
+        for t, e in zip(todo, _tokenizer().encode_batch(todo, add_special_tokens=False)):
+            _COUNTS[t] = len(e.ids)
+    return [_COUNTS[t] if t in _COUNTS else len(_tokenizer().encode(t, add_special_tokens=False).ids) for t in texts]
 
 
 def covered_key_points(labels: Iterable[Iterable[str]], key_points: Iterable[str]) -> set[str]:

@@ -136,6 +136,24 @@ class Query:
         return [k["id"] for k in self.key_points]
 
 
+class Memo:
+    """Results of pure functions of an environment (BM25 hits, the offline generator's phrases), kept per
+    process so that the closed loop's policies, which run the same queries, compute each once; cleared when
+    ``max_items`` is reached."""
+
+    def __init__(self, max_items: int = 200_000):
+        self.max_items, self.items = max_items, {}
+
+    def get(self, key):
+        return self.items.get(key)
+
+    def put(self, key, value):
+        if len(self.items) >= self.max_items:
+            self.items.clear()
+        self.items[key] = value
+        return value
+
+
 class Env:
     """A loaded environment: queries, passages with labels, BM25 index, word statistics."""
 
@@ -152,6 +170,7 @@ class Env:
         self.bm25 = bm25
         self._dense: dict[str, retrieve.DenseIndex] = {}
         self.name = manifest.get("name") or path.name
+        self.memo = Memo()
 
     def idf(self, word: str) -> float:
         return math.log((self.n_docs + 1) / (self.df.get(word, 0) + 0.5))

@@ -184,6 +184,14 @@ class OfflineGenerator:
     def _df(self, word: str) -> int:
         return self.env.df.get(word, 0)
 
+    def _keyphrases(self, texts: list[str], exclude: set[str]) -> list[tuple[str, float]]:
+        """``keyphrases`` over the env's statistics, remembered per env (pure: same texts, same phrases)."""
+        key = ("keyphrases", tuple(texts), frozenset(exclude))
+        hit = self.env.memo.get(key)
+        if hit is None:
+            hit = self.env.memo.put(key, tuple(keyphrases(texts, self.env.idf, exclude, df=self._df)))
+        return list(hit)
+
     def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
         return self._frame(root, root, "", texts, k, rng, depth=0)
 
@@ -192,15 +200,19 @@ class OfflineGenerator:
         return self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
-        return learnings(query, texts, self.env.idf)
+        key = ("learnings", query, tuple(texts))
+        hit = self.env.memo.get(key)
+        if hit is None:
+            hit = self.env.memo.put(key, tuple(learnings(query, texts, self.env.idf)))
+        return list(hit)
 
     def _frame(self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random,
                depth: int) -> list[Cand]:
         topic = topic_of(root)
         exclude = set(content_words(root)) | set(content_words(frame_query)) | set(focus.split())
         half = max(1, (len(texts) + 1) // 2)
-        strong = keyphrases(texts[:half], self.env.idf, exclude, df=self._df)
-        weak = keyphrases(texts[half:], self.env.idf, exclude, df=self._df) if len(texts) > 1 else []
+        strong = self._keyphrases(texts[:half], exclude)
+        weak = self._keyphrases(texts[half:], exclude) if len(texts) > 1 else []
         strong_words = {w for p, _ in strong[:12] for w in p.split()}
         weak = [(p, s) for p, s in weak if not set(p.split()) & strong_words]
         mix = MIX.get(depth, MIX_DEEP)
@@ -304,7 +316,11 @@ class ChatGenerator:
         return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
-        return learnings(query, texts, self.env.idf)
+        key = ("learnings", query, tuple(texts))
+        hit = self.env.memo.get(key)
+        if hit is None:
+            hit = self.env.memo.put(key, tuple(learnings(query, texts, self.env.idf)))
+        return list(hit)
 
     def _ask(self, prompt: str, k: int) -> list[Cand]:
         reply = chat(self.base_url, self.model, [{"role": "user", "content": prompt}], api_key=self.api_key,

@@ -128,11 +128,7 @@ class GatePolicy(Policy):
     @property
     def model(self):
         if self._gate is None:
-            try:
-                from branchgate.inference.gate import Gate
-            except ImportError as exc:
-                raise BranchgateError(f"gate:{self.path}: the learned gate is not available ({exc})") from None
-            self._gate = Gate.load(self.path)
+            self._gate = _shared_gate(self.path)
         return self._gate
 
     def choose(self, x, state, stage, rng) -> Choice:
@@ -167,6 +163,24 @@ class GatePolicy(Policy):
             st = DecisionState(root, state.frame_query or "", state.parent_goal or "", retained, int(state.depth or 0))
             scores = np.asarray(model.predict(st, [x.texts[i] for i in rest])[0], dtype=np.float64)
         return sorted(kept)
+
+
+_GATES: dict[str, object] = {}  # one Gate per controller file and process: the τ points of a sweep share its embeddings
+GATE_CACHE = 50_000  # texts whose embeddings a pipeline Gate keeps (a sweep re-scores the same queries' texts)
+
+
+def _shared_gate(path: str):
+    from pathlib import Path
+
+    try:
+        from branchgate.inference.gate import Gate
+    except ImportError as exc:
+        raise BranchgateError(f"gate:{path}: the learned gate is not available ({exc})") from None
+    p = Path(path)
+    key = f"{p.resolve()}|{p.stat().st_mtime_ns if p.exists() else ''}"  # a file rewritten in place is reloaded
+    if key not in _GATES:
+        _GATES[key] = Gate.load(path, cache_size=GATE_CACHE)
+    return _GATES[key]
 
 
 @dataclass

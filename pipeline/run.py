@@ -86,23 +86,22 @@ class Runner:
         if isinstance(self.pre, policies.ShallowPolicy):
             self.depth_limit = len(self.pre.plan(self.levels))
         self.embed_any = any(p.needs_embeddings for p in (self.pre, self.post, self.synth))
-        self._ptok: dict[int, int] = {}
         self._embedded: set[str] = set()
         self.score_log: list[tuple[str, float]] | None = None  # (stage, score) of every scored item, when a list
 
     # -- helpers -----------------------------------------------------------------------------------
     def passage_tokens(self, idx: list[int]) -> list[int]:
-        todo = [i for i in dict.fromkeys(idx) if i not in self._ptok]
-        for i, n in zip(todo, token_counts([self.env.texts[i] for i in todo])):
-            self._ptok[i] = n
-        return [self._ptok[i] for i in idx]
+        return token_counts([self.env.texts[i] for i in idx])
 
     def retrieve(self, query: str) -> list[int]:
         if self.cfg.retriever == "dense":
             qv = self.embedder([query])[0]
             hits = self.env.dense(self.encoder_id).search_vector(qv, self.cfg.top_k)
         else:
-            hits = self.env.bm25.search(query, self.cfg.top_k)
+            key = ("bm25", query, self.cfg.top_k)
+            hits = self.env.memo.get(key)
+            if hits is None:
+                hits = self.env.memo.put(key, tuple(self.env.bm25.search(query, self.cfg.top_k)))
         return [i for i, _ in hits]
 
     def items(self, texts: list[str], tokens: list[int] | None, policy, ledger: Ledger):
