@@ -150,9 +150,12 @@ def interpolate(curve, tokens: float) -> tuple[dict[str, float], bool]:
 
 
 def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0, family: str = "gate") -> dict:
-    """``{BASELINE: {"tokens", "kpr_delta": {"mean", "ci95"}, "extrapolated", "queries"}}``: the KPR of gate
-    ``family`` at each baseline's mean token budget (interpolated along its τ sweep) minus the baseline's,
-    paired by query. Baselines are the points that do not use a gate."""
+    """``{BASELINE: {"tokens", "kpr_delta": {"mean", "ci95"}, "extrapolated", "outside", "queries"}}``: the KPR
+    of gate ``family`` at each baseline's mean token budget (interpolated along its τ sweep) minus the
+    baseline's, paired by query. Baselines are the points that do not use a gate. Outside the sweep the gate's
+    nearest end is used (``extrapolated``); ``outside`` says which way: ``cheaper`` (the baseline spends less
+    than the gate's cheapest point, so the gate spends more: not a fair comparison) or ``dearer`` (the gate
+    spends less)."""
     curve = gate_curve(pts, runs, family)
     out = {}
     for p in pts:
@@ -162,8 +165,9 @@ def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0, family
         tokens = float(np.mean([t["tokens"] for t in r.values()])) if r else float("nan")
         g, clamped = interpolate(curve, tokens)
         qs = sorted(set(g) & set(r))
+        outside = None if not clamped else ("cheaper" if tokens < curve[0][0] else "dearer")
         out[p.name] = {"tokens": tokens, "kpr_delta": mean_ci([g[q] - r[q]["kpr"] for q in qs], boot, seed),
-                       "extrapolated": clamped, "queries": len(qs)}
+                       "extrapolated": clamped, "outside": outside, "queries": len(qs)}
     return out
 
 

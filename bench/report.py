@@ -29,9 +29,11 @@ def _mc(d: dict, fmt=".3f") -> str:
     return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
 
 
-def markdown(report: dict, level: int = 1, images: str = "", title: str = "branchgate bench") -> str:
+def markdown(report: dict, level: int = 1, images: str = "", title: str = "branchgate bench", fold: bool = False) -> str:
     """The report as Markdown: ``level`` is the title's heading level (sections one deeper), ``images`` the
-    folder the PNG links point into (README: ``docs/bench/``)."""
+    folder the PNG links point into (README: ``docs/bench/``); ``fold`` puts the long tables (every policy
+    point, the per-depth offline tables) in collapsed ``<details>`` blocks."""
+    opened, closed = (lambda what: [f"<details><summary>{what}</summary>", ""]), (["", "</details>"] if fold else [])
     h = "#" * (level + 1)
     lab = report["labels"]
     by = report.get("by_labels") or {}
@@ -49,16 +51,17 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     if len(by) > 1 or any(res.get("greedy") for res in by.values()):
         lines += _sources_tables(report, h)
     lines += [f"![KPR vs tokens]({images}{PLOT})", ""]
-    lines += [f"{h} Closed loop (eval queries; mean [95% CI over queries])", "",
-              "| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
+    lines += [f"{h} Closed loop (eval queries; mean [95% CI over queries])", ""]
+    lines += opened(f"Every policy point ({len(report['policies'])})") if fold else []
+    lines += ["| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
     for name, p in report["policies"].items():
         lines.append(f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
                      f"| {_mc(p['kpr'])} |")
+    lines += closed
     lines += ["", f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
               f"labels `{lab['source']}`)", "", "| baseline | tokens | Δ KPR [95% CI] | |", "|---|---|---|---|"]
     for name, g in report["gate_vs"].items():
-        lines.append(f"| {name} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} | "
-                     f"{'outside the gate sweep (clamped)' if g['extrapolated'] else ''} |")
+        lines.append(f"| {name} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} | {_outside(g)} |")
     for ds, table in real_tables(report).items():
         lines += ["", f"{h} Real decisions: {ds} (labelled by their own key points; 95% CI over runs)", "",
                   "| scorer | AUROC [95% CI] | AUPRC | first gate − scorer [95% CI] |", "|---|---|---|---|"]
@@ -72,11 +75,20 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     for src, res in sections:
         lines += ["", f"{h} Offline (labels `{src}`: the dataset's test split, its own labels; 95% CI over runs)", ""]
         lines += _offline_table(res["offline"])
+        lines += [""] + opened("By depth") if fold else []
         for stratum, table in res["offline_by_depth"].items():
             lines += ["", f"{h}# {stratum}", ""] + _offline_table(table)
+        lines += closed
     lines += ["", f"{h} Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _outside(g: dict) -> str:
+    side = g.get("outside") or ("outside" if g.get("extrapolated") else None)
+    return {"cheaper": "cheaper than every gate point: gate at its cheapest (spends more)",
+            "dearer": "dearer than every gate point: gate at its dearest (spends less)",
+            "outside": "outside the gate sweep (clamped)"}.get(side, "")
 
 
 def _sig(d: dict) -> int:
@@ -96,12 +108,19 @@ def findings(report: dict) -> list[str]:
         fam = res["family"]
         for curve, vs in _curves(res):
             verdict = {1: [], 0: [], -1: []}
+            unfair = []  # the gate cannot spend as little as the baseline, or spends less and does not win
             for name, g in vs.items():
-                if name != "none":
-                    verdict[_sig(g["kpr_delta"])].append(name)
+                sig = _sig(g["kpr_delta"])
+                if name == "none":
+                    continue
+                if g.get("outside") == "cheaper" or (g.get("outside") == "dearer" and sig <= 0):
+                    unfair.append(name)
+                else:
+                    verdict[sig].append(name)
             out.append(f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
                        f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
-                       f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries).")
+                       f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries)"
+                       + (f"; outside its τ sweep, not compared: {', '.join(unfair)}" if unfair else "") + ".")
             toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None]
             if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
                 out.append(f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
@@ -159,14 +178,16 @@ def _sources_tables(report: dict, h: str = "##") -> list[str]:
     baselines = list(next(iter(by.values()))["gate_vs"])
     curves = [c for res in by.values() for c in _curves(res)]
     lines += ["", "Each gate's KPR at a baseline's token budget minus the baseline's (paired over eval queries; "
-              "* = outside the gate's τ sweep, clamped):", "",
+              "↓ = the baseline is cheaper than the gate's cheapest point, ↑ = dearer than its dearest: the gate's "
+              "end point is used):", "",
               "| baseline | tokens | " + " | ".join(name for name, _ in curves) + " |",
               "|---|---|" + "---|" * len(curves)]
     for b in baselines:
         cells = []
         for _, vs in curves:
             g = vs.get(b)
-            cells.append("" if g is None else _mc(g["kpr_delta"], "+.3f") + (" *" if g["extrapolated"] else ""))
+            cells.append("" if g is None else _mc(g["kpr_delta"], "+.3f") + ({"cheaper": " ↓", "dearer": " ↑"}.get(
+                g.get("outside"), " *" if g["extrapolated"] else "")))
         tokens = next(iter(by.values()))["gate_vs"][b]["tokens"]
         lines.append(f"| {b} | {tokens:.0f} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -194,13 +215,18 @@ def plot(report: dict, path: Path) -> None:
         pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
         x = [p["tokens"]["mean"] for p in pts]
         y = [p["kpr"]["mean"] for p in pts]
-        lo = [p["kpr"]["mean"] - (p["kpr"]["ci95"][0] if p["kpr"]["ci95"][0] is not None else p["kpr"]["mean"]) for p in pts]
-        hi = [(p["kpr"]["ci95"][1] if p["kpr"]["ci95"][1] is not None else p["kpr"]["mean"]) - p["kpr"]["mean"] for p in pts]
-        style = dict(marker="*", markersize=14, linestyle="none", color="black") if fam == "none" else \
-            dict(marker="o", linewidth=2.5 if fam.startswith("gate") else 1.2)
-        ax.errorbar(x, y, yerr=[lo, hi], label=fam, capsize=2, **style)
+        lo = [p["kpr"]["ci95"][0] if p["kpr"]["ci95"][0] is not None else p["kpr"]["mean"] for p in pts]
+        hi = [p["kpr"]["ci95"][1] if p["kpr"]["ci95"][1] is not None else p["kpr"]["mean"] for p in pts]
+        if fam == "none":  # the no-pruning point: a star with its interval
+            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], label="no pruning",
+                        marker="*", markersize=14, linestyle="none", color="black", capsize=3)
+            continue
+        gate = fam.startswith("gate")
+        (line,) = ax.plot(x, y, marker="o", linewidth=2.5 if gate else 1.2, markersize=5 if gate else 4, label=fam,
+                          zorder=3 if gate else 2)
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15 if gate else 0.06, linewidth=0)
     ax.set_xlabel("tokens per run (mean)")
-    ax.set_ylabel("key-point recall (mean, 95% CI)")
+    ax.set_ylabel("key-point recall (mean; bands: 95% CI over queries)")
     sources = ", ".join(report.get("by_labels") or [report["labels"]["source"]])
     ax.set_title(f"closed loop on {report['queries']['eval']} eval queries (gate labels: {sources})")
     ax.grid(alpha=0.3)

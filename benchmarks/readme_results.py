@@ -24,7 +24,7 @@ END = "<!-- bench-results:end -->"
 def block(report: dict) -> str:
     from branchgate.bench.report import markdown
 
-    return markdown(report, level=3, images=IMAGES, title="Results of `branchgate bench`")
+    return markdown(report, level=3, images=IMAGES, title="Results of `branchgate bench`", fold=True)
 
 
 def replace_block(readme: str, text: str) -> str:
@@ -48,7 +48,7 @@ def main() -> None:
     if args.commit:
         report["commit"] = args.commit
     STORED.parent.mkdir(parents=True, exist_ok=True)
-    STORED.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    STORED.write_text(json.dumps(report, indent=1) + "\n")  # key order is table order
     (ROOT / IMAGES).mkdir(parents=True, exist_ok=True)
     for name in (PLOT, REAL_PLOT):
         if (out / name).is_file():
