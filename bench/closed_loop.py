@@ -68,19 +68,11 @@ def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, o
                 _run_point(env, sim, job, queries_file, encoder)
                 bar.update(1)
         else:
-            import multiprocessing as mp
+            from branchgate.pipeline.simulate import spawn_map
 
-            pool = mp.get_context("spawn").Pool(min(workers, len(todo)), initializer=_init_worker,
-                                                initargs=(env, sim["encoder"]))
-            try:
-                for _ in pool.imap_unordered(_point_job, [(sim, job, queries_file) for job in todo]):
-                    bar.update(1)
-                pool.close()
-            except BaseException:
-                pool.terminate()
-                raise
-            finally:
-                pool.join()
+            jobs = [(sim, job, queries_file) for job in todo]
+            for _ in spawn_map(_point_job, jobs, workers, _init_worker, (env, sim["encoder"])):
+                bar.update(1)
     finally:
         bar.close()
     return {p.name: per_query(out / safe_name(p.name)) for p in pts}

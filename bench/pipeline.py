@@ -13,7 +13,7 @@ from pathlib import Path
 from branchgate.bench import closed_loop as closed_loop_mod
 from branchgate.bench import stats
 from branchgate.bench.closed_loop import safe_name
-from branchgate.bench.policies import baseline_points, gate_points
+from branchgate.bench.policies import baseline_points, gate_points, greedy_family
 from branchgate.bench.report import write
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.fileio import atomic_write_text
@@ -115,7 +115,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         per_source[source] = res
     for source, res in per_source.items():
         res["gate_vs"] = closed_loop_mod.gate_vs(pts, runs, boot, family=res["family"])
-        greedy = f"{res['family']}+greedy"
+        greedy = greedy_family(res["family"])
         if any(p.family == greedy for p in pts):
             res["greedy"] = {"family": greedy, "gate_vs": closed_loop_mod.gate_vs(pts, runs, boot, family=greedy)}
     first = per_source[sources[0]]

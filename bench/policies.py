@@ -53,7 +53,7 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
         out.append(PolicyPoint(f"shallow@{int(n)}", "shallow", f"shallow:{int(n)}", budget=float(n)))
     for r in section.get("random_rates") or []:
         out.append(PolicyPoint(f"random@{r:g}", "random", f"random:{r:g}", budget=float(r)))
-    out += [p for p in _stages(section, None, "gate") if p is not None]
+    out += _stages(section, None, "gate")
     return _unique(out)
 
 
@@ -65,23 +65,27 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", greedy: boo
     out = [PolicyPoint(family, family, f"gate:{gate_path}")]
     for tau in section.get("gate_taus") or []:
         out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
-    curve = f"{family}+greedy"  # set-aware selection (gate:PATH,greedy=1), its own curve
+    curve = greedy_family(family)  # set-aware selection (gate:PATH,greedy=1), its own curve
     for tau in (section.get("greedy_taus") or []) if greedy else []:
         out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},greedy=1",
                                budget=float(tau)))
-    out += [p for p in _stages(section, gate_path, family) if p is not None]
+    out += _stages(section, gate_path, family)
     return _unique(out)
 
 
-def _stages(section: dict, gate_path: str | None, family: str) -> list[PolicyPoint | None]:
+def greedy_family(family: str) -> str:
+    """The curve of gate ``family``'s set-aware points."""
+    return f"{family}+greedy"
+
+
+def _stages(section: dict, gate_path: str | None, family: str) -> list[PolicyPoint]:
     """Three-stage points: with ``gate_path`` those naming ``gate`` (named with ``family``), without it the rest."""
-    out: list[PolicyPoint | None] = []
+    out: list[PolicyPoint] = []
     for combo in section.get("stages") or []:
         if not isinstance(combo, (list, tuple)) or len(combo) != 3:
             raise InputError(f"expected [pre, post, synth], got {combo!r}", "policies.stages")
         combo = [str(s) for s in combo]
         if ("gate" in combo) != (gate_path is not None):
-            out.append(None)
             continue
         pre, post, synth = (f"gate:{gate_path}" if s == "gate" else s for s in combo)
         name = "+".join(family if s == "gate" else s for s in combo)

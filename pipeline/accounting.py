@@ -50,13 +50,14 @@ def token_counts(texts: list[str]) -> list[int]:
     """Tokens of each text (remembered per process; a text's count never depends on the others)."""
     if not texts:
         return []
-    todo = list(dict.fromkeys(t for t in texts if t not in _COUNTS))
+    counts = {t: _COUNTS.get(t) for t in texts}
+    todo = [t for t, n in counts.items() if n is None]
     if todo:
+        counts.update((t, len(e.ids)) for t, e in zip(todo, _tokenizer().encode_batch(todo, add_special_tokens=False)))
         if len(_COUNTS) + len(todo) > _COUNTS_MAX:
             _COUNTS.clear()
-        for t, e in zip(todo, _tokenizer().encode_batch(todo, add_special_tokens=False)):
-            _COUNTS[t] = len(e.ids)
-    return [_COUNTS[t] if t in _COUNTS else len(_tokenizer().encode(t, add_special_tokens=False).ids) for t in texts]
+        _COUNTS.update((t, counts[t]) for t in todo)
+    return [counts[t] for t in texts]
 
 
 def covered_key_points(labels: Iterable[Iterable[str]], key_points: Iterable[str]) -> set[str]:

@@ -144,14 +144,13 @@ class Memo:
     def __init__(self, max_items: int = 200_000):
         self.max_items, self.items = max_items, {}
 
-    def get(self, key):
-        return self.items.get(key)
-
-    def put(self, key, value):
-        if len(self.items) >= self.max_items:
-            self.items.clear()
-        self.items[key] = value
-        return value
+    def get_or(self, key, compute):
+        """The value remembered for ``key``, else ``compute()`` (remembered)."""
+        if key not in self.items:
+            if len(self.items) >= self.max_items:
+                self.items.clear()
+            self.items[key] = compute()
+        return self.items[key]
 
 
 class Env:

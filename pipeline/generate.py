@@ -149,6 +149,11 @@ def learnings(query: str, texts: list[str], idf, max_sentences: int = 3, max_wor
     return [s for s, _ in cited_learnings(query, texts, idf, max_sentences, max_words)]
 
 
+def env_learnings(env, query: str, texts: list[str]) -> list[str]:
+    """``learnings`` over an env's statistics, remembered per env (both generators extract them this way)."""
+    return list(env.memo.get_or(("learnings", query, tuple(texts)), lambda: tuple(learnings(query, texts, env.idf))))
+
+
 def cited_learnings(query: str, texts: list[str], idf, max_sentences: int = 3,
                     max_words: int = 60) -> list[tuple[str, list[int]]]:
     """``learnings`` with, for each sentence, the indices of the texts it was taken from (every text that
@@ -186,11 +191,8 @@ class OfflineGenerator:
 
     def _keyphrases(self, texts: list[str], exclude: set[str]) -> list[tuple[str, float]]:
         """``keyphrases`` over the env's statistics, remembered per env (pure: same texts, same phrases)."""
-        key = ("keyphrases", tuple(texts), frozenset(exclude))
-        hit = self.env.memo.get(key)
-        if hit is None:
-            hit = self.env.memo.put(key, tuple(keyphrases(texts, self.env.idf, exclude, df=self._df)))
-        return list(hit)
+        return list(self.env.memo.get_or(("keyphrases", tuple(texts), frozenset(exclude)),
+                                         lambda: tuple(keyphrases(texts, self.env.idf, exclude, df=self._df))))
 
     def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
         return self._frame(root, root, "", texts, k, rng, depth=0)
@@ -200,11 +202,7 @@ class OfflineGenerator:
         return self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
-        key = ("learnings", query, tuple(texts))
-        hit = self.env.memo.get(key)
-        if hit is None:
-            hit = self.env.memo.put(key, tuple(learnings(query, texts, self.env.idf)))
-        return list(hit)
+        return env_learnings(self.env, query, texts)
 
     def _frame(self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random,
                depth: int) -> list[Cand]:
@@ -316,11 +314,7 @@ class ChatGenerator:
         return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
-        key = ("learnings", query, tuple(texts))
-        hit = self.env.memo.get(key)
-        if hit is None:
-            hit = self.env.memo.put(key, tuple(learnings(query, texts, self.env.idf)))
-        return list(hit)
+        return env_learnings(self.env, query, texts)
 
     def _ask(self, prompt: str, k: int) -> list[Cand]:
         reply = chat(self.base_url, self.model, [{"role": "user", "content": prompt}], api_key=self.api_key,

@@ -98,10 +98,8 @@ class Runner:
             qv = self.embedder([query])[0]
             hits = self.env.dense(self.encoder_id).search_vector(qv, self.cfg.top_k)
         else:
-            key = ("bm25", query, self.cfg.top_k)
-            hits = self.env.memo.get(key)
-            if hits is None:
-                hits = self.env.memo.put(key, tuple(self.env.bm25.search(query, self.cfg.top_k)))
+            hits = self.env.memo.get_or(("bm25", query, self.cfg.top_k),
+                                        lambda: tuple(self.env.bm25.search(query, self.cfg.top_k)))
         return [i for i, _ in hits]
 
     def items(self, texts: list[str], tokens: list[int] | None, policy, ledger: Ledger):

@@ -117,6 +117,22 @@ def run_one(runner: Runner, qid: str, rep: int, out: str) -> tuple[str, dict]:
     return run_id, totals
 
 
+def spawn_map(fn, jobs: list, workers: int, initializer, initargs: tuple):
+    """``fn(job)`` for every job in ``workers`` spawned processes (each set up once by ``initializer``),
+    yielding results as they finish; the pool is closed cleanly, or terminated on an error or interrupt."""
+    import multiprocessing as mp
+
+    pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=initializer, initargs=initargs)
+    try:
+        yield from pool.imap_unordered(fn, jobs)
+        pool.close()  # let workers exit cleanly (terminate() leaks their semaphores)
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
 # -- driver --------------------------------------------------------------------------------------------
 
 def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = None, queries_file: str | None = None,
@@ -158,20 +174,8 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
                 run_one(runner, *job)
                 bar.update(1)
         else:
-            import multiprocessing as mp
-
-            threads = 1
-            ctx = mp.get_context("spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(env_path, asdict(cfg), gen_kw, threads))
-            try:
-                for _ in pool.imap_unordered(_do_run, todo):
-                    bar.update(1)
-                pool.close()  # let workers exit cleanly (terminate() leaks their semaphores)
-            except BaseException:
-                pool.terminate()
-                raise
-            finally:
-                pool.join()
+            for _ in spawn_map(_do_run, todo, workers, _init_worker, (env_path, asdict(cfg), gen_kw, 1)):
+                bar.update(1)
     finally:
         bar.close()
     summary = summarize(out, [run_id_of(q, r, cfg) for q, r, _ in jobs])
