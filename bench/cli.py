@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--labels", default=None, metavar="SOURCE[,SOURCE...]",
                         help="dataset label source(s): keypoints, citations, judge, teacher:NAME; several "
                              "(comma-separated) train one gate each, compared in one report (default: the config's)")
-    parser.add_argument("--real", nargs="*", default=[], metavar="DIR", help="decision datasets from real agents to score")
+    parser.add_argument("--real", nargs="*", default=[], metavar="DIR", help="real agents' decision datasets or trace folders (built with --labels auto) to score")
     parser.add_argument("--breadth", type=int, default=None, help="override the config's breadth")
     parser.add_argument("--depth", type=int, default=None, help="override the config's depth")
     parser.add_argument("--encoder", default=None, help="override the config's encoder")
