@@ -114,7 +114,7 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     from branchgate.export.torch_ref import TorchController
 
     # The torch reference runs the encoder exactly as training embedded the texts (its default attention).
-    reference = TorchController(net, encoder)
+    reference = TorchController(net, encoder, cache=True)  # each distinct text embedded once
     with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
         ref = [reference.predict(s, c) for s, c, _ in decisions.items]
         tower_diff = tower_vs_encoder(reference, encoder, decisions)

@@ -224,9 +224,14 @@ class ValueNet(nn.Module):
         """Raw (unstandardised) scalar features, batched [B,K,S]."""
         return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
 
-    def raw_heads(self, root, frame, goal, retained, cand, features):
-        """Batched scoring: [B,D]x3, [B,R,D], [B,K,D], [B,K,F] → (logit[B,K], standardised utility[B,K])."""
-        s = (self.scalars(root, frame, goal, retained, cand, features) - self.scalar_mean) / self.scalar_std
+    def raw_heads(self, root, frame, goal, retained, cand, features, scalars=None):
+        """Batched scoring: [B,D]x3, [B,R,D], [B,K,D], [B,K,F] → (logit[B,K], standardised utility[B,K]).
+
+        ``scalars`` [B,K,S]: this batch's ``scalars(...)`` computed beforehand (training computes them once per
+        decision, since they have no parameters); None computes them here, as the exported graph does."""
+        if scalars is None:
+            scalars = self.scalars(root, frame, goal, retained, cand, features)
+        s = (scalars - self.scalar_mean) / self.scalar_std
         rmask = _valid(retained).unsqueeze(-1)
         ret_mean = (retained * rmask).sum(1) / rmask.sum(1).clamp(min=1.0)
         h_s = self.state_tower(torch.cat([root, frame, goal, ret_mean], dim=-1))  # [B,H]

@@ -67,3 +67,21 @@ def test_listwise_loss_prefers_positive_on_top():
     expected = (math.log(3) + math.log(4)) / 2  # uniform scores: −log(1/3), and −(½·log ¼ + ½·log ¼)
     assert abs(float(listwise_loss(flat, label, mask)) - expected) < 1e-6
     assert listwise_loss(flat, torch.tensor([[0, 0, -1, -1]] * 3), mask) is None
+
+
+def test_auroc_is_sklearns_with_ties_and_rejects_nan():
+    from sklearn.metrics import roc_auc_score
+
+    from branchgate.training.metrics import safe_auroc
+
+    rng = np.random.default_rng(3)
+    for i in range(50):
+        n = int(rng.integers(2, 200))
+        y = rng.integers(0, 2, n)
+        s = rng.integers(0, 4, n) / 3.0 if i % 2 else rng.normal(size=n)  # odd cases: heavy ties
+        if len(set(y)) < 2:
+            assert safe_auroc(y, s) is None
+            continue
+        assert abs(safe_auroc(y, s) - roc_auc_score(y, s)) < 1e-12
+    with pytest.raises(ValueError, match="NaN"):
+        safe_auroc([0, 1, 1], [0.1, np.nan, 0.3])

@@ -134,3 +134,29 @@ def test_config_names_resolve_to_packaged_files_even_beside_a_same_named_directo
     assert argv[2].startswith("--config=") and argv[2].endswith("benchmark.yaml")
     (tmp_path / "mine.yaml").write_text("seed_everything: 1\n")
     assert resolve_config_names(["--config", "mine.yaml"])[1] == "mine.yaml"  # a real file wins
+
+
+def test_scalars_computed_once_equal_those_of_any_batch(tmp_path):
+    """Training computes the parameter-free scalar features once per split (split_scalars); each row's must
+    equal what a forward pass computes in whatever shuffled, padded batch it lands."""
+    import datasets
+    import numpy as np
+    import torch
+
+    from branchgate.models.value_model import ValueNet
+    from branchgate.training.module import split_scalars
+
+    ds = write_synthetic_dataset(tmp_path / "ds", n_runs=12, seed=3)
+    texts = TextTable()
+    dset = build_decisions("train", datasets.load_from_disk(str(ds))["train"], texts)
+    g = torch.Generator().manual_seed(0)
+    table = torch.nn.functional.normalize(torch.randn(len(texts), 16, generator=g), dim=-1)
+    table[0] = 0
+    net = ValueNet(16, hidden=8)
+    once = split_scalars(net, dset, table, batch_decisions=5)
+    assert once.shape == (dset.n_rows, len(net.scalar_mean)) and torch.isfinite(once).all()
+    order = np.random.default_rng(1).permutation(len(dset))
+    for start in range(0, len(order), 7):
+        b = dset.batch(order[start:start + 7], table)
+        s = net.scalars(b["root"], b["frame"], b["goal"], b["retained"], b["cand"], b["features"])
+        assert torch.allclose(once[b["rows"][b["mask"]]], s[b["mask"]].float(), atol=1e-5)

@@ -45,6 +45,7 @@ class ControllerModule(L.LightningModule):
         self.tau: float | None = None
         self._pos_weight = 1.0
         self._val: list[tuple[np.ndarray, np.ndarray]] = []
+        self._scalars: dict[str, torch.Tensor] = {}  # split → [rows, S] scalar features (see split_scalars)
 
     # -- construction ------------------------------------------------------------------------------------
     def build(self, dim: int) -> ValueNet:
@@ -65,14 +66,16 @@ class ControllerModule(L.LightningModule):
                               label_threshold=dm.manifest.get("label_threshold"), teacher=dm.manifest.get("teacher"),
                               dataset_schema_version=dm.manifest.get("schema_version"), train_stats=stats)
         if stage == "fit":
-            fit_standardisation(self.net, dm.loader("train"), stats)
+            self._scalars = {split: split_scalars(self.net, dm.sets[split], dm.table) for split in ("train", "validation")}
+            fit_standardisation(self.net, self._scalars["train"], stats)
             log.info("train: %d positive / %d negative labelled rows; BCE pos_weight %.3f",
                      stats["n_pos"], stats["n_neg"], self._pos_weight)
 
     # -- training ----------------------------------------------------------------------------------------
-    def _heads(self, batch):
+    def _heads(self, batch, split: str):
+        rows = batch["rows"].clamp(min=0)  # padding (-1) reads row 0; padded outputs are masked out anyway
         return self.net.raw_heads(batch["root"], batch["frame"], batch["goal"], batch["retained"], batch["cand"],
-                                  batch["features"])
+                                  batch["features"], scalars=self._scalars[split][rows])
 
     def _loss(self, batch, logit, z):
         label, util = batch["label"], batch["utility"]
@@ -95,7 +98,7 @@ class ControllerModule(L.LightningModule):
         return terms, bce, reg
 
     def training_step(self, batch, batch_idx):
-        logit, z = self._heads(batch)
+        logit, z = self._heads(batch, "train")
         loss, bce, reg = self._loss(batch, logit, z)
         n = int(batch["mask"].sum())
         self.log("train_loss", loss, prog_bar=True, batch_size=n)
@@ -106,7 +109,7 @@ class ControllerModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        logit, z = self._heads(batch)
+        logit, z = self._heads(batch, "validation")
         loss, _, _ = self._loss(batch, logit, z)
         self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()))
         lab = batch["label"] >= 0
@@ -152,20 +155,26 @@ def listwise_loss(logit: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) 
 
 
 @torch.no_grad()
-def fit_standardisation(net: ValueNet, loader, stats: dict) -> dict:
-    """Fit the scalar-feature standardisation on ``loader`` (the train split) and the utility scale from ``stats``."""
-    total = sq = None
-    count = 0
-    for batch in loader:
-        s = net.scalars(batch["root"], batch["frame"], batch["goal"], batch["retained"], batch["cand"],
-                        batch["features"]).double()
-        m = batch["mask"]
-        v = s[m]
-        total = v.sum(0) if total is None else total + v.sum(0)
-        sq = (v * v).sum(0) if sq is None else sq + (v * v).sum(0)
-        count += v.shape[0]
-    mean = total / max(count, 1)
-    std = (sq / max(count, 1) - mean * mean).clamp(min=0).sqrt()
+def split_scalars(net: ValueNet, dset, table, batch_decisions: int = 256) -> torch.Tensor:
+    """``net.scalars`` of every candidate row of a ``DecisionSet`` [rows, S], in the set's row order.
+
+    They have no parameters and the encoder is frozen, so training computes them once instead of every epoch
+    (they are most of a forward pass: the DPP and GRN features invert a Gram matrix per decision)."""
+    out = torch.zeros((dset.n_rows, len(net.scalar_mean)), dtype=torch.float32)
+    for start in range(0, len(dset), batch_decisions):
+        b = dset.batch(np.arange(start, min(start + batch_decisions, len(dset))), table)
+        s = net.scalars(b["root"], b["frame"], b["goal"], b["retained"], b["cand"], b["features"])
+        out[b["rows"][b["mask"]]] = s[b["mask"]].float()
+    return out
+
+
+@torch.no_grad()
+def fit_standardisation(net: ValueNet, scalars: torch.Tensor, stats: dict) -> dict:
+    """Fit the scalar-feature standardisation on the train split's ``scalars`` [rows, S] (``split_scalars``)
+    and the utility scale from ``stats``."""
+    v = scalars.double()
+    mean = v.mean(0) if len(v) else torch.zeros(v.shape[1], dtype=torch.float64)
+    std = (v * v).mean(0).sub(mean * mean).clamp(min=0).sqrt() if len(v) else torch.ones_like(mean)
     std = torch.where(std < 1e-6, torch.ones_like(std), std)  # constant features stay unscaled
     net.set_standardisation(mean.float(), std.float(), stats["utility_mean"], stats["utility_std"])
     return net.standardisation()
