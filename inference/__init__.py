@@ -4,7 +4,7 @@
   inputs become one; ``metadata``: the ONNX metadata contract; ``schedule``: text groups and length buckets;
   ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads an ONNX file's metadata without loading it.
 - ``adapters``: ``gated(fn, gate)`` wraps any sync/async candidate-generating function.
-- ``gpt_researcher``: ``gate_deep_research(researcher, gate, trace)`` for GPT-Researcher's deep research.
+- ``gpt_researcher``: ``gate_research(researcher, gate, trace)`` for GPT-Researcher (standard and deep mode).
 
 Exporting a controller (torch side) lives in ``branchgate.export``.
 """

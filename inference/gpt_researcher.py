@@ -1,27 +1,47 @@
-"""GPT-Researcher drop-in: gate deep-research subqueries and record the whole tree as canonical traces.
+"""GPT-Researcher drop-in: gate its subqueries before they are researched, in both of its modes, and record
+the whole research tree as canonical traces.
 
     from gpt_researcher import GPTResearcher
     from branchgate.inference.gate import Gate
-    from branchgate.inference.gpt_researcher import gate_deep_research
+    from branchgate.inference.gpt_researcher import gate_research
 
-    researcher = GPTResearcher(query="...", report_type="deep")
-    hook = gate_deep_research(researcher, Gate.load("controller.onnx"), trace="traces/run.jsonl")
+    researcher = GPTResearcher(query="...", report_type="research_report")   # or report_type="deep"
+    hook = gate_research(researcher, Gate.load("controller.onnx"), trace="traces/run.jsonl")
     await researcher.conduct_research()
     hook.record_report(await researcher.write_report())  # optional: the report and the sources it cites
     hook.close()
 
-GPT-Researcher's deep research (``gpt_researcher/skills/deep_research.py``) asks an LLM for
-``breadth`` queries ``[{"query", "researchGoal"}]`` per level (``generate_search_queries``), researches
-each with a nested GPTResearcher, distils learnings and follow-up questions
-(``process_research_results``) and recurses with ``breadth // 2`` per result. It logs none of that tree.
-The hook patches those methods on the one skill instance (``deep_research``, ``generate_search_queries``,
-``process_research_results``, ``run``): each ``deep_research`` call is a frame; its candidates are gated
-(``gate=None`` only records) and never emptied, since GPT-Researcher's deep research fails on an empty
-candidate list. Events: run_start, frame_open, candidate, decision, evidence + retrieval (the branch's
-research context), learning, followup, run_end, and ``report`` when ``record_report(text)`` is called (the
-report's cited URLs, mapped to the evidence recorded with that ``source`` URL: the ``citations`` label).
+Checked against gpt-researcher 0.15.1 (the newest release that installs on Python 3.11).
 
-Import-safe without gpt-researcher: it is duck-typed and never imported here.
+**Standard mode** (``research_report`` and the other single-level report types). ``ResearchConductor.plan_research``
+returns the sub-queries of one research step (``generate_sub_queries``: untyped ``json_repair`` output, so
+anything but a list of strings is passed through ungated and counted in ``hook.counts["untyped_plans"]``);
+its callers append the researched query itself (except for ``subtopic_report``) and research all of them
+with ``asyncio.gather``. The hook gates that list (the query GPT-Researcher appends is always researched:
+it is not a candidate) and records each sub-query's context (``_process_sub_query``) as its retrieval, one
+evidence item per ``Source:`` block, so report citations map to branches. Both methods are patched on the
+conductor *class*, once per process; they act only inside a hooked researcher's ``conduct_research``
+(a context variable), so other researchers in the process are untouched.
+
+**Deep mode** (``report_type="deep"``, ``gpt_researcher/skills/deep_research.py``). The skill asks an LLM for
+``breadth`` queries ``[{"query", "researchGoal"}]`` per level (``generate_search_queries``), researches each
+with a nested standard-mode GPTResearcher, distils learnings and follow-up questions
+(``process_research_results``) and recurses with ``breadth // 2`` per result. The hook patches those methods
+on the one skill instance: each ``deep_research`` call is a frame whose candidates are gated. The nested
+researchers' own plans are gated too (the class-level patch) and recorded as frames below the deep branch
+they research; that branch's retrieval is then the evidence its nested sub-queries found. What holds in
+0.15.1: an empty candidate list makes deep research return an empty context (no crash, but nothing is
+researched), so the hook never empties a list (if a custom gate keeps nothing, the top-1 is kept); a query
+without ``researchGoal`` is researched (paid for) and then dropped by GPT-Researcher (a ``KeyError`` its
+``process_query`` swallows): the hook records that branch's retrieval and a ``raw`` event
+``gptr:dropped_without_goal``, and counts it in ``hook.counts["dropped_without_goal"]``.
+
+Events: run_start, frame_open, candidate, decision, evidence + retrieval, learning, followup, raw, run_end,
+and ``report`` when ``record_report(text)`` is called (the report's cited URLs, mapped to the evidence
+recorded with that ``source`` URL: the ``citations`` label). ``gate=None`` only records.
+
+Import-safe without gpt-researcher: it is duck-typed and never imported here. (One module of ~470 lines:
+both modes write one frame tree into one trace.)
 """
 
 from __future__ import annotations
@@ -41,6 +61,9 @@ from branchgate.texts import candidate_text
 log = logging.getLogger(__name__)
 
 SYSTEM = "gpt-researcher"
+_SOURCE = re.compile(r"^Source: *(?P<url>\S*) *$", re.M)  # a block of GPT-Researcher's pretty_print_docs context
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_hook", default=None)
+_PATCHED: dict[type, dict] = {}  # research conductor class → its own plan_research / _process_sub_query
 _GOAL = re.compile(r"Previous research goal:\s*(?P<goal>.*?)\s*(?:\n|Follow-up questions:|$)", re.S)
 
 
@@ -56,17 +79,31 @@ class _Frame:
     candidates: list[dict] = field(default_factory=list)  # {"id", "query", "goal", "kept"}
     children: int = 0
     batches: int = 0  # candidate lists gated in this frame; each is a decision point of its own
+    evidence_ids: list[str] = field(default_factory=list)  # a plan frame's: all its research found
 
 
-class DeepResearchHook:
-    """Gating + recording for one ``DeepResearchSkill`` (see the module docstring)."""
+class ResearchHook:
+    """Gating + recording for one GPTResearcher (either mode) or one ``DeepResearchSkill`` (see the module
+    docstring)."""
 
-    def __init__(self, skill, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
+    def __init__(self, target, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
                  run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None):
-        for name in ("generate_search_queries", "deep_research"):
-            if not callable(getattr(skill, name, None)):
-                raise TypeError(f"{type(skill).__name__} has no {name}(): not a GPT-Researcher DeepResearchSkill")
-        self.skill, self.gate = skill, gate
+        skill = getattr(target, "deep_researcher", None)
+        conductor = getattr(target, "research_conductor", None)
+        if skill is None and conductor is None:  # a DeepResearchSkill itself
+            skill = target
+        if skill is not None:
+            for name in ("generate_search_queries", "deep_research"):
+                if not callable(getattr(skill, name, None)):
+                    raise TypeError(f"{type(skill).__name__} has no {name}(): not a GPT-Researcher DeepResearchSkill")
+        if conductor is not None:
+            for name in ("plan_research", "_process_sub_query"):
+                if not callable(getattr(type(conductor), name, None)):
+                    raise TypeError(f"{type(conductor).__name__} has no {name}(): not a GPT-Researcher ResearchConductor")
+            if not callable(getattr(target, "conduct_research", None)):
+                raise TypeError(f"{type(target).__name__} has no conduct_research(): not a GPTResearcher")
+        self.researcher = target if conductor is not None else getattr(skill, "researcher", None)
+        self.skill, self.conductor, self.gate = skill, conductor, gate
         self.tau, self.max_keep = tau, max_keep
         self.run_id = run_id or f"gptr-{uuid.uuid4().hex[:12]}"
         self.system = system
@@ -82,27 +119,35 @@ class DeepResearchHook:
         self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(f"branchgate_frame_{id(self)}", default=None)
         self.frames: list[_Frame] = []
         self.retained: list[str] = []
-        self._evidence: set[str] = set()
+        self._evidence: dict[str, int] = {}  # evidence id → its tokens (each written once)
         self._by_url: dict[str, list[str]] = {}  # source URL → evidence ids (for the report's citations)
+        self._plans: dict[int, _Frame] = {}  # id(conductor) → the frame of its plan
         self._started = self._ended = False
         self.write_errors = 0
         self._t0 = time.time()
-        self.counts = {"frames": 0, "candidates": 0, "expanded": 0, "pruned": 0, "fallbacks": 0, "retrievals": 0}
+        self.counts = {"frames": 0, "candidates": 0, "expanded": 0, "pruned": 0, "fallbacks": 0, "retrievals": 0,
+                       "untyped_plans": 0, "dropped_without_goal": 0}
         self._orig = {}
         self.install()
 
     # -- patching --------------------------------------------------------------------------------------
     def install(self) -> None:
         skill = self.skill
-        for name in ("generate_search_queries", "deep_research", "process_research_results", "run"):
-            if callable(getattr(skill, name, None)) and name not in self._orig:
-                self._orig[name] = getattr(skill, name)
-                setattr(skill, name, getattr(self, f"_{name}"))
+        if skill is not None:
+            for name in ("generate_search_queries", "deep_research", "process_research_results", "run"):
+                if callable(getattr(skill, name, None)) and name not in self._orig:
+                    self._orig[name] = getattr(skill, name)
+                    setattr(skill, name, getattr(self, f"_{name}"))
+        if self.conductor is not None and "conduct_research" not in self._orig:
+            _patch_conductor(type(self.conductor))
+            self._orig["conduct_research"] = self.researcher.conduct_research
+            self.researcher.conduct_research = self._conduct_research
 
     def uninstall(self) -> None:
+        """Restore the patched instances (the conductor class's patch stays: it is inert outside a hook)."""
         for name in self._orig:
             try:
-                delattr(self.skill, name)  # back to the class's method
+                delattr(self.researcher if name == "conduct_research" else self.skill, name)  # back to the class's
             except AttributeError:
                 pass
         self._orig.clear()
@@ -149,12 +194,60 @@ class DeepResearchHook:
             pass
         return result
 
+    async def _conduct_research(self, *args, **kwargs):
+        token = _ACTIVE.set(self)  # the conductor class's patch (and nested researchers) act for this hook
+        self._start()
+        status = "error"
+        try:
+            out = await self._orig["conduct_research"](*args, **kwargs)
+            status = "ok"
+            return out
+        finally:
+            _ACTIVE.reset(token)
+            self._end(status)
+
+    def _plan(self, conductor, query, outline):
+        """Gate one standard-mode research plan (``plan_research``'s sub-queries)."""
+        if not isinstance(outline, list) or not all(isinstance(q, str) for q in outline):
+            self.counts["untyped_plans"] += 1
+            log.warning("branchgate: plan_research returned %s, not a list of strings: passed through ungated",
+                        type(outline).__name__)
+            return outline
+        self._start()
+        own = str(getattr(getattr(conductor, "researcher", None), "query", None) or query or "")
+        frame = self._open(own, branch=own)
+        self._plans[id(conductor)] = frame
+        return self._gate(frame, outline)
+
+    def _sub_query_done(self, conductor, sub_query, context) -> None:
+        """Record one researched sub-query's context: the retrieval of its candidate; the query GPT-Researcher
+        appends itself has no candidate, so its evidence only joins the plan's (and so its deep branch's)."""
+        frame = self._plans.get(id(conductor))
+        if frame is None:
+            return
+        q = str(sub_query or "").strip()
+        cand = next((c for c in frame.candidates if c["kept"] and c["query"] == q and not c.get("done")), None)
+        ids = self._evidence_of(context)
+        frame.evidence_ids.extend(i for i in ids if i not in frame.evidence_ids)
+        if cand is not None:
+            cand["done"] = True
+            self._retrieval(cand["id"], q, ids)
+
     # -- frames and decisions ----------------------------------------------------------------------------
-    def _open(self, query: str) -> _Frame:
+    def _open(self, query: str, branch: str | None = None) -> _Frame:
+        """A new frame below the current deep frame (if any). A deep frame's parent candidate is found by the
+        research goal its query repeats (else the next kept one); a plan frame's (``branch``: the query its
+        nested researcher was made for) by that query."""
         parent = self._frame.get()
         frame_id = f"f{len(self.frames)}"
         goal, parent_cand = "", None
-        if parent is not None:
+        if parent is not None and branch is not None:
+            match = next((c for c in parent.candidates if c["kept"] and c["query"] == branch.strip()
+                          and not c.get("plan")), None)
+            if match is not None:
+                match["plan"] = frame_id
+                goal, parent_cand = match["goal"], match["id"]
+        elif parent is not None:
             m = _GOAL.search(query)
             wanted = m.group("goal").strip() if m else None
             kept = [c for c in parent.candidates if c["kept"]]
@@ -187,7 +280,8 @@ class DeepResearchHook:
                         parent_goal=frame.parent_goal)
         for i, (q, g) in enumerate(pairs):
             cid = f"{frame.frame_id}.c{base + i}"
-            frame.candidates.append({"id": cid, "query": q, "goal": g, "kept": False})
+            frame.candidates.append({"id": cid, "query": q, "goal": g, "kept": False,
+                                     "has_goal": not isinstance(cands[i], dict) or "researchGoal" in cands[i]})
             self._write("candidate", frame_id=decision_frame, candidate_id=cid, order=i, query=q, goal=g)
         self.counts["candidates"] += len(cands)
         if not cands:
@@ -201,7 +295,7 @@ class DeepResearchHook:
             self.counts["fallbacks"] += int(sel.fallback)
         else:
             kept, actor = list(range(len(cands))), "default"
-        if not kept:  # a custom gate returned nothing: GPT-Researcher cannot take an empty list
+        if not kept:  # a custom gate returned nothing: never an empty list (see the module docstring)
             kept = [max(range(len(cands)), key=lambda i: (p_keep[i] or 0.0))]
         keep = set(kept)
         for i in range(len(cands)):
@@ -215,33 +309,45 @@ class DeepResearchHook:
         return [cands[i] for i in kept]
 
     def _record_research(self, frame: _Frame | None, query: str, context, result) -> None:
+        """A deep branch's research: its retrieval is what its nested plan found (when that plan was gated
+        here), else the context GPT-Researcher hands ``process_research_results``."""
         cand = None
         if frame is not None:
             cand = next((c for c in frame.candidates if c["kept"] and c["query"] == query.strip()), None)
         cid = cand["id"] if cand else f"unmatched:{_sha(query)[:10]}"
-        items = context if isinstance(context, list) else [context]
-        ids, tokens = [], 0
-        for item in items:
-            text = item if isinstance(item, str) else str((item or {}).get("Content", item)) if isinstance(item, dict) else str(item)
-            if not text or not text.strip():
-                continue
-            eid = f"e{_sha(text)[:16]}"
-            n = len(text.split())
-            if eid not in self._evidence:
-                self._evidence.add(eid)
-                source = str(item.get("url") or item.get("href") or "") if isinstance(item, dict) else ""
-                self._write("evidence", evidence_id=eid, text=text, source=source, tokens=n)
-                if source:
-                    self._by_url.setdefault(source, []).append(eid)
-            ids.append(eid)
-            tokens += n
-        self._write("retrieval", candidate_id=cid, query=query, evidence_ids=ids, tokens=tokens)
-        self.counts["retrievals"] += 1
+        plan = next((f for f in self.frames if cand is not None and f.frame_id == cand.get("plan")), None)
+        ids = list(plan.evidence_ids) if plan is not None and plan.evidence_ids else self._evidence_of(context)
+        self._retrieval(cid, query, ids)
+        if cand is not None and not cand.get("has_goal", True):
+            self.counts["dropped_without_goal"] += 1
+            self._write("raw", source_type="gptr:dropped_without_goal",
+                        data={"candidate_id": cid, "query": query,
+                              "note": "no researchGoal: researched, then dropped by GPT-Researcher (KeyError "
+                                      "swallowed in deep_research's process_query); no learnings or follow-ups used"})
         if isinstance(result, dict):
             for text in result.get("learnings") or []:
                 self._write("learning", candidate_id=cid, text=str(text))
             for text in result.get("followUpQuestions") or []:
                 self._write("followup", candidate_id=cid, text=str(text))
+
+    def _evidence_of(self, context) -> list[str]:
+        """Evidence ids of a research context (written once each, with their source URL)."""
+        ids = []
+        for text, source in _context_items(context):
+            eid = f"e{_sha(text)[:16]}"
+            if eid not in self._evidence:
+                self._evidence[eid] = len(text.split())
+                self._write("evidence", evidence_id=eid, text=text, source=source, tokens=self._evidence[eid])
+                if source:
+                    self._by_url.setdefault(source, []).append(eid)
+            if eid not in ids:
+                ids.append(eid)
+        return ids
+
+    def _retrieval(self, cid: str, query: str, ids: list[str]) -> None:
+        tokens = sum(self._evidence.get(i, 0) for i in ids)
+        self._write("retrieval", candidate_id=cid, query=query, evidence_ids=ids, tokens=tokens)
+        self.counts["retrievals"] += 1
 
     def record_report(self, text, path: str | None = None) -> list[str]:
         """Record the final report: its cited URLs (``cited_sources``) and the evidence recorded with those
@@ -260,8 +366,7 @@ class DeepResearchHook:
     @property
     def root_query(self) -> str:
         if self._root_query is None:
-            researcher = getattr(self.skill, "researcher", None)
-            q = getattr(researcher, "query", None)
+            q = getattr(self.researcher, "query", None)
             if isinstance(q, str) and q:
                 self._root_query = q
             elif self.frames:
@@ -272,7 +377,9 @@ class DeepResearchHook:
         if self._started:
             return
         self._started = True
-        config = {k: getattr(self.skill, k, None) for k in ("breadth", "depth", "concurrency_limit")}
+        config = {k: getattr(self.skill, k, None) for k in ("breadth", "depth", "concurrency_limit")} if self.skill else {}
+        config["mode"] = "deep" if self.skill is not None else "standard"
+        config["report_type"] = getattr(self.researcher, "report_type", None)
         config["gate"] = None if self.gate is None else str(getattr(self.gate, "path", getattr(self.gate, "name", "gate")))
         self._write("run_start", root_query=self.root_query, system=self.system, config=config)
 
@@ -296,15 +403,63 @@ class DeepResearchHook:
                             "in hook.write_errors", type_, self.run_id, exc)
 
 
-def gate_deep_research(researcher_or_skill, gate=None, trace=None, **options) -> DeepResearchHook:
-    """Install the hook on a ``GPTResearcher`` (its ``deep_researcher``) or a ``DeepResearchSkill``.
+def gate_research(target, gate=None, trace=None, **options) -> ResearchHook:
+    """Install the hook on a ``GPTResearcher`` (standard or deep mode; in deep mode its nested researchers'
+    plans too) or on a ``DeepResearchSkill`` alone (its deep frames only).
 
     ``gate``: a ``Gate`` (or anything with ``select(state, candidates, tau, max_keep)``), or None to only
     record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``,
     ``max_keep``, ``run_id``, ``system``, ``root_query``.
     """
-    skill = getattr(researcher_or_skill, "deep_researcher", None) or researcher_or_skill
-    return DeepResearchHook(skill, gate, trace, **options)
+    return ResearchHook(target, gate, trace, **options)
+
+
+def _patch_conductor(cls) -> None:
+    """Route ``cls.plan_research`` and ``cls._process_sub_query`` through the active hook (``_ACTIVE``), once
+    per class; outside a hooked ``conduct_research`` they behave exactly as GPT-Researcher's own."""
+    if cls in _PATCHED:
+        return
+    orig = _PATCHED[cls] = {"plan": cls.plan_research, "sub": cls._process_sub_query}
+
+    async def plan_research(self, query, *args, **kwargs):
+        outline = await orig["plan"](self, query, *args, **kwargs)
+        hook = _ACTIVE.get()
+        return outline if hook is None else hook._plan(self, query, outline)
+
+    async def _process_sub_query(self, sub_query, *args, **kwargs):
+        context = await orig["sub"](self, sub_query, *args, **kwargs)
+        hook = _ACTIVE.get()
+        if hook is not None:
+            try:
+                hook._sub_query_done(self, sub_query, context)
+            except Exception:  # recording must never break the research
+                log.exception("branchgate: could not record sub-query %r", sub_query)
+        return context
+
+    cls.plan_research, cls._process_sub_query = plan_research, _process_sub_query
+
+
+def _context_items(context) -> list[tuple[str, str]]:
+    """(text, source URL) items of a research context: a list of strings or ``{Content|raw_content, url}``
+    dicts, or GPT-Researcher's string of ``Source: URL / Title / Content`` blocks (one item per block)."""
+    items = context if isinstance(context, list) else [context]
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            text = str(item.get("Content") or item.get("raw_content") or item.get("content") or "")
+            out.append((text, str(item.get("url") or item.get("href") or item.get("Source") or "")))
+            continue
+        text = "" if item is None else str(item)
+        marks = list(_SOURCE.finditer(text))
+        if not marks:
+            out.append((text, ""))
+            continue
+        if text[:marks[0].start()].strip():
+            out.append((text[:marks[0].start()], ""))
+        for m, nxt in zip(marks, marks[1:] + [None]):  # "Source: None": 0.15.1's fast path lost the URL
+            url = "" if m.group("url") == "None" else m.group("url")
+            out.append((text[m.end():nxt.start() if nxt else len(text)], url))
+    return [(t.strip(), src) for t, src in out if t.strip()]
 
 
 def _fields(c) -> tuple[str, str]:

@@ -13,7 +13,7 @@ import pytest
 from branchgate.decide import decide
 from branchgate.inference.adapters import candidate_fields, gated
 from branchgate.inference.gate import Gate, Selection
-from branchgate.inference.gpt_researcher import gate_deep_research
+from branchgate.inference.gpt_researcher import gate_research
 from branchgate.inference.inputs import as_state
 from branchgate.logs_to_dataset.traces import read_events
 from export_support import exported
@@ -170,7 +170,7 @@ def test_hook_gates_and_records_the_whole_tree(tmp_path):
     skill = FakeDeepResearchSkill()
     gate = RuleGate()
     trace = tmp_path / "run.jsonl"
-    hook = gate_deep_research(skill, gate, trace, run_id="r1")
+    hook = gate_research(skill, gate, trace, run_id="r1")
     asyncio.run(skill.run())
     hook.close()
     events = _events(trace)
@@ -205,7 +205,7 @@ def test_hook_gates_and_records_the_whole_tree(tmp_path):
 def test_hook_never_returns_an_empty_candidate_list(tmp_path, encoder):
     for gate in (EmptyGate(), RuleGate(keep_words=("nothing",)), Gate.load(exported(encoder)["files"]["int8"])):
         skill = FakeDeepResearchSkill(breadth=3, depth=2)
-        hook = gate_deep_research(skill, gate, tmp_path / f"{type(gate).__name__}.jsonl", tau=1.0)
+        hook = gate_research(skill, gate, tmp_path / f"{type(gate).__name__}.jsonl", tau=1.0)
         asyncio.run(skill.run())  # the fake raises on an empty list, like GPT-Researcher
         hook.close()
         events = _events(tmp_path / f"{type(gate).__name__}.jsonl")
@@ -216,7 +216,7 @@ def test_hook_never_returns_an_empty_candidate_list(tmp_path, encoder):
 
 def test_hook_without_gate_records_only_and_handles_curated_context(tmp_path):
     skill = FakeDeepResearchSkill(breadth=2, depth=2, curated=True)
-    hook = gate_deep_research(type("GPTResearcher", (), {"deep_researcher": skill})(), None, tmp_path / "t.jsonl")
+    hook = gate_research(type("GPTResearcher", (), {"deep_researcher": skill})(), None, tmp_path / "t.jsonl")
     out = asyncio.run(skill.run())
     hook.close()
     assert "learned about" in out
@@ -231,7 +231,7 @@ def test_hook_without_gate_records_only_and_handles_curated_context(tmp_path):
 
 def test_hook_rejects_objects_that_are_not_a_deep_research_skill():
     with pytest.raises(TypeError, match="DeepResearchSkill"):
-        gate_deep_research(object(), RuleGate())
+        gate_research(object(), RuleGate())
 
 
 def test_drop_in_is_import_safe_without_gpt_researcher():
@@ -244,13 +244,13 @@ def test_drop_in_is_import_safe_without_gpt_researcher():
         "class Skill:\n"
         "    async def generate_search_queries(self, query, num_queries=3): return []\n"
         "    async def deep_research(self, query, breadth, depth): return {}\n"
-        "hook = mod.gate_deep_research(Skill(), None)\n"
+        "hook = mod.gate_research(Skill(), None)\n"
         "assert 'gpt_researcher' not in {m for m in sys.modules if sys.modules[m] is not None}\n"
         "print(type(hook).__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "DeepResearchHook"
+    assert out.stdout.strip() == "ResearchHook"
 
 
 def test_a_second_candidate_list_in_one_frame_is_its_own_decision_point(tmp_path):
@@ -265,7 +265,7 @@ def test_a_second_candidate_list_in_one_frame_is_its_own_decision_point(tmp_path
             return {"learnings": [q["query"] for q in first + second]}
 
     skill, gate = TwoLists(), RuleGate()
-    hook = gate_deep_research(skill, gate, tmp_path / "t.jsonl", run_id="two")
+    hook = gate_research(skill, gate, tmp_path / "t.jsonl", run_id="two")
     asyncio.run(skill.run())
     hook.close()
     events = _events(tmp_path / "t.jsonl")

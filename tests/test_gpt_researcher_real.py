@@ -1,114 +1,276 @@
-"""The GPT-Researcher drop-in on the real ``gpt_researcher`` package (its DeepResearchSkill, its
-GPTResearcher), with only the LLM call and the web search replaced by local stand-ins.
+"""The GPT-Researcher drop-in on the real ``gpt_researcher`` package, standard and deep mode, fully offline.
 
-Skipped when gpt-researcher is not installed (it is not a branchgate dependency; ``pip install
-"gpt-researcher<0.16"`` on Python 3.11, 0.16 needs 3.12). test_adapters.py covers the hook against a fake
-skill in every run.
+Everything GPT-Researcher does runs as shipped: its LLM calls go over HTTP (``ChatOpenAI``) to a stub
+OpenAI-compatible server on 127.0.0.1, which also serves its embeddings (``EMBEDDING=custom:...``, computed
+with branchgate's own encoder) and its web search (``RETRIEVER=custom``: BM25 over the bundled sample
+environment, pages at ``http://127.0.0.1:PORT/doc/<passage id>``). One call is replaced: its cost estimate
+(``estimate_llm_cost`` / ``estimate_embedding_cost``) counts tokens with tiktoken, which downloads its BPE
+file from the internet on first use; here it counts words.
+
+The run log ``outputs/task_*.json`` is written by GPT-Researcher's own server handler
+(``backend.server.server_utils.CustomLogsHandler``, passed as the researcher's websocket, as its server
+does); its wheel ships ``backend`` without the repository's top-level ``utils`` package that module imports,
+so a stand-in module of that name is put in ``sys.modules`` first (the three report writers it names are
+unused here).
+
+Skipped where gpt-researcher is not installed: ``.ci/run`` installs it (``.ci/integrations/gptr.txt``) in a
+separate virtualenv, since it pins numpy < 2.3 and moves other packages, and runs this file there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sys
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from branchgate.inference.gate import Gate
-from branchgate.inference.gpt_researcher import gate_deep_research
+from branchgate.inference.gpt_researcher import gate_research
 from branchgate.logs_to_dataset.build import build
 from branchgate.logs_to_dataset.traces import read_events
 from export_support import exported
 
-gptr = pytest.importorskip("gpt_researcher", reason="gpt-researcher is not installed (optional; see the module docstring)")
-deep = pytest.importorskip("gpt_researcher.skills.deep_research")
+gptr = pytest.importorskip("gpt_researcher", reason="gpt-researcher is not installed (.ci/run installs it in a venv)")
 
-TOPICS = ["varroa mite loads and colony losses", "neonicotinoid exposure field studies", "honey prices by country",
-          "queen failure causes", "beekeeping history trivia", "pathogen spillover from managed bees"]
+FILLERS = ["history of {t}", "{t} overview", "{t} definition", "famous trivia about {t}", "{t} in popular culture"]
+
+
+class Stub:
+    """LLM, embeddings and search for GPT-Researcher on 127.0.0.1 (see the module docstring)."""
+
+    def __init__(self, env, encoder):
+        self.env, self.encoder = env, encoder
+        self.prompts: list[str] = []
+        self.unknown: list[str] = []
+        self.searches: list[str] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = 30
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                if url.path == "/search":
+                    query = parse_qs(url.query).get("query", [""])[0]
+                    stub.searches.append(query)
+                    self._json(stub.search(query))
+                elif url.path.startswith("/doc/"):
+                    i = stub.env.index_of.get(url.path[len("/doc/"):])
+                    if i is None:
+                        self.send_error(404)
+                        return
+                    self._send(f"<html><body><p>{stub.env.texts[i]}</p></body></html>".encode(), "text/html")
+                else:
+                    self.send_error(404)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/embeddings"):
+                    texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+                    with stub.lock:
+                        vecs = stub.encoder.encode([str(t) for t in texts])
+                    self._json({"object": "list", "model": body.get("model"),
+                                "data": [{"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
+                                         for i, v in enumerate(vecs)],
+                                "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+                    return
+                prompt = "\n".join(str(m.get("content")) for m in body["messages"])
+                stub.prompts.append(prompt)
+                content = stub.answer(prompt)
+                if body.get("stream"):  # server-sent events, as the OpenAI API streams (the report is streamed)
+                    words = re.findall(r"\S+\s*", content) or [""]
+                    chunks = [{"id": "stub", "object": "chat.completion.chunk", "model": body.get("model"),
+                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": w},
+                                            "finish_reason": None}]} for w in words]
+                    chunks[-1]["choices"][0]["finish_reason"] = "stop"
+                    data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                    self._send(data.encode(), "text/event-stream")
+                    return
+                self._json({"id": "stub", "object": "chat.completion", "model": body.get("model"),
+                            "choices": [{"index": 0, "finish_reason": "stop",
+                                         "message": {"role": "assistant", "content": content}}],
+                            "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content) // 4,
+                                      "total_tokens": (len(prompt) + len(content)) // 4}})
+
+            def _json(self, obj):
+                self._send(json.dumps(obj).encode(), "application/json")
+
+            def _send(self, data, kind):
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def search(self, query: str) -> list[dict]:
+        return [{"url": f"{self.url}/doc/{self.env.ids[i]}", "title": self.env.docs[i], "raw_content": self.env.texts[i]}
+                for i, _ in self.env.bm25.search(query, 3)]
+
+    def subqueries(self, task: str, n: int) -> list[str]:
+        q = next((q for q in self.env.queries if q.query in task), None)
+        real = [d.replace("#1", "it").strip() for d in (q.meta.get("decomposition") or [])] if q else []
+        topic = re.sub(r"\W+", " ", task).strip().split(" ")[-1] or "it"
+        return (real + [f.format(t=topic) for f in FILLERS])[:n]
+
+    def answer(self, prompt: str) -> str:
+        if "server" in prompt and "agent_role_prompt" in prompt:  # choose_agent
+            return json.dumps({"server": "Research Agent", "agent_role_prompt": "You are a research assistant."})
+        if m := re.search(r"Write (\d+) search queries to research the following task: \"(.*?)\"", prompt, re.S):
+            return json.dumps(self.subqueries(m.group(2), int(m.group(1))))
+        if m := re.search(r"generate (\d+) unique search queries", prompt):
+            lines = []
+            for i, q in enumerate(self.subqueries(prompt, int(m.group(1)))):
+                lines.append(f"Query: {q}")
+                if i != 1:  # the second query comes without a goal: GPT-Researcher drops its results
+                    lines.append(f"Goal: find out {q}")
+            return "\n".join(lines)
+        if "extract key learnings" in prompt:
+            urls = re.findall(r"http://127\.0\.0\.1:\d+/doc/[^\s\)\]\"']+", prompt)[:1] or ["none"]
+            return f"Learning [{urls[0]}]: a finding.\nQuestion: What else is known?"
+        if "unique questions" in prompt or "follow-up questions" in prompt.lower():
+            return "Question: Which facts matter most?\nQuestion: What is the evidence?"
+        if "report" in prompt.lower():
+            urls = list(dict.fromkeys(re.findall(r"http://127\.0\.0\.1:\d+/doc/[^\s\)\]\"'\\]+", prompt)))[:3]
+            refs = "\n".join(f"- [{u.rsplit('/', 1)[-1]}]({u})" for u in urls)
+            return f"# Report\n\nFindings drawn from the sources below.\n\n## References\n{refs}\n"
+        self.unknown.append(prompt[:300])
+        return "OK"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 @pytest.fixture()
-def offline_researcher(monkeypatch):
-    """GPT-Researcher's deep research with a scripted LLM, no web search, and nested researchers that
-    return a fixed context instead of browsing."""
-    generated = []
+def stub(monkeypatch, tmp_path, encoder):
+    from branchgate.pipeline import env as envmod
 
-    async def completion(messages, **kwargs):
-        text = messages[-1]["content"]
-        wanted = re.search(r"generate (\d+) unique search queries", text)
-        if wanted:
-            lines = []
-            for _ in range(int(wanted.group(1))):
-                topic = f"{TOPICS[len(generated) % len(TOPICS)]} {len(generated)}"
-                generated.append(topic)
-                lines += [f"Query: {topic}", f"Goal: understand {topic}"]
-            return "\n".join(lines)
-        if "extract key learnings" in text:
-            query = re.search(r"for the query '(.*?)'", text).group(1)
-            return f"Learning [https://example.org/{len(query)}]: a finding on {query}\nQuestion: what else about {query}?"
-        if "unique questions" in text:
-            return "Question: Which drivers matter most?\nQuestion: What changed since 2020?"
-        raise AssertionError(f"unexpected prompt: {text[:120]}")
+    s = Stub(envmod.load("sample"), encoder)
+    for key, value in {"OPENAI_API_KEY": "sk-offline-test", "OPENAI_BASE_URL": f"{s.url}/v1",
+                       "RETRIEVER": "custom", "RETRIEVER_ENDPOINT": f"{s.url}/search",
+                       "FAST_LLM": "openai:stub-fast", "SMART_LLM": "openai:stub-smart",
+                       "STRATEGIC_LLM": "openai:stub-strategic", "EMBEDDING": "custom:stub-embed",
+                       "MAX_ITERATIONS": "4",
+                       # every context through GPT-Researcher's compression path, which keeps each page's URL (its
+                       # fast path for small contexts, under 8000 characters, prints "Source: None")
+                       "COMPRESSION_THRESHOLD": "0"}.items():
+        monkeypatch.setenv(key, value)
+    import gpt_researcher.context.compression as compression
+    import gpt_researcher.utils.llm as llm
 
-    async def no_search(*args, **kwargs):
-        return []
-
-    real_conduct = gptr.GPTResearcher.conduct_research
-
-    async def conduct(self, on_progress=None):
-        if self.deep_researcher is not None:
-            return await real_conduct(self, on_progress)
-        return f"Context for {self.query}: first passage. Second passage."
-
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-offline-test")
-    monkeypatch.setattr(deep, "create_chat_completion", completion)
-    monkeypatch.setattr(deep, "get_search_results", no_search)
-    monkeypatch.setattr(gptr.GPTResearcher, "conduct_research", conduct)
-
-    def make(breadth=4, depth=2):
-        researcher = gptr.GPTResearcher(query="Why are honeybee colonies collapsing?", report_type="deep")
-        researcher.deep_researcher.breadth, researcher.deep_researcher.depth = breadth, depth
-        return researcher
-
-    return make
+    monkeypatch.setattr(llm, "estimate_llm_cost", lambda a, b: 1e-6 * (len(str(a).split()) + len(str(b).split())))
+    monkeypatch.setattr(compression, "estimate_embedding_cost", lambda model, docs: 1e-9 * len(docs))
+    monkeypatch.chdir(tmp_path)  # GPT-Researcher writes outputs/ under the working directory
+    yield s
+    s.close()
 
 
-def run(researcher, gate, trace):
-    hook = gate_deep_research(researcher, gate, trace)
-    asyncio.run(researcher.conduct_research())
+def logs_handler(task: str):
+    sys.modules.setdefault("utils", types.SimpleNamespace(write_md_to_pdf=None, write_md_to_word=None,
+                                                          write_text_to_md=None))
+    from backend.server.server_utils import CustomLogsHandler
+
+    return CustomLogsHandler(None, task)
+
+
+def research(stub, trace, gate=None, report_type="research_report", max_keep=None, **kw):
+    query = stub.env.queries[0].query
+    handler = logs_handler("t")
+    researcher = gptr.GPTResearcher(query=query, report_type=report_type, websocket=handler, verbose=True,
+                                    agent="Research Agent", role="You are a research assistant.")
+    if report_type == "deep":
+        researcher.deep_researcher.breadth, researcher.deep_researcher.depth = kw.get("breadth", 3), kw.get("depth", 2)
+    hook = gate_research(researcher, gate, trace, max_keep=max_keep)
+
+    async def go():
+        await researcher.conduct_research()
+        report = await researcher.write_report()
+        await handler.send_json({"report": report})
+        return report
+
+    report = asyncio.run(go())
+    hook.record_report(report)
     hook.close()
-    return hook, list(read_events(trace, strict=True))
+    return hook, list(read_events(trace, strict=True)), handler.log_file
 
 
-def test_records_the_whole_real_deep_research_tree(offline_researcher, tmp_path, encoder):
-    hook, events = run(offline_researcher(breadth=4, depth=2), None, tmp_path / "record.jsonl")
+def test_standard_mode_records_every_subquery(stub, tmp_path, encoder):
+    hook, events, log_file = research(stub, tmp_path / "t" / "std.jsonl")
+    assert not stub.unknown, stub.unknown
     frames = [e for e in events if e.type == "frame_open"]
-    cands = {e.candidate_id: e for e in events if e.type == "candidate"}
-    decisions = {e.candidate_id: e for e in events if e.type == "decision"}
-    assert events[0].type == "run_start" and events[0].root_query == "Why are honeybee colonies collapsing?"
-    assert events[-1].type == "run_end" and events[-1].status == "ok" and hook.write_errors == 0
-    assert len(frames) == 1 + 4 and len(cands) == 4 + 4 * 2 and set(decisions) == set(cands)
-    assert all(d.action == "expand" for d in decisions.values())
-    root = [c for c in cands.values() if c.frame_id == frames[0].frame_id]
-    assert sorted(f.parent_candidate for f in frames[1:]) == sorted(c.candidate_id for c in root)
-    goal = {c.candidate_id: c.goal for c in root}
-    assert all(f.depth == 1 and f.parent_goal == goal[f.parent_candidate] for f in frames[1:])
-    assert len([e for e in events if e.type == "retrieval"]) == len(cands)
-    assert all(e.tokens > 0 for e in events if e.type == "retrieval")
-    # ... and the trace becomes a decision dataset: one row per candidate
-    manifest = build([tmp_path / "record.jsonl"], tmp_path / "dataset", encoder_obj=encoder,
-                     cache=tmp_path / "cache", progress=False)
-    assert manifest["n_decisions"]["total"] == len(cands) and manifest["n_runs"]["total"] == 1
+    cands = [e for e in events if e.type == "candidate"]
+    retrievals = {e.candidate_id: e for e in events if e.type == "retrieval"}
+    assert len(frames) == 1 and frames[0].depth == 0 and frames[0].frame_query == stub.env.queries[0].query
+    assert len(cands) == 4 and all(e.action == "expand" for e in events if e.type == "decision")
+    assert set(retrievals) == {c.candidate_id for c in cands}
+    assert sum(len(r.evidence_ids) for r in retrievals.values()) > 0
+    sources = {e.source for e in events if e.type == "evidence"}
+    assert sources and all(s.startswith(f"{stub.url}/doc/") for s in sources)
+    report = next(e for e in events if e.type == "report")
+    assert report.cited_sources and report.cited_ids  # the report's citations map to recorded evidence
+    # searches: the plan's own, then the 4 sub-queries and the query GPT-Researcher appends
+    assert len(stub.searches) == 1 + 4 + 1 and events[-1].type == "report"
+    manifest = build([tmp_path / "t"], tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "cache", progress=False,
+                     labels="citations")
+    assert manifest["n_decisions"]["total"] == 4
+    # GPT-Researcher's own run log goes through the gptr reader
+    log = json.loads(open(log_file).read())
+    assert any(ev["data"].get("content") == "subqueries" for ev in log["events"])
+    m2 = build([tmp_path / "outputs"], tmp_path / "ds_log", encoder_obj=encoder, cache=tmp_path / "cache",
+               progress=False, fmt="gptr")
+    assert m2["n_runs"]["total"] == 1 and m2["n_decisions"]["total"] == 4 + 1  # the log lists the appended query too
 
 
-def test_gates_the_real_deep_research(offline_researcher, tmp_path, encoder):
+def test_standard_mode_gate_cuts_the_searches(stub, tmp_path, encoder):
     gate = Gate.load(exported(encoder)["files"]["int8"])
-    hook, events = run(offline_researcher(breadth=4, depth=2), gate, tmp_path / "gated.jsonl")
-    frames = [e for e in events if e.type == "frame_open"]
+    hook, events, _ = research(stub, tmp_path / "g.jsonl", gate=gate, max_keep=2)
     decisions = [e for e in events if e.type == "decision"]
-    kept = [d.candidate_id for d in decisions if d.action == "expand"]
-    root_kept = [c for c in kept if c.startswith(f"{frames[0].frame_id}.")]
-    assert decisions and all(d.actor == "controller:gate" and 0.0 <= d.p_keep <= 1.0 for d in decisions)
-    assert 1 <= len(root_kept) <= 4 and len(frames) == 1 + len(root_kept)  # one child frame per kept branch
-    for frame in frames:  # never an empty list: GPT-Researcher's deep research fails on one
-        assert any(c.startswith(f"{frame.frame_id}.") for c in kept)
-    assert len([e for e in events if e.type == "retrieval"]) == len(kept) == hook.counts["expanded"]
+    kept = [d for d in decisions if d.action == "expand"]
+    assert len(decisions) == 4 and all(d.actor == "controller:gate" and 0.0 <= d.p_keep <= 1.0 for d in decisions)
+    assert len(kept) == 2 and hook.counts["expanded"] == 2 and hook.counts["pruned"] == 2
+    assert len(stub.searches) == 1 + len(kept) + 1  # only the kept sub-queries were searched
+    assert {e.candidate_id for e in events if e.type == "retrieval"} == {d.candidate_id for d in kept}
+    print(f"\nstandard run: {len(decisions)} sub-queries generated, {len(kept)} expanded")
+
+
+def test_deep_mode_records_both_levels(stub, tmp_path, encoder):
+    gate = Gate.load(exported(encoder)["files"]["int8"])
+    hook, events, _ = research(stub, tmp_path / "d" / "deep.jsonl", gate=gate, report_type="deep", breadth=3, depth=2)
+    assert not stub.unknown, stub.unknown
+    frames = {e.frame_id: e for e in events if e.type == "frame_open"}
+    cands = {e.candidate_id: e for e in events if e.type == "candidate"}
+    kept = {e.candidate_id for e in events if e.type == "decision" and e.action == "expand"}
+    root = [f for f in frames.values() if f.parent_frame is None]
+    assert len(root) == 1 and root[0].depth == 0
+    # every kept deep branch is researched by a nested researcher whose plan is a frame below it
+    plans = [f for f in frames.values() if f.parent_candidate in kept and f.frame_query == cands[f.parent_candidate].query]
+    root_kept = [c for c in kept if cands[c].frame_id == root[0].frame_id]
+    assert root_kept and {cands[c].query for c in root_kept} <= {f.frame_query for f in plans}
+    assert all(f.depth == frames[f.parent_frame].depth + 1 for f in plans)
+    retr = {e.candidate_id: e for e in events if e.type == "retrieval"}
+    for f in plans:  # the branch's retrieval is what its nested sub-queries found
+        nested = [retr[c].evidence_ids for c, e in cands.items() if e.frame_id == f.frame_id and c in retr]
+        assert set(retr[f.parent_candidate].evidence_ids) >= {i for ids in nested for i in ids}
+    dropped = [e for e in events if e.type == "raw" and e.source_type == "gptr:dropped_without_goal"]
+    plan_ids = {f.frame_id for f in plans}
+    goalless = {c for c in kept if cands[c].frame_id not in plan_ids and cands[c].goal == ""}  # deep, no goal
+    assert {d.data["candidate_id"] for d in dropped} == goalless and hook.counts["dropped_without_goal"] == len(goalless)
+    print(f"\ndeep run: {len(frames)} frames ({len(plans)} nested plans), {len(cands)} candidates, {len(kept)} expanded, "
+          f"{len(goalless)} researched then dropped for lack of a goal")
+    manifest = build([tmp_path / "d"], tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "cache", progress=False)
+    assert manifest["n_decisions"]["total"] == len(cands)

@@ -206,10 +206,10 @@ class _Skill:
 def test_gpt_researcher_hook_records_report_citations_that_label_branches(tmp_path, encoder):
     import asyncio
 
-    from branchgate.inference.gpt_researcher import gate_deep_research
+    from branchgate.inference.gpt_researcher import gate_research
 
     skill = _Skill()
-    hook = gate_deep_research(skill, None, tmp_path / "t.jsonl", run_id="hooked")
+    hook = gate_research(skill, None, tmp_path / "t.jsonl", run_id="hooked")
     asyncio.run(skill.run())
     ids = hook.record_report("Mites matter ([study](https://example.org/q1/)). See https://elsewhere.example/x.")
     hook.close()
