@@ -4,7 +4,9 @@
   inputs become one; ``metadata``: the ONNX metadata contract; ``schedule``: text groups and length buckets;
   ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads an ONNX file's metadata without loading it.
 - ``adapters``: ``gated(fn, gate)`` wraps any sync/async candidate-generating function.
-- ``gpt_researcher``: ``gate_research(researcher, gate, trace)`` for GPT-Researcher (standard and deep mode).
+- ``gpt_researcher``: ``gate_research(researcher, gate, trace)`` for GPT-Researcher (standard and deep mode);
+  ``open_deep_research``: ``gate_open_deep_research(gate, trace)`` for LangChain's open_deep_research;
+  ``recorder``: the trace writing both share.
 
 Exporting a controller (torch side) lives in ``branchgate.export``.
 """

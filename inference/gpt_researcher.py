@@ -40,22 +40,18 @@ Events: run_start, frame_open, candidate, decision, evidence + retrieval, learni
 and ``report`` when ``record_report(text)`` is called (the report's cited URLs, mapped to the evidence
 recorded with that ``source`` URL: the ``citations`` label). ``gate=None`` only records.
 
-Import-safe without gpt-researcher: it is duck-typed and never imported here. (One module of ~470 lines:
-both modes write one frame tree into one trace.)
+Import-safe without gpt-researcher: it is duck-typed and never imported here.
 """
 
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import logging
 import re
-import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from branchgate.inference.inputs import DecisionState
+from branchgate.inference.recorder import TraceRecorder, sha256
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -82,7 +78,7 @@ class _Frame:
     evidence_ids: list[str] = field(default_factory=list)  # a plan frame's: all its research found
 
 
-class ResearchHook:
+class ResearchHook(TraceRecorder):
     """Gating + recording for one GPTResearcher (either mode) or one ``DeepResearchSkill`` (see the module
     docstring)."""
 
@@ -103,30 +99,11 @@ class ResearchHook:
             if not callable(getattr(target, "conduct_research", None)):
                 raise TypeError(f"{type(target).__name__} has no conduct_research(): not a GPTResearcher")
         self.researcher = target if conductor is not None else getattr(skill, "researcher", None)
-        self.skill, self.conductor, self.gate = skill, conductor, gate
-        self.tau, self.max_keep = tau, max_keep
-        self.run_id = run_id or f"gptr-{uuid.uuid4().hex[:12]}"
-        self.system = system
-        self._root_query = root_query
-        self._own_writer = False
-        if trace is None or hasattr(trace, "write"):
-            self.writer = trace
-        else:
-            from branchgate.logs_to_dataset.traces import TraceWriter
-
-            self.writer = TraceWriter(Path(trace))
-            self._own_writer = True
+        self.skill, self.conductor = skill, conductor
+        super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
+                         run_prefix="gptr", counts=("untyped_plans", "dropped_without_goal"))
         self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(f"branchgate_frame_{id(self)}", default=None)
-        self.frames: list[_Frame] = []
-        self.retained: list[str] = []
-        self._evidence: dict[str, int] = {}  # evidence id → its tokens (each written once)
-        self._by_url: dict[str, list[str]] = {}  # source URL → evidence ids (for the report's citations)
         self._plans: dict[int, _Frame] = {}  # id(conductor) → the frame of its plan
-        self._started = self._ended = False
-        self.write_errors = 0
-        self._t0 = time.time()
-        self.counts = {"frames": 0, "candidates": 0, "expanded": 0, "pruned": 0, "fallbacks": 0, "retrievals": 0,
-                       "untyped_plans": 0, "dropped_without_goal": 0}
         self._orig = {}
         self.install()
 
@@ -155,8 +132,7 @@ class ResearchHook:
     def close(self, status: str = "ok") -> None:
         """Write run_end (once) and close a trace file opened here."""
         self._end(status)
-        if self._own_writer and self.writer is not None:
-            self.writer.close()
+        self._close_writer()
 
     # -- wrappers --------------------------------------------------------------------------------------
     async def _run(self, *args, **kwargs):
@@ -290,6 +266,7 @@ class ResearchHook:
         if self.gate is not None:
             state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, retained, frame.depth)
             sel = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
+            self._out_of_range(decision_frame, sel)
             kept, p_keep = list(sel.kept), [float(p) for p in sel.p_keep]
             actor = f"controller:{getattr(self.gate, 'name', 'gate')}"
             self.counts["fallbacks"] += int(sel.fallback)
@@ -314,7 +291,7 @@ class ResearchHook:
         cand = None
         if frame is not None:
             cand = next((c for c in frame.candidates if c["kept"] and c["query"] == query.strip()), None)
-        cid = cand["id"] if cand else f"unmatched:{_sha(query)[:10]}"
+        cid = cand["id"] if cand else f"unmatched:{sha256(query)[:10]}"
         plan = next((f for f in self.frames if cand is not None and f.frame_id == cand.get("plan")), None)
         ids = list(plan.evidence_ids) if plan is not None and plan.evidence_ids else self._evidence_of(context)
         self._retrieval(cid, query, ids)
@@ -332,75 +309,20 @@ class ResearchHook:
 
     def _evidence_of(self, context) -> list[str]:
         """Evidence ids of a research context (written once each, with their source URL)."""
-        ids = []
-        for text, source in _context_items(context):
-            eid = f"e{_sha(text)[:16]}"
-            if eid not in self._evidence:
-                self._evidence[eid] = len(text.split())
-                self._write("evidence", evidence_id=eid, text=text, source=source, tokens=self._evidence[eid])
-                if source:
-                    self._by_url.setdefault(source, []).append(eid)
-            if eid not in ids:
-                ids.append(eid)
-        return ids
-
-    def _retrieval(self, cid: str, query: str, ids: list[str]) -> None:
-        tokens = sum(self._evidence.get(i, 0) for i in ids)
-        self._write("retrieval", candidate_id=cid, query=query, evidence_ids=ids, tokens=tokens)
-        self.counts["retrievals"] += 1
-
-    def record_report(self, text, path: str | None = None) -> list[str]:
-        """Record the final report: its cited URLs (``cited_sources``) and the evidence recorded with those
-        ``source`` URLs (``cited_ids``); returns the cited ids. GPT-Researcher writes the report after deep
-        research, so this event may follow run_end."""
-        from branchgate.logs_to_dataset.readers.gptr import cited_urls, map_urls
-
-        text = str(text or "")
-        cited = cited_urls(text)
-        ids, unmapped = map_urls(cited, self._by_url)
-        self.counts["cited_unmapped"] = unmapped
-        self._write("report", text=text, path=path, cited_ids=ids, cited_sources=cited)
-        return ids
+        return list(dict.fromkeys(self._evidence_id(text, source) for text, source in _context_items(context)))
 
     # -- trace writing ------------------------------------------------------------------------------------
     @property
     def root_query(self) -> str:
-        if self._root_query is None:
-            q = getattr(self.researcher, "query", None)
-            if isinstance(q, str) and q:
-                self._root_query = q
-            elif self.frames:
-                self._root_query = self.frames[0].frame_query
-        return self._root_query or ""
+        q = getattr(self.researcher, "query", None)
+        if self._root_query is None and isinstance(q, str) and q:
+            self._root_query = q
+        return super().root_query
 
-    def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
+    def _config(self) -> dict:
         config = {k: getattr(self.skill, k, None) for k in ("breadth", "depth", "concurrency_limit")} if self.skill else {}
-        config["mode"] = "deep" if self.skill is not None else "standard"
-        config["report_type"] = getattr(self.researcher, "report_type", None)
-        config["gate"] = None if self.gate is None else str(getattr(self.gate, "path", getattr(self.gate, "name", "gate")))
-        self._write("run_start", root_query=self.root_query, system=self.system, config=config)
-
-    def _end(self, status: str) -> None:
-        if not self._started or self._ended:
-            return
-        self._ended = True
-        totals = dict(self.counts, nodes=self.counts["expanded"], retrieval_calls=self.counts["retrievals"],
-                      wall_s=round(time.time() - self._t0, 3))
-        self._write("run_end", status=status, totals=totals)
-
-    def _write(self, type_: str, **fields) -> None:
-        if self.writer is None:
-            return
-        try:
-            self.writer.write(type=type_, run_id=self.run_id, **fields)
-        except Exception as exc:  # recording must never break the research; say so once, count the rest
-            self.write_errors += 1
-            if self.write_errors == 1:
-                log.warning("branchgate: could not record a %s event of run %s (%s); further failures are counted "
-                            "in hook.write_errors", type_, self.run_id, exc)
+        return {**config, "mode": "deep" if self.skill is not None else "standard",
+                "report_type": getattr(self.researcher, "report_type", None)}
 
 
 def gate_research(target, gate=None, trace=None, **options) -> ResearchHook:
@@ -468,7 +390,3 @@ def _fields(c) -> tuple[str, str]:
     if isinstance(c, str):
         return c, ""
     return str(getattr(c, "query", c)), str(getattr(c, "researchGoal", getattr(c, "goal", "")) or "")
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()

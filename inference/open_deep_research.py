@@ -1,0 +1,454 @@
+"""open_deep_research drop-in: gate the supervisor's research delegations and the researchers' search queries
+before they run, and record the run as canonical traces.
+
+    from langchain_core.messages import HumanMessage
+    from open_deep_research.deep_researcher import deep_researcher
+    from branchgate.inference.gate import Gate
+    from branchgate.inference.open_deep_research import gate_open_deep_research
+
+    with gate_open_deep_research(Gate.load("controller.onnx"), trace="traces/run.jsonl") as hook:
+        state = await deep_researcher.ainvoke({"messages": [HumanMessage(content=question)]}, config)
+        hook.record_report(state["final_report"])  # optional: the report and the sources it cites
+
+Checked against open-deep-research 0.0.16 from PyPI (its wheel; run here with langgraph 1.2.24 and
+langchain-core 1.8.3). Also read against GitHub's main branch (also labelled 0.0.16, not run here): it adds a
+``think_tool`` (left alone) and ends research one supervisor turn later (``>`` instead of ``>=`` the iteration
+limit; the hook does not predict it, see ``researcher_subgraph`` below), and uses the same three attributes.
+
+In that package a supervisor LLM (``supervisor`` node) answers with tool calls; ``supervisor_tools`` runs the
+first ``max_concurrent_research_units`` ``ConductResearch`` calls, each as a researcher subgraph
+(``researcher_subgraph.ainvoke``), and answers the rest with an error message; it ends research (running
+nothing) when a ``ResearchComplete`` call is present or the iteration limit is reached. A researcher LLM calls
+the search tool (``tavily_search(queries=[...])``), whose results come from
+``open_deep_research.utils.tavily_search_async``; ``researcher_tools`` runs every tool call of a message.
+
+What the hook patches (module attributes of the imported package, restored by ``uninstall``/``close``):
+
+- ``open_deep_research.deep_researcher.configurable_model`` — a proxy whose ``bind_tools(...)`` wraps the bound
+  model in a Runnable that edits the model's answer before the graph stores it: its ``ConductResearch`` calls
+  are one decision point (a frame, depth 0; the Gate's ``max_keep`` is capped at
+  ``max_concurrent_research_units`` so the Gate, not the call order, picks which ones run), and each call with
+  a ``queries`` list (the search tool) is one decision point (depth 1, below the ``ConductResearch`` call its
+  researcher works on). Pruned calls are removed from the message and pruned queries from the call's
+  arguments (``tool_calls``, and the provider copies in ``additional_kwargs["tool_calls"]`` and in
+  ``tool_use`` content blocks), so the history the LLM sees stays consistent. A list is never emptied
+  (top-1 fallback): the supervisor ends research when no call remains. Everything else (structured output,
+  ``with_config``) passes through.
+- ``open_deep_research.deep_researcher.researcher_subgraph`` — a proxy whose ``ainvoke`` marks which
+  ``ConductResearch`` call a researcher run works on (matched by ``research_topic``). The frame's decisions are
+  written when the first of its researchers starts, or, when none starts (research ended), as not expanded
+  (``prune``, actor ``default``) at the next supervisor turn or at ``close``.
+- ``open_deep_research.utils.tavily_search_async`` — wrapped to record what the search returned: an
+  ``evidence`` event per result (text = its ``content``, source = its ``url``) and a ``retrieval`` per query.
+  When a researcher run ends, its ``ConductResearch`` call gets a ``retrieval`` of everything its searches
+  found and a ``learning`` with the compressed research.
+
+``gate=None`` only records: the messages are left as they are and the package's own rule (the first
+``max_concurrent_research_units`` calls) is recorded with actor ``default``. One graph run at a time per hook
+(one ``run_id``); install the hook after any other patch of these three attributes (the tests replace the
+search first). Import-safe without the package: it is imported when the hook is installed.
+
+(About 450 lines: the hook, its two proxies and the message edit are one unit; trace writing is ``recorder.py``.)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import json
+import logging
+from dataclasses import dataclass, field
+
+from branchgate.inference.inputs import DecisionState
+from branchgate.inference.recorder import TraceRecorder
+from branchgate.texts import candidate_text
+
+log = logging.getLogger(__name__)
+
+SYSTEM = "open-deep-research"
+CONDUCT = "ConductResearch"
+PATCHED = (("open_deep_research.deep_researcher", "configurable_model"),
+           ("open_deep_research.deep_researcher", "researcher_subgraph"),
+           ("open_deep_research.utils", "tavily_search_async"))
+
+
+@dataclass
+class _Frame:
+    frame_id: str
+    depth: int
+    frame_query: str
+    parent_frame: str | None = None
+    parent_candidate: str | None = None
+    candidates: list[dict] = field(default_factory=list)  # {"id", "query", "kept", "claimed", "retrieved"}
+    pending: list[tuple] | None = None  # decisions waiting for the package to act: (index, action, actor, p)
+
+
+@dataclass
+class _Branch:
+    """One researcher run and the ConductResearch candidate it works on (None: not matched)."""
+
+    topic: str
+    candidate: dict | None
+    searches: list[_Frame] = field(default_factory=list)
+    evidence: list[tuple[str, int]] = field(default_factory=list)  # (evidence id, tokens) its searches found
+
+
+class OpenDeepResearchHook(TraceRecorder):
+    """Gating + recording for open_deep_research runs (see the module docstring)."""
+
+    def __init__(self, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
+                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None):
+        super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
+                         run_prefix="odr", counts=("not_run", "unmatched_runs", "unmatched_queries"))
+        self._branch: contextvars.ContextVar[_Branch | None] = contextvars.ContextVar(f"branchgate_odr_{id(self)}",
+                                                                                        default=None)
+        self._supervisor: _Frame | None = None  # the latest supervisor frame
+        self._orig: list[tuple[object, str, object]] = []
+        self.install()
+
+    # -- patching --------------------------------------------------------------------------------------
+    def install(self) -> None:
+        if self._orig:
+            return
+        wrappers = {"configurable_model": lambda m: _ModelProxy(m, self),
+                    "researcher_subgraph": lambda g: _SubgraphProxy(g, self),
+                    "tavily_search_async": self._recording_search}
+        for module_name, attr in PATCHED:
+            module = importlib.import_module(module_name)
+            current = getattr(module, attr)
+            if "_branchgate_hook" in getattr(current, "__dict__", {}):  # no getattr: the model proxies lookups
+                self.uninstall()
+                raise RuntimeError(f"another branchgate hook is installed on {module_name}.{attr}; close it first")
+            self._orig.append((module, attr, current))
+            setattr(module, attr, wrappers[attr](current))
+
+    def uninstall(self) -> None:
+        for module, attr, original in reversed(self._orig):
+            setattr(module, attr, original)
+        self._orig.clear()
+
+    def close(self, status: str = "ok") -> None:
+        """Record what never ran, write run_end (once), close a trace file opened here, and uninstall."""
+        self._flush(self._supervisor, ran=False)
+        self._end(status)
+        self._close_writer()
+        self.uninstall()
+
+    def __enter__(self) -> "OpenDeepResearchHook":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close("ok" if exc_type is None else "error")
+
+    # -- the model's answer ----------------------------------------------------------------------------
+    def on_message(self, messages, message, config=None):
+        """Gate and record the tool calls of one model answer; returns the (edited) answer."""
+        calls = list(getattr(message, "tool_calls", None) or [])
+        if not calls:
+            return message
+        drop, queries = set(), {}
+        conduct = [i for i, c in enumerate(calls) if c.get("name") == CONDUCT]
+        if conduct:
+            drop = self._supervisor_turn(messages, calls, conduct, config)
+        for i, c in enumerate(calls):
+            listed = _queries(c)
+            if listed:
+                kept = self._search_call(messages, listed)
+                if len(kept) < len(listed):
+                    queries[i] = kept
+        if self.gate is None or not (drop or queries):
+            return message
+        return _edited(message, calls, drop, queries)
+
+    def _supervisor_turn(self, messages, calls, conduct, config) -> set[int]:
+        self._flush(self._supervisor, ran=False)  # the previous turn's calls, if the package never ran them
+        frame = self._open(_first_human(messages), 0)
+        self._supervisor = frame
+        pairs = [(str((calls[i].get("args") or {}).get("research_topic") or "").strip(), "") for i in conduct]
+        cap = _setting(config, "max_concurrent_research_units")
+        kept, p_keep, actor = self._select(frame, pairs, cap)
+        running = kept[:cap] if isinstance(cap, int) and cap > 0 else kept  # the package runs the first `cap`
+        frame.pending = [(i, "expand" if i in running else "prune", actor if i in running or i not in kept
+                          else "default", p_keep[i]) for i in range(len(pairs))]
+        return {conduct[i] for i in range(len(pairs)) if i not in kept}
+
+    def _search_call(self, messages, queries: list[str]) -> list[str]:
+        branch = self._branch.get()
+        topic = branch.topic if branch is not None else _first_human(messages)
+        parent = branch.candidate if branch is not None else None
+        frame = self._open(topic, 1 if parent else 0, parent_frame=parent["frame"] if parent else None,
+                           parent_candidate=parent["id"] if parent else None)
+        if branch is not None:
+            branch.searches.append(frame)
+        kept, p_keep, actor = self._select(frame, [(q, "") for q in queries], None)
+        frame.pending = [(i, "expand" if i in kept else "prune", actor, p_keep[i]) for i in range(len(queries))]
+        self._flush(frame, ran=True)  # researcher_tools runs every tool call of the message
+        return [queries[i] for i in kept]
+
+    def _select(self, frame: _Frame, pairs: list[tuple[str, str]], cap) -> tuple[list[int], list, str]:
+        """(kept indices in order, p_keep per candidate, actor); never empty for a non-empty list."""
+        for i, (q, g) in enumerate(pairs):
+            cid = f"{frame.frame_id}.c{i}"
+            frame.candidates.append({"id": cid, "frame": frame.frame_id, "query": q, "goal": g, "kept": False,
+                                     "claimed": False, "retrieved": False})
+            self._write("candidate", frame_id=frame.frame_id, candidate_id=cid, order=i, query=q, goal=g)
+        self.counts["candidates"] += len(pairs)
+        if self.gate is None:
+            return list(range(len(pairs))), [None] * len(pairs), "default"
+        limits = [x for x in (self.max_keep, cap) if isinstance(x, int) and x > 0]
+        state = DecisionState(self.root_query, frame.frame_query, "", list(self.retained), frame.depth)
+        sel = self.gate.select(state, pairs, tau=self.tau, max_keep=min(limits) if limits else None)
+        self._out_of_range(frame.frame_id, sel)
+        p_keep = [float(p) for p in sel.p_keep]
+        kept = sorted({int(i) for i in sel.kept if 0 <= int(i) < len(pairs)})
+        self.counts["fallbacks"] += int(bool(sel.fallback))
+        if not kept:  # a custom gate returned nothing: keep the best one
+            kept = [max(range(len(pairs)), key=lambda i: p_keep[i])]
+        return kept, p_keep, f"controller:{getattr(self.gate, 'name', 'gate')}"
+
+    def _flush(self, frame: _Frame | None, ran: bool) -> None:
+        """Write a frame's pending decisions; ``ran=False``: the package ran none of them."""
+        if frame is None or frame.pending is None:
+            return
+        pending, frame.pending = frame.pending, None
+        for i, action, actor, p in pending:
+            entry = frame.candidates[i]
+            if action == "expand" and not ran:
+                action, actor = "prune", "default"
+                self.counts["not_run"] += 1
+            entry["kept"] = action == "expand"
+            self._write("decision", candidate_id=entry["id"], action=action, actor=actor, score=p, p_keep=p)
+            if entry["kept"]:
+                self.retained.append(candidate_text(entry["query"], entry["goal"]))
+        expanded = sum(1 for c in frame.candidates if c["kept"])
+        self.counts["expanded"] += expanded
+        self.counts["pruned"] += len(pending) - expanded
+
+    # -- researcher runs and searches ------------------------------------------------------------------
+    def start_branch(self, topic: str) -> _Branch:
+        frame = self._supervisor
+        entry = None
+        if frame is not None:
+            planned = {i for i, action, _, _ in frame.pending or [] if action == "expand"}
+            entry = next((c for i, c in enumerate(frame.candidates) if not c["claimed"] and c["query"] == topic.strip()
+                          and (c["kept"] if frame.pending is None else i in planned)), None)
+            if entry is not None:
+                self._flush(frame, ran=True)
+                entry["claimed"] = True
+        if entry is None:
+            self.counts["unmatched_runs"] += 1
+        return _Branch(topic.strip(), entry)
+
+    def end_branch(self, branch: _Branch, result) -> None:
+        if branch.candidate is None:
+            return
+        if branch.searches:  # what its searches found (unknown when it searched with another tool)
+            self._retrieval(branch.candidate["id"], branch.topic, list(dict.fromkeys(e for e, _ in branch.evidence)))
+        text = result.get("compressed_research") if isinstance(result, dict) else getattr(result, "compressed_research", None)
+        if text:
+            self._write("learning", candidate_id=branch.candidate["id"], text=str(text))
+
+    def _recording_search(self, search):
+        async def recorded(search_queries, *args, **kwargs):
+            results = await search(search_queries, *args, **kwargs)
+            try:
+                self._record_search(list(search_queries), results)
+            except Exception as exc:  # recording must never break the research
+                self.write_errors += 1
+                log.warning("branchgate: could not record a search of run %s (%s)", self.run_id, exc)
+            return results
+
+        recorded._branchgate_hook = self
+        return recorded
+
+    def _record_search(self, queries: list, results) -> None:
+        branch = self._branch.get()
+        frames = branch.searches if branch is not None else [f for f in self.frames if f.depth <= 1]
+        for query, response in zip(queries, results or []):
+            entry = next((c for f in frames for c in f.candidates if c["kept"] and not c["retrieved"]
+                          and c["query"] == str(query)), None)
+            if entry is None:
+                self.counts["unmatched_queries"] += 1
+                continue
+            entry["retrieved"] = True
+            ids = []
+            for hit in (response.get("results") or []) if isinstance(response, dict) else []:
+                text = str(hit.get("content") or "") if isinstance(hit, dict) else ""
+                if not text.strip():
+                    continue
+                eid = self._evidence_id(text, str(hit.get("url") or ""))
+                if eid not in ids:
+                    ids.append(eid)
+                    if branch is not None:
+                        branch.evidence.append((eid, self._evidence[eid]))
+            self._retrieval(entry["id"], str(query), ids)
+
+    def record_report(self, text, path: str | None = None) -> list[str]:
+        """Record the final report (``TraceRecorder.record_report``): its cited URLs and the evidence recorded
+        with those ``source`` URLs (``cited_ids``, the ``citations`` label); returns the cited ids."""
+        self._flush(self._supervisor, ran=False)  # the graph has finished: a pending turn never ran
+        return super().record_report(text, path)
+
+    # -- trace writing ---------------------------------------------------------------------------------
+    def _open(self, frame_query: str, depth: int, parent_frame=None, parent_candidate=None) -> _Frame:
+        frame = _Frame(f"f{len(self.frames)}", depth, frame_query.strip(), parent_frame, parent_candidate)
+        self.frames.append(frame)
+        self._start()
+        self.counts["frames"] += 1
+        self._write("frame_open", frame_id=frame.frame_id, parent_frame=parent_frame, parent_candidate=parent_candidate,
+                    depth=depth, frame_query=frame.frame_query, parent_goal="")
+        return frame
+
+    def _config(self) -> dict:
+        return {"tau": self.tau, "max_keep": self.max_keep, "package": _package_version()}
+
+
+class _ModelProxy:
+    """Stands in for the package's ``configurable_model``: ``bind_tools`` results are gated."""
+
+    def __init__(self, model, hook: OpenDeepResearchHook):
+        self._model, self._branchgate_hook = model, hook
+
+    def bind_tools(self, tools, **kwargs):
+        return _gated_class()(self._model.bind_tools(tools, **kwargs), self._branchgate_hook)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _SubgraphProxy:
+    """Stands in for ``researcher_subgraph``: each ``ainvoke`` is one researcher run."""
+
+    def __init__(self, graph, hook: OpenDeepResearchHook):
+        self._graph, self._branchgate_hook = graph, hook
+
+    async def ainvoke(self, input, config=None, **kwargs):
+        hook = self._branchgate_hook
+        topic = str((input or {}).get("research_topic") or "") if isinstance(input, dict) else ""
+        branch = hook.start_branch(topic)
+        token = hook._branch.set(branch)
+        try:
+            result = await self._graph.ainvoke(input, config, **kwargs)
+        finally:
+            hook._branch.reset(token)
+        hook.end_branch(branch, result)
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._graph, name)
+
+
+_GATED = []
+
+
+def _gated_class():
+    """The Runnable that gates a bound model's answers (defined on first use: langchain-core is only
+    needed once the package is)."""
+    if _GATED:
+        return _GATED[0]
+    from langchain_core.runnables import Runnable
+    from langchain_core.runnables.config import ensure_config
+
+    class GatedToolCalls(Runnable):
+        def __init__(self, bound, hook):
+            self.bound, self.hook = bound, hook
+
+        @property
+        def InputType(self):
+            return self.bound.InputType
+
+        @property
+        def OutputType(self):
+            return self.bound.OutputType
+
+        def invoke(self, input, config=None, **kwargs):
+            out = self.bound.invoke(input, config, **kwargs)
+            return self.hook.on_message(input, out, ensure_config(config))
+
+        async def ainvoke(self, input, config=None, **kwargs):
+            out = await self.bound.ainvoke(input, config, **kwargs)
+            return self.hook.on_message(input, out, ensure_config(config))
+
+    _GATED.append(GatedToolCalls)
+    return GatedToolCalls
+
+
+def gate_open_deep_research(gate=None, trace=None, **options) -> OpenDeepResearchHook:
+    """Install the hook on the imported ``open_deep_research`` package (see the module docstring).
+
+    ``gate``: a ``Gate`` (or anything with ``select(state, candidates, tau, max_keep)``), or None to only
+    record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``, ``max_keep``,
+    ``run_id``, ``system``, ``root_query`` (default: the research brief the supervisor receives).
+    """
+    return OpenDeepResearchHook(gate, trace, **options)
+
+
+def _queries(call: dict) -> list[str] | None:
+    args = call.get("args")
+    listed = args.get("queries") if isinstance(args, dict) else None
+    if isinstance(listed, list) and listed and all(isinstance(q, str) for q in listed):
+        return listed
+    return None
+
+
+def _edited(message, calls: list[dict], drop: set[int], queries: dict[int, list[str]]):
+    """``message`` without the calls at ``drop`` and with the ``queries`` given per call index."""
+    kept_calls, gone, new_args = [], set(), {}
+    for i, c in enumerate(calls):
+        if i in drop:
+            gone.add(c.get("id"))
+            continue
+        if i in queries:
+            c = dict(c, args={**c["args"], "queries": queries[i]})
+            new_args[c.get("id")] = c["args"]
+        kept_calls.append(c)
+    update = {"tool_calls": kept_calls}
+    extra = getattr(message, "additional_kwargs", None) or {}
+    if isinstance(extra.get("tool_calls"), list):  # OpenAI's wire copy
+        wire = []
+        for raw in extra["tool_calls"]:
+            rid = raw.get("id") if isinstance(raw, dict) else None
+            if rid in gone and rid is not None:
+                continue
+            if rid in new_args and isinstance(raw.get("function"), dict):
+                raw = dict(raw, function=dict(raw["function"], arguments=json.dumps(new_args[rid])))
+            wire.append(raw)
+        update["additional_kwargs"] = dict(extra, tool_calls=wire)
+    if isinstance(message.content, list):  # Anthropic's tool_use blocks
+        blocks = []
+        for b in message.content:
+            bid = b.get("id") if isinstance(b, dict) and b.get("type") == "tool_use" else None
+            if bid is not None and bid in gone:
+                continue
+            if bid is not None and bid in new_args:
+                b = dict(b, input=new_args[bid])
+            blocks.append(b)
+        update["content"] = blocks
+    return message.model_copy(update=update)
+
+
+def _first_human(messages) -> str:
+    for m in messages if isinstance(messages, (list, tuple)) else []:
+        if getattr(m, "type", None) == "human" or (isinstance(m, dict) and m.get("role") in ("user", "human")):
+            content = m.content if hasattr(m, "content") else m.get("content")
+            return content if isinstance(content, str) else str(content or "")
+    return ""
+
+
+def _setting(config, name: str):
+    """A package setting for this call (its Configuration reads the call's ``configurable`` and the environment)."""
+    try:
+        from open_deep_research.configuration import Configuration
+
+        return getattr(Configuration.from_runnable_config(config), name)
+    except Exception:
+        return ((config or {}).get("configurable") or {}).get(name)
+
+
+def _package_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("open-deep-research")
+    except Exception:
+        return None

@@ -1,0 +1,411 @@
+"""OpenInference / OpenTelemetry span exports: agent traces as decision points.
+
+Files (``--format openinference``; auto-detected by a peek at the head, before the canonical reader):
+
+- OTLP JSON: one ``{"resourceSpans": [{resource, scopeSpans: [{scope, spans: [...]}]}]}`` document, or JSON
+  Lines of them (the collector's file exporter). Spans have ``traceId`` / ``spanId`` / ``parentSpanId`` (hex,
+  or base64 as protobuf's JSON mapping writes bytes), ``name``, ``startTimeUnixNano`` / ``endTimeUnixNano``,
+  ``status`` and ``attributes`` as ``{key, value: {stringValue|intValue|doubleValue|boolValue|arrayValue|
+  kvlistValue}}`` lists.
+- Phoenix span exports: a JSON list of spans, ``{"data": [...]}`` (its REST API), or JSON Lines of spans, each
+  ``{name, context: {trace_id, span_id}, parent_id, span_kind, start_time, end_time, status_code, attributes}``
+  with ISO times and ``attributes`` flat (dotted keys) or nested (flattened here).
+
+Span kinds come from ``openinference.span.kind``, else the GenAI conventions' ``gen_ai.operation.name``
+(chat / text_completion / generate_content → LLM, execute_tool → TOOL, invoke_agent / create_agent /
+invoke_workflow → AGENT, retrieval → RETRIEVER, embeddings → EMBEDDING). A run is one trace (run_id = trace
+id, system = the resource's ``service.name`` or "openinference"); its events are ordered by span time:
+
+| spans | canonical |
+|---|---|
+| earliest root span's ``input.value`` (text, or the first user message of a JSON ``messages`` list) | ``run_start.root_query`` (else the first decision's user message) |
+| an LLM span whose output carries tool calls (``llm.output_messages.i.message.tool_calls.j.tool_call.{id, function.name, function.arguments}``, or ``gen_ai.output.messages`` parts of type ``tool_call``) | ``frame_open`` at its end (frame_query = its last user input message, ``llm.input_messages`` or ``gen_ai.input.messages``) + one ``candidate`` per call (query = the call's text arguments, strings and string list items joined by newlines, else its name and JSON arguments; ``tool`` and ``tool_call_id`` kept) |
+| the TOOL / CHAIN / AGENT span that ran a call | ``decision`` expand (actor default) at its start; a frame below it is a child (depth + 1) of that candidate |
+| what that span found: ``retrieval.documents.k.document.{id, content, metadata}`` / ``gen_ai.retrieval.documents`` of the retriever spans in its subtree, else the tool's ``output.value`` / ``gen_ai.tool.call.result``, else (a CHAIN) the outputs of the tools below it | ``evidence`` (id = document id, else a hash of the text) + ``retrieval`` at its end |
+
+Which span ran a call: one carrying the call's id (``tool.id``, ``tool_call.id``, ``gen_ai.tool.call.id``);
+else — OpenInference TOOL spans carry no call id — a TOOL span with the call's tool name whose arguments
+(``input.value`` / ``gen_ai.tool.call.arguments``) equal the call's (or its one argument's value), or keep a
+sub-list of a list argument (a gated call); else a CHAIN / AGENT span whose JSON input holds every argument of the call at its top level (a
+sub-agent invoked with them). Among those (not yet claimed, started after the LLM span, outside it), the one
+whose lowest common ancestor with the LLM span is deepest (its closest scope: the same parent, then the
+grandparent's subtree...), then the earliest. A call no span ran is a candidate without a decision.
+
+Not decisions: an LLM span that forces its one bound tool (``llm.invocation_parameters`` ``tool_choice``
+any / required / that tool) and calls it once — structured output — is counted and skipped. What spans cannot
+say is counted in the report's warnings ("openinference: ..."), never invented: no goals (""), no report.
+
+Malformed input: binary, empty, not UTF-8, or JSON that does not parse (a truncated export: "truncated JSON",
+with the line) → the file or that line is skipped; a span without trace/span id or start time, a tool call
+without a function name, a span kind that is not OpenInference's → that record is skipped, named by its
+position (``resourceSpans[0].scopeSpans[0].spans[3]`` or ``line 7``) and field; under ``strict`` the first of
+these raises ``InputError``. Attribute values cut off by an SDK length limit (JSON that does not parse) are
+used as text and counted. Nothing is executed: JSON only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from branchgate.errors import InputError
+from branchgate.fileio import load_json
+from branchgate.logs_to_dataset.otel_spans import W, Span, at, load_spans
+from branchgate.logs_to_dataset.readers import Run, register
+from branchgate.logs_to_dataset.schema import Candidate, Decision, Evidence, FrameOpen, Retrieval, RunEnd, RunStart
+from branchgate.logs_to_dataset.traces import ReadReport
+
+RUNNERS = ("TOOL", "CHAIN", "AGENT")
+CALL_KEY = re.compile(r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
+INPUT_KEY = re.compile(r"^llm\.input_messages\.(\d+)\.message\.(role|content|contents\.(\d+)\.message_content\.text)$")
+DOC_KEY = re.compile(r"^retrieval\.documents\.(\d+)\.document\.(id|content|metadata|score)$")
+CALL_IDS = ("tool.id", "tool_call.id", "gen_ai.tool.call.id")
+
+
+@register("openinference")
+class OpenInferenceReader:
+    def detect(self, path: Path) -> bool:
+        if path.suffix.lower() not in (".json", ".jsonl"):
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+            if b'"resourceSpans"' in head:
+                return True
+            if b'"span_kind"' not in head or b'"context"' not in head:
+                return False
+            if path.suffix.lower() == ".json":
+                return True
+            fh.seek(0)
+            first = fh.readline(1 << 22)  # a Phoenix line is one span; a canonical trace line has "v" and "run_id"
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            return False
+        return isinstance(obj, dict) and isinstance(obj.get("context"), dict) and "v" not in obj
+
+    def read(self, path: Path, strict: bool, report: ReadReport) -> Iterator[Run]:
+        spans = load_spans(path, strict, report)
+        traces: dict[str, list[Span]] = {}
+        for s in spans:
+            traces.setdefault(s.trace_id, []).append(s)
+        for trace_id, group in traces.items():
+            events = TraceMapper(path, group, strict, report).events()
+            report.events += len(events)
+            yield Run(trace_id, events, str(path), "openinference")
+
+
+# -- spans → canonical events ---------------------------------------------------------------------------
+class TraceMapper:
+    """The canonical events of one trace (see the module docstring)."""
+
+    def __init__(self, path: Path, spans: list[Span], strict: bool, report: ReadReport):
+        self.path, self.strict, self.report, self.warn = path, strict, report, report.warn
+        self.spans = sorted(spans, key=lambda s: (s.start, s.span_id))
+        by_id = {s.span_id: s for s in self.spans}
+        self.roots = []
+        for s in self.spans:
+            s.parent = by_id.get(s.parent_id) if s.parent_id else None
+            if s.parent is None:
+                self.roots.append(s)
+                if s.parent_id:
+                    self.warn(W + "parent span not in the file (span read as a root)")
+            else:
+                s.parent.children.append(s)
+            cut = sum(1 for k in ("input.value", "output.value") if _cut_json(s.attrs.get(k)))
+            self.warn(W + "input/output value that is cut-off JSON (an attribute length limit; used as text)", cut)
+        self.timed: list[tuple[int, int, type, dict]] = []  # (ns, order, event class, fields)
+        self.runner_of: dict[str, str] = {}  # executing span id → candidate id
+        self.claimed: set[str] = set()
+        self.evidence: set[str] = set()
+        self.counts = {"decisions": 0, "candidates": 0, "expanded": 0}
+        self.depths: dict[str, int] = {}
+
+    def events(self) -> list:
+        root = self.roots[0]
+        frames = []
+        for s in self.spans:
+            if s.kind == "LLM":
+                calls = self._calls(s)
+                if calls:
+                    frames.append((s, calls))
+        root_query = _root_text(root.attrs.get("input.value"))
+        if not root_query and frames:
+            root_query = _last_user(frames[0][0].attrs)
+            self.warn(W + "root query taken from the first decision's user message")
+        for i, (span, calls) in enumerate(frames):
+            self._frame(f"f{i}", span, calls, root_query)
+        self.warn(W + "research goals are not in spans (goal left empty)", self.counts["candidates"])
+        seq = iter(range(1 << 30))
+        run_id = root.trace_id
+        start = RunStart(run_id=run_id, seq=next(seq), ts=root.start / 1e9, root_query=root_query,
+                         system=root.service or "openinference",
+                         config={"format": "openinference", "trace_id": run_id, "spans": len(self.spans)})
+        out = [start]
+        for ns, _, cls, fields in sorted(self.timed, key=lambda t: (t[0], t[1])):
+            out.append(cls(run_id=run_id, seq=next(seq), ts=ns / 1e9, **fields))
+        end = max(s.end for s in self.spans)
+        out.append(RunEnd(run_id=run_id, seq=next(seq), ts=end / 1e9, status="error" if root.error else "ok",
+                          totals=dict(self.counts, nodes=self.counts["expanded"], spans=len(self.spans))))
+        return out
+
+    def _add(self, ns: int, cls, **fields) -> None:
+        self.timed.append((ns, len(self.timed), cls, fields))
+
+    def _calls(self, span: Span) -> list[dict]:
+        calls = _oi_calls(span.attrs) or _genai_calls(span.attrs.get("gen_ai.output.messages"))
+        good = []
+        for c in calls:
+            if not c.get("name"):
+                self.report.skip(self.path, span.line, at(span.where, f"tool call without a function name (field "
+                                                          f"{c['field']})"), self.strict)
+                continue
+            good.append(c)
+        if len(good) == 1 and _forced(span.attrs, good[0]["name"]):
+            self.warn(W + "structured output (a forced single tool call), not a decision")
+            return []
+        return good
+
+    def _frame(self, fid: str, span: Span, calls: list[dict], root_query: str) -> None:
+        parent = next((a for a in _ancestors(span) if a.span_id in self.runner_of), None)
+        parent_cand = self.runner_of[parent.span_id] if parent else None
+        parent_frame = parent_cand.rsplit(".", 1)[0] if parent_cand else None
+        depth = self.depths[parent_frame] + 1 if parent_frame else 0
+        frame_query = _last_user(span.attrs) or root_query
+        self._add(span.end, FrameOpen, frame_id=fid, parent_frame=parent_frame, parent_candidate=parent_cand,
+                  depth=depth, frame_query=frame_query, parent_goal="", span_id=span.span_id)
+        self.depths[fid] = depth
+        self.counts["decisions"] += 1
+        for j, c in enumerate(calls):
+            cid = f"{fid}.c{j}"
+            self._add(span.end, Candidate, frame_id=fid, candidate_id=cid, order=j, query=_call_text(c), goal="",
+                      tool=c["name"], tool_call_id=c.get("id"))
+            self.counts["candidates"] += 1
+            runner = self._runner(span, c)
+            if runner is None:
+                self.warn(W + "tool call that no span ran (candidate left undecided)")
+                continue
+            self.claimed.add(runner.span_id)
+            self.runner_of[runner.span_id] = cid
+            self.counts["expanded"] += 1
+            self._add(max(runner.start, span.end), Decision, candidate_id=cid, action="expand", actor="default")
+            self._retrieval(runner, cid, c, span.end)
+
+    def _runner(self, llm: Span, call: dict) -> Span | None:
+        """The span that ran ``call`` (rules in the module docstring)."""
+        up = {a.span_id: d for d, a in enumerate(_ancestors(llm))}  # ancestor → distance from the LLM span
+        inside = {s.span_id for s in _subtree(llm)}
+        best, best_key = None, None
+        for s in self.spans:
+            if s.span_id in self.claimed or s.span_id in inside or s.start < llm.start or s.kind not in RUNNERS:
+                continue
+            by_id = call.get("id") and any(s.attrs.get(k) == call["id"] for k in CALL_IDS)
+            if not (by_id or _ran(s, call)):
+                continue
+            distance = next((up[a.span_id] for a in _ancestors(s) if a.span_id in up), len(up))
+            key = (0 if by_id else 1, distance, s.start)
+            if best_key is None or key < best_key:
+                best, best_key = s, key
+        return best
+
+    def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
+        """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended)."""
+        docs = [(d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner for d in _documents(s.attrs)]
+        if not docs:
+            tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
+            docs = [(("", text, ""), s.end) for s in tools for text in [_tool_output(s.attrs)] if text]
+        if not docs:
+            self.warn(W + "expanded call without a recorded output (evidence unknown)")
+            return
+        ids, tokens = [], 0
+        for (doc_id, text, source), ns in docs:
+            eid = doc_id or f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
+            n = len(text.split())
+            if eid not in self.evidence:
+                self.evidence.add(eid)
+                self._add(max(ns, after), Evidence, evidence_id=eid, text=text, source=source, tokens=n)
+            if eid not in ids:
+                ids.append(eid)
+                tokens += n
+        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=_call_text(call), evidence_ids=ids,
+                  tokens=tokens)
+
+
+# -- attribute helpers ----------------------------------------------------------------------------------
+def _oi_calls(attrs: dict) -> list[dict]:
+    found: dict[tuple[int, int], dict] = {}
+    for key, value in attrs.items():
+        m = CALL_KEY.match(key)
+        if m:
+            found.setdefault((int(m.group(1)), int(m.group(2))), {})[m.group(3)] = value
+    return [{"id": v.get("id"), "name": v.get("function.name"), "args": _json_args(v.get("function.arguments")),
+             "field": f"llm.output_messages.{i}.message.tool_calls.{j}.tool_call.function.name"}
+            for (i, j), v in sorted(found.items())]
+
+
+def _genai_calls(value) -> list[dict]:
+    messages = _json(value) if isinstance(value, str) else value
+    calls = []
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        for k, part in enumerate((m or {}).get("parts") or [] if isinstance(m, dict) else []):
+            if isinstance(part, dict) and part.get("type") == "tool_call":
+                calls.append({"id": part.get("id"), "name": part.get("name"), "args": _json_args(part.get("arguments")),
+                              "field": f"gen_ai.output.messages[{i}].parts[{k}].name"})
+    return calls
+
+
+def _json(text):
+    """An attribute's JSON text (tool arguments, message lists) parsed, or None when it is not JSON."""
+    try:
+        return load_json(text) if isinstance(text, (str, bytes)) else None
+    except InputError:
+        return None
+
+
+def _cut_json(value) -> bool:
+    return isinstance(value, str) and value.lstrip().startswith(("{", "[")) and _json(value) is None
+
+
+def _json_args(value):
+    if isinstance(value, str):
+        parsed = _json(value)
+        return parsed if parsed is not None else value
+    return value if value is not None else {}
+
+
+def _forced(attrs: dict, name: str) -> bool:
+    params = _json(attrs.get("llm.invocation_parameters"))
+    if not isinstance(params, dict):
+        return False
+    choice, tools = params.get("tool_choice"), params.get("tools")
+    if isinstance(choice, dict):
+        choice = (choice.get("function") or {}).get("name") or choice.get("name")
+    return choice in ("any", "required", name) and isinstance(tools, list) and len(tools) == 1
+
+
+def _call_text(call: dict) -> str:
+    args = call.get("args")
+    if isinstance(args, str):
+        return args
+    texts = []
+    for v in (args.values() if isinstance(args, dict) else []):
+        if isinstance(v, str):
+            texts.append(v)
+        elif isinstance(v, list):
+            texts.extend(x for x in v if isinstance(x, str))
+    if texts:
+        return "\n".join(texts)
+    return f"{call['name']} {json.dumps(args, ensure_ascii=False, sort_keys=True)}" if args else call["name"]
+
+
+def _tool_args(span: Span):
+    return _json_args(span.attrs.get("gen_ai.tool.call.arguments", span.attrs.get("input.value")))
+
+
+def _ran(span: Span, call: dict) -> bool:
+    args = call.get("args")
+    if span.kind == "TOOL":
+        name = span.attrs.get("tool.name") or span.attrs.get("gen_ai.tool.name") or span.name
+        return name == call["name"] and _agree(_tool_args(span), args)
+    got = _json(span.attrs.get("input.value"))
+    return (isinstance(args, dict) and bool(args) and isinstance(got, dict)
+            and all(k in got and got[k] == v for k, v in args.items()))
+
+
+def _agree(got, want) -> bool:
+    """Equal arguments, or the same with list arguments cut to a sub-list (a gated call)."""
+    if got == want:
+        return True
+    if isinstance(got, str) and isinstance(want, dict) and len(want) == 1:  # a one-argument tool logs the bare value
+        return got == next(iter(want.values()))
+    if not (isinstance(got, dict) and isinstance(want, dict)) or set(got) != set(want):
+        return False
+    for k, v in want.items():
+        g = got[k]
+        if g != v and not (isinstance(g, list) and isinstance(v, list) and g and _sublist(g, v)):
+            return False
+    return True
+
+
+def _sublist(part: list, whole: list) -> bool:
+    it = iter(whole)
+    return all(any(x == y for y in it) for x in part)
+
+
+def _documents(attrs: dict) -> list[tuple[str, str, str]]:
+    docs: dict[int, dict] = {}
+    for key, value in attrs.items():
+        m = DOC_KEY.match(key)
+        if m:
+            docs.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    out = []
+    for _, d in sorted(docs.items()):
+        meta = _json(d.get("metadata")) if isinstance(d.get("metadata"), str) else d.get("metadata")
+        source = next((str(meta[k]) for k in ("url", "source", "href") if isinstance(meta, dict) and meta.get(k)), "")
+        out.append((str(d.get("id") or ""), str(d.get("content") or ""), source))
+    genai = attrs.get("gen_ai.retrieval.documents")
+    for d in (_json(genai) if isinstance(genai, str) else genai) or []:
+        if isinstance(d, dict):
+            out.append((str(d.get("id") or ""), str(d.get("content") or d.get("text") or ""), str(d.get("url") or "")))
+    return [d for d in out if d[1].strip() or d[0]]
+
+
+def _tool_output(attrs: dict) -> str:
+    value = attrs.get("gen_ai.tool.call.result", attrs.get("output.value"))
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _last_user(attrs: dict) -> str:
+    msgs: dict[int, dict] = {}
+    for key, value in attrs.items():
+        m = INPUT_KEY.match(key)
+        if m:
+            field_ = "content" if m.group(2) != "role" else "role"
+            entry = msgs.setdefault(int(m.group(1)), {})
+            entry[field_] = entry.get(field_, "") + str(value) if field_ == "content" else str(value)
+    users = [m.get("content", "") for _, m in sorted(msgs.items()) if m.get("role") in ("user", "human")]
+    if not users:
+        genai = _json(attrs.get("gen_ai.input.messages")) if isinstance(attrs.get("gen_ai.input.messages"), str) else None
+        for m in genai if isinstance(genai, list) else []:
+            if isinstance(m, dict) and m.get("role") == "user":
+                users.append(" ".join(str(p.get("content") or "") for p in m.get("parts") or [] if isinstance(p, dict)))
+    return users[-1].strip() if users else ""
+
+
+def _root_text(value) -> str:
+    if not isinstance(value, str):
+        return ""
+    parsed = _json(value)
+    if parsed is None:
+        return value.strip() if not value.lstrip().startswith(("{", "[")) else ""
+    if isinstance(parsed, str):
+        return parsed.strip()
+    if isinstance(parsed, dict):
+        for m in parsed.get("messages") or [] if isinstance(parsed.get("messages"), list) else []:
+            if isinstance(m, dict):
+                data = m.get("data") if isinstance(m.get("data"), dict) else m
+                if m.get("type") == "human" or data.get("type") == "human" or m.get("role") == "user":
+                    return str(data.get("content") or "").strip()
+        for k in ("input", "question", "query"):
+            if isinstance(parsed.get(k), str):
+                return parsed[k].strip()
+    return ""
+
+
+def _ancestors(span: Span) -> list[Span]:
+    out, s = [], span.parent
+    while s is not None:
+        out.append(s)
+        s = s.parent
+    return out
+
+
+def _subtree(span: Span) -> list[Span]:
+    out, todo = [], [span]
+    while todo:
+        s = todo.pop()
+        out.append(s)
+        todo.extend(reversed(s.children))
+    return out
