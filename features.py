@@ -28,3 +28,13 @@ def structured_features(depth: float, n_candidates: int, n_retained: int) -> np.
     out[:, 2] = float(k)
     out[:, 3] = float(n_retained)
     return out
+
+
+def outside_range(ranges: dict, depth: float, n_candidates: int, n_retained: int) -> list[str]:
+    """Names of the features of a decision (``structured_features``) outside ``ranges`` ``{name: (min, max)}``
+    (the train split's, stored in a controller), in ``FEATURE_NAMES`` order; [] without ranges or candidates."""
+    if not ranges or not n_candidates:
+        return []
+    feats = structured_features(depth, n_candidates, n_retained)
+    return [name for j, name in enumerate(FEATURE_NAMES) if name in ranges
+            and (feats[:, j].min() < ranges[name][0] or feats[:, j].max() > ranges[name][1])]

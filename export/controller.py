@@ -316,7 +316,15 @@ def metadata(meta: dict, encoder, tau: float, tok_text: str, tok_name: str, net)
         "pad_token_id": str(int(tokenizer.pad_token_id or 0)),
         "net": json.dumps(net.config()) if hasattr(net, "config") else "{}",
         "opset": str(OPSET),
+        **_feature_range(net),
     }
+
+
+def _feature_range(net) -> dict[str, str]:
+    """Metadata ``feature_range``: the train split's range of each structured feature, which the graph clamps
+    to and the Gate reports leaving (absent for a net without one: an older controller)."""
+    rng = net.feature_range() if hasattr(net, "feature_range") else None
+    return {"feature_range": json.dumps(rng)} if rng else {}
 
 
 def write_metadata(src: Path, dst: Path, props: dict[str, str], parts: int = 0) -> None:

@@ -3,7 +3,10 @@
     gate = Gate.load("controller.onnx")
     sel = gate.select({"root_query": "...", "frame_query": "...", "parent_goal": "", "retained": [], "depth": 0},
                       [{"query": "...", "goal": "..."}, ...])
-    sel.kept, sel.p_keep, sel.utility, sel.fallback
+    sel.kept, sel.p_keep, sel.utility, sel.fallback, sel.out_of_range
+
+``out_of_range`` names the structured features of a decision outside the train split's range stored in the
+model (metadata ``feature_range``; the graph clamps them to it); warned once per Gate.
 
 A non-empty input never yields an empty selection (the top-1 fallback keeps the best candidate).
 Embeddings of texts already seen (root query, frame query, retained branches) are cached per Gate, so
@@ -25,9 +28,10 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
@@ -36,9 +40,9 @@ import numpy as np
 from branchgate import __version__
 from branchgate.decide import decide
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.features import structured_features
-from branchgate.inference.inputs import DecisionState, as_decision, decision_texts
-from branchgate.inference.metadata import PARTS, check_metadata
+from branchgate.features import outside_range, structured_features
+from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, decision_texts
+from branchgate.inference.metadata import PARTS, check_graph, check_metadata, controller_numbers
 from branchgate.inference.model_file import read_metadata
 from branchgate.inference.schedule import balanced_groups, group_threads, length_buckets
 from branchgate.inference.wordpiece import checked_wordpiece
@@ -56,11 +60,14 @@ class Selection:
     utility: np.ndarray  # [K] predicted marginal utility ĝ
     fallback: bool  # True when no candidate passed τ and the top-1 was kept anyway
     tau: float = 0.5
+    out_of_range: list[str] = field(default_factory=list)  # features outside the training range (clamped)
 
     def to_json(self) -> dict:
-        return {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
-                "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
-
+        out = {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
+               "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
+        if self.out_of_range:  # only when the decision lay outside what the model saw in training
+            out["out_of_range"] = list(self.out_of_range)
+        return out
 
 
 class Gate:
@@ -83,15 +90,17 @@ class Gate:
         self.meta = dict(meta)
         self.path = path
         self.encoder = meta["encoder"]
-        self.dim = int(meta["dim"])
-        self.max_length = int(meta["max_length"])
-        self.tau = float(meta["tau"])
+        numbers = controller_numbers(meta, str(path))
+        self.dim, self.max_length, self.tau = numbers.dim, numbers.max_length, numbers.tau
+        # The train split's range of each structured feature: the graph clamps to it; select reports leaving it.
+        self.feature_range = numbers.feature_range
+        self._range_warned = False
         self.cache_size = int(cache_size)
         self.bucketing = bool(bucketing)  # encode texts of very different lengths in separate runs
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self._max_chars = self.max_length * CHARS_PER_TOKEN_LIMIT
-        self.pad_id = int(meta.get("pad_token_id", 0))
+        self.pad_id = numbers.pad_token_id
         self._wordpiece = wordpiece  # fast path for plain ASCII texts (``checked_wordpiece``), or None
 
     # -- loading ---------------------------------------------------------------------------------------
@@ -140,7 +149,8 @@ class Gate:
         try:
             session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise BranchgateError(f"{path}: not a loadable ONNX model ({str(exc).splitlines()[0][:200]})") from None
+            raise BranchgateError(f"{path}: not a loadable ONNX model ({(str(exc).splitlines() or [''])[0][:200]})") from None
+        check_graph(session.get_inputs(), session.get_outputs(), int(meta["dim"]), str(path))
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
             raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
@@ -182,12 +192,23 @@ class Gate:
         depth`` (missing keys default to empty). ``candidates``: mappings ``{"query", "goal"}``,
         ``(query, goal)`` pairs or plain strings.
         """
-        tau = self.tau if tau is None else float(tau)
-        if max_keep is not None and int(max_keep) < 1:
-            raise InputError(f"max_keep must be ≥ 1, got {max_keep}", "max_keep")
-        p, u = self.predict(*as_decision(state, candidates))
+        tau = self.tau if tau is None else as_tau(tau)
+        max_keep = as_max_keep(max_keep)
+        state, texts = as_decision(state, candidates)
+        p, u = self.predict(state, texts)
         d = decide(p, tau, max_keep=max_keep)
-        return Selection(d.kept, p, u, d.fallback, tau)
+        return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
+
+    def out_of_range(self, state: DecisionState, k: int) -> list[str]:
+        """The structured features of this decision outside the train split's range stored in the model (the
+        graph clamps them to it); [] for controllers without ranges. Warns once per Gate."""
+        out = outside_range(self.feature_range, state.depth or 0, k, len(state.retained or []))
+        if out and not self._range_warned:
+            self._range_warned = True
+            seen = ", ".join(f"{n} {self.feature_range[n][0]:g}..{self.feature_range[n][1]:g}" for n in out)
+            warnings.warn(f"{self.path}: decision outside the training range ({seen}): clamped to it, named in "
+                          "Selection.out_of_range (warned once per Gate)", RuntimeWarning, stacklevel=3)
+        return out
 
     def predict(self, state: DecisionState, candidate_texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(p_keep[K], utility[K]) for candidate texts (already formed with ``candidate_text``)."""

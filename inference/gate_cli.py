@@ -2,7 +2,8 @@
 
 Input:  {"state": {"root_query", "frame_query", "parent_goal", "retained": [...], "depth"},
          "candidates": [{"query", "goal"}, ...], "tau": optional, "max_keep": optional}
-Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool}
+Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool, "out_of_range": [features]}
+(``out_of_range`` only when the decision's structured features lie outside the model's training range).
 With --jsonl, every input line is a decision and every output line its answer.
 """
 
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from branchgate.errors import InputError
+from branchgate.fileio import load_json
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 
 
@@ -81,17 +83,25 @@ def read_decisions(path: str) -> list[dict]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"malformed JSON ({exc.msg} at column {exc.colno})", path, n) from None
+            obj = load_json(line, path, n)
             out.append(parse_decision(obj, f"{path}:{n}"))
     return out
+
+
+def _check_flags(args) -> None:
+    """The flags' ranges, as the JSON fields': --tau in [0, 1], --max-keep and --threads ≥ 1."""
+    if args.tau is not None and not 0.0 <= args.tau <= 1.0:  # also refuses nan
+        raise InputError(f"must be a number in [0, 1], got {args.tau}", "--tau")
+    if args.max_keep is not None and args.max_keep < 1:
+        raise InputError(f"must be ≥ 1, got {args.max_keep}", "--max-keep")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"must be ≥ 1, got {args.threads}", "--threads")
 
 
 def run(args) -> int:
     from branchgate.inference.gate import Gate
 
+    _check_flags(args)
     name = "<stdin>" if args.input == "-" else args.input
     try:
         text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()
@@ -104,13 +114,7 @@ def run(args) -> int:
     decisions = []
     for n, line in lines:
         where = name if n is None else f"{name}:{n}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", where) from None
-        decisions.append(parse_decision(obj, where))
-    if args.max_keep is not None and args.max_keep < 1:
-        raise InputError("must be ≥ 1", "--max-keep")
+        decisions.append(parse_decision(load_json(line, name, n), where))
     gate = Gate.load(args.model, expected_encoder=args.expect_encoder, threads=args.threads)
     out = sys.stdout
     for d in decisions:

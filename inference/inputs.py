@@ -4,6 +4,8 @@ one (core-safe). Every bad field is an ``InputError`` that names it.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +41,9 @@ def as_state(state) -> DecisionState:
         return DecisionState()
     if isinstance(state, Mapping):
         get = state.get
+    elif isinstance(state, (str, bytes, numbers.Number, Sequence)) or not any(hasattr(state, k) for k in STATE_FIELDS):
+        raise InputError(f"must be a mapping {{{', '.join(STATE_FIELDS)}}} or a DecisionState, got "
+                         f"{type(state).__name__}", "state")
     else:
         def get(key, default=None):
             return getattr(state, key, default)
@@ -57,16 +62,42 @@ def as_state(state) -> DecisionState:
     depth = get("depth", 0)
     if depth is None:
         depth = 0
-    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or depth < 0:
-        raise InputError(f"must be a non-negative number, got {depth!r}", "state.depth")
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not _finite(depth) or depth < 0:
+        raise InputError(f"must be a finite non-negative number, got {str(depth)[:40]}", "state.depth")
     return DecisionState(_text(get("root_query", ""), "state.root_query"), _text(get("frame_query", ""), "state.frame_query"),
                          _text(get("parent_goal", ""), "state.parent_goal"), items, int(depth))
 
 
 def as_decision(state, candidates) -> tuple[DecisionState, list[str]]:
     """A decision in the Gate's terms: its ``DecisionState`` and the candidates' texts (``candidate_text``);
-    inputs as ``Gate.select`` takes them."""
+    inputs as ``Gate.select`` takes them. ``candidates`` must be a list (or another iterable) of candidates:
+    a mapping or a string is refused (it would gate its keys or characters)."""
+    if isinstance(candidates, (Mapping, str, bytes)) or not isinstance(candidates, Iterable):
+        raise InputError(f"must be a list of candidates, got {type(candidates).__name__}", "candidates")
     return as_state(state), [_candidate(c, i) for i, c in enumerate(candidates)]
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def as_tau(tau) -> float:
+    """A keep threshold: a real number in [0, 1] (nan, inf, text refused)."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not 0.0 <= tau <= 1.0:
+        raise InputError(f"must be a number in [0, 1], got {tau!r}", "tau")
+    return float(tau)
+
+
+def as_max_keep(max_keep) -> int | None:
+    """``None`` or an integer ≥ 1 (1.7, True, text refused)."""
+    if max_keep is None:
+        return None
+    if isinstance(max_keep, bool) or not isinstance(max_keep, numbers.Integral) or max_keep < 1:
+        raise InputError(f"must be an integer ≥ 1, got {max_keep!r}", "max_keep")
+    return int(max_keep)
 
 
 def _text(value, where: str) -> str:

@@ -6,7 +6,9 @@ checks them at load.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from branchgate import __version__
 from branchgate.errors import MismatchError
@@ -17,6 +19,22 @@ SCHEMA_VERSION = 1  # newest controller schema version (training.checkpoint) thi
 REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
                      "tau", "feature_names", "tokenizer_file")
 PARTS = "tower,head"  # metadata ``parts``: the graph's text tower and head can run alone (export.parts)
+# The graph's inputs and outputs (export.graph, graph_io_version 1); ``D`` is metadata ``dim``.
+GRAPH_INPUTS = {"input_ids": 2, "attention_mask": 2, "cached_emb": 2, "root_idx": 1, "frame_idx": 1, "goal_idx": 1,
+                "retained_idx": 1, "cand_idx": 1, "features": 2}
+GRAPH_OUTPUTS = {"p_keep": 1, "utility": 1, "text_emb": 2}
+MAX_DIM, MAX_LENGTH = 1 << 16, 1 << 16  # sanity bounds: larger values are not a model this Gate can serve
+
+
+@dataclass
+class ControllerNumbers:
+    """The numeric metadata a Gate runs on, checked (``controller_numbers``)."""
+
+    dim: int
+    max_length: int
+    tau: float
+    pad_token_id: int = 0
+    feature_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # FEATURE_NAMES → (min, max)
 
 
 def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_encoder: str | None = None) -> None:
@@ -47,6 +65,74 @@ def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_
                             f"computes {list(FEATURE_NAMES)}")
     if expected_encoder is not None and meta["encoder"] != expected_encoder:
         raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
+    controller_numbers(meta, where)
+
+
+def controller_numbers(meta: Mapping[str, str], where: str = "controller") -> ControllerNumbers:
+    """``dim``, ``max_length``, ``tau``, ``pad_token_id`` and the optional ``feature_range`` (JSON
+    ``{feature: [min, max]}`` of the train split; absent in controllers exported before it existed), parsed
+    and range-checked; ``MismatchError`` naming the key otherwise."""
+    dim = _integer(meta, "dim", where, 1, MAX_DIM)
+    max_length = _integer(meta, "max_length", where, 1, MAX_LENGTH)
+    pad = _integer(meta, "pad_token_id", where, 0, 1 << 31, default=0)
+    try:
+        tau = float(meta["tau"])
+    except (TypeError, ValueError):
+        tau = math.nan
+    if not 0.0 <= tau <= 1.0:  # also refuses nan
+        raise MismatchError(f"{where}: metadata tau={meta['tau']!r} is not a number in [0, 1]")
+    return ControllerNumbers(dim, max_length, tau, pad, _feature_range(meta.get("feature_range"), where))
+
+
+def _integer(meta, key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:
+    if key not in meta and default is not None:
+        return default
+    text = str(meta[key]).strip()
+    if not text.isdigit() or not lo <= int(text) <= hi:
+        raise MismatchError(f"{where}: metadata {key}={meta[key]!r} is not an integer in [{lo}, {hi}]")
+    return int(text)
+
+
+def _feature_range(text, where: str) -> dict[str, tuple[float, float]]:
+    if text in (None, ""):
+        return {}
+    bad = MismatchError(f"{where}: metadata feature_range must be a JSON object {{feature: [min, max]}} over "
+                        f"{list(FEATURE_NAMES)} with finite min <= max")
+    try:
+        obj = json.loads(text) if len(text) < 10_000 else None
+    except (ValueError, RecursionError):
+        raise bad from None
+    if not isinstance(obj, dict) or not set(obj) <= set(FEATURE_NAMES):
+        raise bad
+    out = {}
+    for name, pair in obj.items():
+        ok = (isinstance(pair, list) and len(pair) == 2
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
+        if not ok or pair[0] > pair[1]:
+            raise bad
+        out[name] = (float(pair[0]), float(pair[1]))
+    return out
+
+
+def check_graph(inputs: Sequence, outputs: Sequence, dim: int, where: str = "controller") -> None:
+    """The session's inputs and outputs (onnxruntime ``NodeArg`` s: ``name``, ``shape``) are those of a
+    branchgate controller graph (``GRAPH_INPUTS``, ``GRAPH_OUTPUTS``) whose embedding width is ``dim``."""
+    for kind, args, expected in (("inputs", inputs, GRAPH_INPUTS), ("outputs", outputs, GRAPH_OUTPUTS)):
+        shapes = {a.name: list(a.shape or []) for a in args}
+        if set(shapes) != set(expected):
+            raise MismatchError(f"{where}: graph {kind} {sorted(shapes)} are not a branchgate controller's "
+                                f"{sorted(expected)} (metadata from another model?)")
+        for name, rank in expected.items():
+            if len(shapes[name]) != rank:
+                raise MismatchError(f"{where}: graph {kind[:-1]} {name!r} has shape {shapes[name]}, expected rank {rank}")
+    width = {"cached_emb": dict((a.name, a.shape) for a in inputs)["cached_emb"][1],
+             "text_emb": dict((a.name, a.shape) for a in outputs)["text_emb"][1]}
+    for name, d in width.items():
+        if isinstance(d, int) and d != dim:
+            raise MismatchError(f"{where}: metadata dim={dim} but the graph's {name!r} is {d} wide")
+    feats = dict((a.name, a.shape) for a in inputs)["features"][1]
+    if isinstance(feats, int) and feats != len(FEATURE_NAMES):
+        raise MismatchError(f"{where}: graph input 'features' has {feats} columns, expected {len(FEATURE_NAMES)}")
 
 
 def _version_tuple(text: str) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from branchgate.errors import BranchgateError
 
 METADATA_FIELD = 14
+MAX_ENTRY_BYTES = 16 << 20  # one metadata entry; a larger one is a crafted file, not a controller
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -32,7 +33,11 @@ def read_metadata(path: str | Path) -> dict[str, str]:
                     f.seek(8 if wire == 1 else 4, 1)
                 elif wire == 2:
                     length = _varint(f)
+                    if length > size - f.tell():
+                        raise ValueError(f"field {field} claims {length} bytes, past the end of the file")
                     if field == METADATA_FIELD:
+                        if length > MAX_ENTRY_BYTES:
+                            raise ValueError(f"metadata entry of {length} bytes (at most {MAX_ENTRY_BYTES})")
                         key, value = _entry(_read(f, length))
                         props[key] = value
                     else:
@@ -41,7 +46,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
                     raise ValueError(f"wire type {wire}")
             if f.tell() != size:
                 raise ValueError("truncated")
-    except (ValueError, EOFError, UnicodeDecodeError) as exc:
+    except (ValueError, EOFError, UnicodeDecodeError, OSError) as exc:
         raise BranchgateError(f"{path}: not a loadable ONNX model (unreadable protobuf: {exc})") from None
     return props
 
@@ -76,6 +81,8 @@ def _entry(data: bytes) -> tuple[str, str]:
 
 
 def _read(f, length: int) -> bytes:
+    if length > MAX_ENTRY_BYTES:
+        raise ValueError(f"field of {length} bytes in a metadata entry")
     data = f.read(length)
     if len(data) != length:
         raise EOFError("unexpected end of file")

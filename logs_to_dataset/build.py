@@ -1,4 +1,5 @@
 """Build the decision dataset from trace files: read → decision points → embed → label → write.
+(About 440 lines: the steps share one manifest, one report of what was skipped and one atomic write.)
 
 Outcomes for bad input (each tested):
 
@@ -10,7 +11,9 @@ Outcomes for bad input (each tested):
 | unknown event type | kept as ``raw`` (not used for rows) | same |
 | schema version newer than this branchgate | ``SchemaVersionError`` (exit 2) | same |
 | file no reader recognises (inside a directory) | listed in manifest ``ignored_files`` | same |
-| nothing parsed at all | no output written, exit 1 | exit 2 at the first bad record |
+| partial run (no ``run_end``, or its ``status`` not "ok": crashed, truncated, incomplete) | ``--partial-runs keep`` (default): kept, counted in manifest ``partial_runs``, one warning line; ``skip``: left out, counted there and listed in ``skipped`` | same |
+| file that cannot be opened (permission denied), looping or dangling symlink | listed in ``skipped`` | ``InputError`` (exit 2) for unreadable files |
+| nothing parsed at all | no dataset written; ``OUT/manifest.json`` records what was read and skipped (unless OUT already holds a dataset); the message names the first skipped records; exit 1 | exit 2 at the first bad record |
 | unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model`` | ``InputError`` (exit 2) before reading | same |
 | run without what ``--labels`` needs (no key-point labels / no report citing evidence) | counted in manifest ``label_missing``; all its candidates label −1 (``excluded``) | same |
 
@@ -42,7 +45,7 @@ from branchgate import __version__
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
-from branchgate.logs_to_dataset.decisions import run_decisions, split_of
+from branchgate.logs_to_dataset.decisions import partial_reason, run_decisions, split_of
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
@@ -52,13 +55,18 @@ from branchgate.logs_to_dataset.traces import ReadReport
 log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "sc"
+PARTIAL_RUNS = ("keep", "skip")
 KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
                   "evidence", "evidence_labelled",
                   "labelled_by_id", "labelled_by_span_only", "key_points", "key_points_reachable", "bad_links")
 
 
 class NothingParsed(Exception):
-    """No run could be read from the inputs (the CLI exits 1)."""
+    """No run could be read from the inputs (the CLI exits 1). ``manifest``: what was read and skipped."""
+
+    def __init__(self, message: str, manifest: dict | None = None):
+        super().__init__(message)
+        self.manifest = manifest or {}
 
 
 def sha256_files(paths: list[Path]) -> str:
@@ -74,7 +82,8 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
           encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
           cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
           encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto", labels: str = "auto",
-          positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None) -> dict:
+          positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None,
+          partial_runs: str = "keep") -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
 
     ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, citations, judge,
@@ -89,16 +98,19 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
 
     Texts are embedded through the ``EmbeddingCache`` in batches of whole runs (about ``batch_texts``
     texts per cache call), so the encoder sees large, length-sorted batches.
+
+    ``partial_runs``: "keep" (default) or "skip" runs without a normal ``run_end`` (``decisions.partial_reason``);
+    either way they are counted in the manifest's ``partial_runs`` and a kept one gives a warning line.
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
     with use_keypoints(keypoints):
         return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options)
+                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs)
 
 
 def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options) -> dict:
+           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -106,6 +118,8 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
 
     if pruned_labels not in PRUNED_LABELS:
         raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {pruned_labels!r}")
+    if partial_runs not in PARTIAL_RUNS:
+        raise InputError(f"must be one of {', '.join(PARTIAL_RUNS)}, got {partial_runs!r}", "--partial-runs")
     if teacher not in T.NAMES:
         raise InputError(f"unknown teacher {teacher!r}; valid names: {', '.join(T.NAMES)}")
     models = {name: T.get(name) for name in T.NAMES}
@@ -114,7 +128,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     timings = Counter()
     t0 = time.perf_counter()
     report = ReadReport()
-    found = discover(traces, fmt, report)
+    found = discover(traces, fmt, report, strict)
     files = input_files(found)
     source_sha = sha256_files(files)
     timings["hash_s"] += time.perf_counter() - t0
@@ -141,6 +155,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     kinds: Counter = Counter()
     problems: Counter = Counter()
     kp_stats: Counter = Counter()
+    partial = {"action": partial_runs, "runs": 0, "reasons": Counter(), "list": []}
     pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
     n_pending = 0
 
@@ -184,6 +199,14 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
                 finally:
                     timings["parse_s"] += time.perf_counter() - t
                 seen[run.run_id] = run.file
+                why = partial_reason(run.events)
+                if why:
+                    partial["runs"] += 1
+                    partial["reasons"][why] += 1
+                    partial["list"].append({"file": run.file, "run_id": run.run_id, "reason": why})
+                    if partial_runs == "skip":
+                        report.skip(run.file, None, f"partial run {run.run_id!r}: {why} (--partial-runs skip)")
+                        continue
                 problems.update(rd.problems)
                 _count_keypoints(kp_stats, run, rd)
                 split = split_of(rd.run_id)
@@ -200,13 +223,12 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     finally:
         bar.close()
     total_runs = sum(n_runs.values())
+    partial_section = {"action": partial_runs, "runs": partial["runs"], "reasons": dict(sorted(partial["reasons"].items())),
+                       "list": partial["list"]}
     if total_runs == 0:
         if loaded:
             loaded["cache"].close()
-        raise NothingParsed(
-            f"no run could be read from {', '.join(map(str, traces))} "
-            f"({report.files} file(s) read, {len(report.skipped)} record(s) skipped, {len(report.ignored)} file(s) not recognised)"
-        )
+        _nothing_parsed(traces, out, report, files, fmt, partial_section)
 
     emb_cache = embeddings()  # loads the encoder now only if no run had decisions: the manifest records its id
     builder.fitted = builder.finalize(rows)
@@ -220,9 +242,41 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         manifest["label_source_stats"] = source_stats
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
+    manifest["partial_runs"] = partial_section
+    if partial_section["runs"] and partial_runs == "keep":
+        manifest["warnings"].append(_partial_warning(partial_section))
     emb_cache.close()
     _write(out, rows, list(models), manifest, timings)
     return manifest
+
+
+def _partial_warning(section: dict) -> str:
+    reasons = "; ".join(f"{r}: {n}" for r, n in section["reasons"].items())
+    return (f"{section['runs']} partial run(s) kept ({reasons}); see manifest partial_runs, "
+            "or leave them out with --partial-runs skip")
+
+
+def _nothing_parsed(traces, out, report, files, fmt, partial_section) -> None:
+    """Raise ``NothingParsed`` naming the first skipped records; write what was read to ``OUT/manifest.json``
+    (never over an existing dataset), so the reasons are not lost."""
+    skipped = [s.as_dict() for s in report.skipped]
+    manifest = {"schema_version": DATASET_SCHEMA_VERSION, "created_by": f"branchgate {__version__}",
+                "error": "nothing parsed", "n_runs": {s: 0 for s in (*SPLITS, "total")}, "n_files": len(files),
+                "formats": dict(report.formats), "format_forced": fmt, "n_events": report.events,
+                "skipped": skipped, "ignored_files": list(report.ignored),
+                "read_warnings": dict(sorted(report.warnings.items())), "partial_runs": partial_section}
+    out = Path(out)
+    written = ""
+    if not (out / "dataset_dict.json").exists():
+        atomic_write_json(out / "manifest.json", manifest)
+        written = f"; what was read is in {out / 'manifest.json'}"
+    first = "; ".join(f"{s['file']}{'' if s['line'] is None else ':' + str(s['line'])}: {s['reason']}"
+                      for s in skipped[:3])
+    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+    raise NothingParsed(
+        f"no run could be read from {', '.join(map(str, traces))} "
+        f"({report.files} file(s) read, {len(skipped)} record(s) skipped, {len(report.ignored)} file(s) not recognised)"
+        + (f": {first}{more}" if first else "") + written, manifest)
 
 
 def _count_keypoints(stats: Counter, run, rd) -> None:
@@ -378,5 +432,7 @@ def summary_line(manifest: dict, out) -> str:
 def _keypoint_line(kp: dict) -> str:
     if not kp.get("runs_with_ground_truth"):
         return ""
+    total = kp.get("key_points") or 0  # 0: the traces carry labels but no key-point file says how many exist
+    reach = f"{kp['key_points_reachable']}/{total}" if total else str(kp["key_points_reachable"])
     return (f"; key points for {kp['runs_with_ground_truth']} runs: {kp['evidence_labelled']}/{kp['evidence']} "
-            f"evidence labelled, {kp['key_points_reachable']}/{kp['key_points']} key points reachable")
+            f"evidence labelled, {reach} key points reachable")

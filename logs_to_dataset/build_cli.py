@@ -1,7 +1,8 @@
 """``branchgate dataset build``: agent run logs → decision dataset split by run.
 
-Reads canonical JSONL traces, Search-o1 traces (``<qid>.q`` + ``<qid>.a``) and GPT-Researcher
-``outputs/task_*.json`` logs (auto-detected per file; ``--format`` forces one), turns every decision
+Reads canonical JSONL traces, Search-o1 traces (``<qid>.q`` + ``<qid>.a``), GPT-Researcher
+``outputs/task_*.json`` logs and OpenInference / OpenTelemetry span exports (OTLP JSON, Phoenix spans)
+(auto-detected per file; ``--format`` forces one), turns every decision
 point into one row per candidate with realized labels and per-teacher pre-retrieval scores, and
 writes a Hugging Face ``DatasetDict`` (train / validation / test by hash of run_id) + ``manifest.json``.
 Search-o1 evidence gets DeepResearchGym key-point labels from ``--keypoints`` (default: a ``key_point/``
@@ -60,6 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keypoints", default="auto", metavar="DIR|auto|none",
                         help="DeepResearchGym key_point/ folder giving Search-o1 evidence its key-point labels "
                              "(auto: the key_point/ folder beside the traces' folder, if any; none: no labels)")
+    parser.add_argument("--partial-runs", choices=("keep", "skip"), default="keep",
+                        help="runs without a normal run_end (crashed, truncated, incomplete): keep them (default; "
+                             "counted in the manifest's partial_runs, with a warning) or skip them (counted and listed "
+                             "in skipped)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                          pruned_labels=args.pruned_labels, progress=False if args.no_progress else None,
                          keypoints=args.keypoints, labels=args.labels, positive_rate=args.positive_rate,
                          label_options={k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model))
-                                        if v is not None})
+                                        if v is not None},
+                         partial_runs=args.partial_runs)
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

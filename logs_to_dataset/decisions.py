@@ -12,7 +12,8 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
   union of its retrievals; ``None`` when no retrieval is known or it names evidence the run never
   emitted — its realized value is then unknown).
 
-Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
+A run without a ``run_end``, or whose ``run_end`` status is not "ok", is partial (``partial_reason``); the
+build counts it and keeps or skips it (``--partial-runs``). Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
 a candidate in an unknown frame, or a decision/retrieval for an unknown candidate → that event is
 ignored and listed in ``problems``.
 """
@@ -25,6 +26,16 @@ from dataclasses import dataclass, field
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.schema import Evidence
 from branchgate.texts import candidate_text
+
+def partial_reason(events: list) -> str | None:
+    """Why a run is partial (crashed, cut or unfinished), or None when it ended normally: no ``run_end``
+    event, or a ``run_end`` whose ``status`` is not "ok" (Search-o1 "truncated", GPT-Researcher "incomplete")."""
+    ends = [e for e in events if getattr(e, "type", None) == "run_end"]
+    if not ends:
+        return "no run_end (the run crashed or is still running)"
+    status = getattr(ends[-1], "status", "ok")
+    return None if status == "ok" else f"run_end status {str(status)[:40]!r}"
+
 
 def split_of(run_id: str) -> str:
     """Stable split by run: sha256(run_id) mod 100 → <80 train, <90 validation, else test."""

@@ -35,13 +35,13 @@ Normalisation, span matching and the labels of a document: ``logs_to_dataset/spa
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
+from branchgate.fileio import load_json
 
 W = "searcho1: "  # prefix of the warnings about trace structure (counted by the dataset builder's report)
 TAG = re.compile(r"<\|(begin|end)_search_(query|result)\|>")
@@ -193,11 +193,7 @@ def keypoint_files(directory: Path, qid: str) -> tuple[Path, Path]:
 def read_json(path: Path):
     """A JSON file's content; ``InputError`` naming the file (and line) when it cannot be read."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text", str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON ({exc.msg})", str(path), exc.lineno) from None
+        return load_json(Path(path).read_bytes(), str(path))  # fileio: the one loader for untrusted JSON
     except OSError as exc:
         raise InputError(f"cannot read ({exc.strerror or exc})", str(path)) from None
 
@@ -300,9 +296,9 @@ def read_queries(src: Path, skip: Callable[[Path, int | None, str], None]) -> It
                 if not line.strip():
                     continue
                 try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    skip(qf, lineno, f"invalid JSON ({exc.msg})")
+                    obj = load_json(line, str(qf), lineno)
+                except InputError as exc:
+                    skip(qf, lineno, exc.reason)
                     continue
                 if not isinstance(obj, dict):
                     skip(qf, lineno, "not a JSON object")

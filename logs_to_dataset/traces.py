@@ -10,7 +10,9 @@ Reading a file (``read_events``), each outcome is reported, nothing is dropped s
 | last line cut off (no newline, not valid JSON: a crashed or still-running writer) | skipped as "truncated last line" | ``InputError`` |
 | last line valid but without a newline (hand-written file) | event | event |
 | line that is not UTF-8 | skipped | ``InputError`` |
-| binary file (NUL bytes in the first 8 KiB) | whole file skipped, one record | ``InputError`` |
+| JSON that parses but cannot be used (integer over 4300 digits, nesting deeper than ``fileio.MAX_JSON_DEPTH``) | skipped | ``InputError`` |
+| lone surrogate escape (``"\\ud800"``) | replaced by U+FFFD (``fileio.load_json``) | same |
+| binary file (NUL bytes in the first 8 KiB) / UTF-16 or UTF-32 text | whole file skipped, one record naming which | ``InputError`` |
 | empty file (nothing but whitespace) | one record "empty file" | ``InputError`` |
 | unknown ``type`` | kept as a ``raw`` event | same |
 | ``v`` newer than this library | ``SchemaVersionError`` (always fatal) | same |
@@ -18,7 +20,6 @@ Reading a file (``read_events``), each outcome is reported, nothing is dropped s
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
+from branchgate.fileio import load_json
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION, Event, SchemaVersionError, parse_event, to_json
 
 BINARY_SNIFF = 8192
@@ -73,6 +75,26 @@ def is_binary(path: str | Path) -> bool:
         return b"\x00" in fh.read(BINARY_SNIFF)
 
 
+UTF_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+            (b"\xfe\xff", "UTF-16"))
+
+
+def text_problem(path: str | Path) -> str | None:
+    """Why a file cannot be a UTF-8 text log (``None`` when it may be one): UTF-16/32 text (a byte-order mark,
+    or NUL in every other byte) or binary data (NUL bytes in the first 8 KiB). Readers report this reason."""
+    with open(path, "rb") as fh:
+        head = fh.read(BINARY_SNIFF)
+    for bom, name in UTF_BOMS:
+        if head.startswith(bom):
+            return f"{name} text, not UTF-8 (save it as UTF-8)"
+    if b"\x00" not in head:
+        return None
+    even, odd = head[0::2], head[1::2]
+    if len(head) >= 4 and (even.count(0) == len(even)) != (odd.count(0) == len(odd)):  # ASCII as UTF-16
+        return "UTF-16 text, not UTF-8 (save it as UTF-8)"
+    return "binary data (NUL bytes)"
+
+
 def read_events(path: str | Path, strict: bool = False, report: ReadReport | None = None) -> Iterator[Event]:
     """Stream events from a canonical JSONL trace (outcomes in the module docstring).
 
@@ -81,8 +103,9 @@ def read_events(path: str | Path, strict: bool = False, report: ReadReport | Non
     """
     path = Path(path)
     report = report if report is not None else ReadReport()
-    if is_binary(path):
-        report.skip(path, None, "binary data (NUL bytes), not a JSON Lines trace", strict)
+    problem = text_problem(path)
+    if problem:
+        report.skip(path, None, f"{problem}, not a JSON Lines trace", strict)
         return
     seen_any = False
     with open(path, "rb") as fh:
@@ -94,12 +117,11 @@ def read_events(path: str | Path, strict: bool = False, report: ReadReport | Non
             seen_any = True
             try:
                 try:
-                    obj = json.loads(text.decode("utf-8"))
-                except UnicodeDecodeError:
-                    raise InputError("not UTF-8 text (binary data?)", str(path), lineno) from None
-                except json.JSONDecodeError as exc:
-                    what = "truncated last line" if not complete else f"invalid JSON ({exc.msg} at column {exc.colno})"
-                    raise InputError(what, str(path), lineno) from None
+                    obj = load_json(text, str(path), lineno)
+                except InputError as exc:
+                    if not complete and exc.reason.startswith("invalid JSON ("):
+                        raise InputError("truncated last line", str(path), lineno) from None
+                    raise
                 event = parse_event(obj, str(path), lineno)
             except SchemaVersionError:
                 raise

@@ -29,6 +29,9 @@ Design:
   baselines only.
 - All scalar features are standardised with statistics fitted on the training split and stored as
   buffers, so the exported graph needs nothing else.
+- The structured features are first clamped to the training split's range (buffers ``feature_min`` /
+  ``feature_max``, ±inf until ``set_feature_range``): a decision with more candidates or a greater depth than
+  training saw is scored as the nearest one it did see, never extrapolated (the Gate reports it).
 - MLP with two heads (keep logit, utility) plus a linear "wide" path from the scalar features.
 
 ``forward`` is ONNX-friendly: no Python control flow on tensor values, masks come from row norms, ranks
@@ -36,6 +39,8 @@ from summed pairwise comparisons, and only K and R vary.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -215,14 +220,33 @@ class ValueNet(nn.Module):
         # Platt scaling of the keep logit, fitted on validation after training (identity until then).
         self.register_buffer("keep_scale", torch.ones(()))
         self.register_buffer("keep_shift", torch.zeros(()))
+        # The train split's range of each structured feature; features are clamped to it (±inf: no clamp).
+        self.register_buffer("feature_min", torch.full((n_features,), -math.inf))
+        self.register_buffer("feature_max", torch.full((n_features,), math.inf))
 
     def config(self) -> dict:
         """Constructor arguments (stored in checkpoints)."""
         return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda}
 
     def scalars(self, root, frame, goal, retained, cand, features) -> torch.Tensor:
-        """Raw (unstandardised) scalar features, batched [B,K,S]."""
+        """Raw (unstandardised) scalar features, batched [B,K,S], from the structured features clamped to the
+        train split's range (``set_feature_range``): the network is never asked about values it has not seen."""
+        features = features.to(cand.dtype)
+        features = torch.minimum(torch.maximum(features, self.feature_min.to(cand.dtype)), self.feature_max.to(cand.dtype))
         return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
+
+    @torch.no_grad()
+    def set_feature_range(self, lo, hi) -> None:
+        """Clamp every structured feature to [lo, hi] (per feature, FEATURE_NAMES order): the train split's range."""
+        self.feature_min.copy_(torch.as_tensor(lo, dtype=torch.float32))
+        self.feature_max.copy_(torch.as_tensor(hi, dtype=torch.float32))
+
+    def feature_range(self) -> dict | None:
+        """``{feature: [min, max]}`` of the train split, or None when no range was set (an older controller)."""
+        lo, hi = self.feature_min.tolist(), self.feature_max.tolist()
+        if not all(math.isfinite(v) for v in lo + hi):
+            return None
+        return {name: [a, b] for name, a, b in zip(FEATURE_NAMES, lo, hi)}
 
     def raw_heads(self, root, frame, goal, retained, cand, features, scalars=None):
         """Batched scoring: [B,D]x3, [B,R,D], [B,K,D], [B,K,F] → (logit[B,K], standardised utility[B,K]).

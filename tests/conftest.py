@@ -104,3 +104,15 @@ def chat_stub():
     for srv in servers:
         srv.shutdown()
         srv.server_close()
+
+
+try:  # property-based tests (tests/test_fuzz.py): small by default, `--hypothesis-profile long` for a long run
+    from hypothesis import HealthCheck, settings
+
+    _FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+                 database=None)
+    settings.register_profile("fast", max_examples=30, **_FUZZ)
+    settings.register_profile("long", max_examples=1000, **_FUZZ)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+except ImportError:  # hypothesis is in the dev extra; without it test_fuzz.py is skipped
+    pass

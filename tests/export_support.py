@@ -53,7 +53,7 @@ def _train(encoder):
     from branchgate.export.torch_ref import TorchController
     from branchgate.features import structured_features
     from branchgate.models.value_model import ValueNet
-    from branchgate.training.checkpoint import make_meta
+    from branchgate.training.checkpoint import make_meta, train_feature_range
 
     torch.manual_seed(0)
     net = ValueNet(encoder.dim, hidden=32, dropout=0.0)
@@ -71,6 +71,8 @@ def _train(encoder):
         ret = emb[3:3 + r] if r else torch.zeros(1, encoder.dim)
         feats = torch.from_numpy(structured_features(s.depth, len(texts), r))
         batches.append((emb[0], emb[1], emb[2], ret, emb[3 + r:], feats, torch.tensor(labels, dtype=torch.float32)))
+    train_range = train_feature_range(torch.cat([b[5] for b in batches]).numpy())  # as training/module.py does
+    net.set_feature_range([v[0] for v in train_range.values()], [v[1] for v in train_range.values()])
     with torch.no_grad():
         scal = torch.cat([net.scalars(b[0][None], b[1][None], b[2][None], b[3][None], b[4][None], b[5][None])[0]
                           for b in batches])
@@ -84,7 +86,7 @@ def _train(encoder):
             loss.backward()
             opt.step()
     net.eval()
-    meta = make_meta(encoder, tau=0.5, data_sha256="0" * 64)
+    meta = make_meta(encoder, tau=0.5, data_sha256="0" * 64, feature_range=train_range)
     return net, meta
 
 

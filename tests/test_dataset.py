@@ -288,7 +288,9 @@ def test_nothing_parsed_and_future_version(tmp_path, encoder):
     with pytest.raises(NothingParsed):
         build([FIX / "gptr_broken" / "task_1740920002_empty.json"], tmp_path / "o", encoder_obj=encoder,
               cache=tmp_path / "c.sqlite", progress=False)
-    assert not (tmp_path / "o").exists()
+    # no dataset, but the manifest says what was read and why nothing parsed (issue 24)
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["manifest.json"]
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["reason"] == "empty file"
     with pytest.raises(SchemaVersionError):
         build([FIX / "canonical_broken" / "future_version.jsonl"], tmp_path / "o", encoder_obj=encoder,
               cache=tmp_path / "c.sqlite", progress=False)

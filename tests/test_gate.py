@@ -261,8 +261,8 @@ def test_gate_cli_answers_one_decision(monkeypatch, capsys, model):
 
 
 @pytest.mark.parametrize("stdin,field", [
-    ("{not json", "malformed JSON"),
-    ("", "malformed JSON"),
+    ("{not json", "invalid JSON"),
+    ("", "invalid JSON"),
     ("[1, 2]", "must be a JSON object"),
     (json.dumps({"candidates": CANDS}), "'state'"),
     (json.dumps({"state": STATE}), "'candidates'"),

@@ -68,6 +68,10 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
     assert platt["scale"] > 0 and float(net.keep_scale) == pytest.approx(platt["scale"])
     assert float(net.keep_shift) == pytest.approx(platt["shift"])
     assert m["brier"] <= m["baselines"]["random"]["brier"]  # calibrated: no worse than the base-rate guess
+    # the train split's structured-feature range (issue 24): stored, and the net clamps to it
+    rng = meta["feature_range"]
+    assert list(rng) == ["depth", "order", "n_candidates", "n_retained"] and all(lo <= hi for lo, hi in rng.values())
+    assert net.feature_min.tolist() == [v[0] for v in rng.values()] and rng["n_candidates"][1] > 1
 
 
 def test_train_ships_safetensors_and_keeps_lightning_ckpt_for_resuming_only(trained):

@@ -41,11 +41,16 @@ _NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMB
 _META_TYPES = {"encoder": str, "encoder_path": (str, type(None)), "dim": int, "max_length": int,
                "tau": (*_NUMBER, type(None)), "feature_names": list, "schema_version": int,
                "data_sha256": (str, type(None)), "branchgate_version": str,
-               "calibration": (dict, type(None)), "standardisation": dict}
+               "calibration": (dict, type(None)), "standardisation": dict, "feature_range": (dict, type(None))}
+# Buffers a controller file may lack (written before they existed): their defaults mean "no effect".
+OPTIONAL_BUFFERS = ("feature_min", "feature_max")
 
 
-def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None, **extra) -> dict:
-    """Checkpoint metadata for a controller trained on ``encoder`` (an ``Encoder`` or ``EncoderSpec`` plus dim)."""
+def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None, feature_range: dict | None = None,
+              **extra) -> dict:
+    """Checkpoint metadata for a controller trained on ``encoder`` (an ``Encoder`` or ``EncoderSpec`` plus dim).
+    ``feature_range``: the train split's ``{feature: [min, max]}`` (``train_feature_range``); the file stores the
+    ValueNet's own range buffers (``checkpoint_entry``), which the net clamps its structured features to."""
     spec = getattr(encoder, "spec", encoder)
     meta = {
         "encoder": spec.id,
@@ -57,9 +62,20 @@ def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None,
         "schema_version": CONTROLLER_SCHEMA_VERSION,
         "data_sha256": data_sha256,
         "branchgate_version": __version__,
+        "feature_range": feature_range,
     }
     meta.update(extra)
     return meta
+
+
+def train_feature_range(features) -> dict | None:
+    """``{feature: [min, max]}`` over the rows of a [N, F] structured-feature array (None when N = 0)."""
+    import numpy as np
+
+    a = np.asarray(features, dtype=np.float64)
+    if a.ndim != 2 or not len(a):
+        return None
+    return {name: [float(a[:, j].min()), float(a[:, j].max())] for j, name in enumerate(FEATURE_NAMES)}
 
 
 def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
@@ -67,7 +83,8 @@ def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         raise ValueError(f"controller meta lacks {missing}")
-    return {"format": FORMAT, "net": net.config(), "meta": dict(meta, standardisation=net.standardisation())}
+    return {"format": FORMAT, "net": net.config(),
+            "meta": dict(meta, standardisation=net.standardisation(), feature_range=net.feature_range())}
 
 
 def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
@@ -183,6 +200,8 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
     bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor) or not v.is_floating_point())
     if bad:
         raise InputError(f"weights {bad} are not floating-point tensors", file=where)
+    defaults = net.state_dict()
+    state = {**{k: defaults[k] for k in OPTIONAL_BUFFERS if k not in state}, **state}  # older files: no clamping
     try:
         net.load_state_dict(state)
     except RuntimeError as exc:
@@ -190,6 +209,7 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
         raise InputError(f"weights do not fit the ValueNet of '{METADATA_KEY}.net' ({detail})", file=where) from None
     net.eval()
     meta["standardisation"] = net.standardisation()  # from the buffers just loaded: one source of truth
+    meta["feature_range"] = net.feature_range()  # the train split's structured-feature range (None: older file)
     return net, meta
 
 

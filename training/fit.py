@@ -101,6 +101,7 @@ def train(argv: list[str] | None = None) -> dict:
     """Run the whole training command; returns the metrics dict."""
     import torch
 
+    from branchgate.errors import InputError
     from branchgate.fileio import atomic_write_text
     from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
     from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
@@ -117,6 +118,10 @@ def train(argv: list[str] | None = None) -> dict:
         parser_kwargs={"prog": "branchgate train", "description": __doc__.split("\n\n")[0],
                        "default_env": False},
     )
+    for key in ("max_epochs", "max_steps"):
+        if cli.config.get(f"trainer.{key}") == 0:
+            raise InputError("must be ≥ 1 (or -1: no limit); 0 would train nothing and write an untrained controller",
+                             f"--trainer.{key}")
     if cli.config.get("threads"):
         torch.set_num_threads(int(cli.config["threads"]))
     out = Path(cli.config["out"])
@@ -130,6 +135,9 @@ def train(argv: list[str] | None = None) -> dict:
     fit_s = time.perf_counter() - started
     if trainer.interrupted:
         raise KeyboardInterrupt
+    if trainer.global_step == 0:
+        raise InputError("no training step ran (check --trainer.max_epochs / max_steps / limit_train_batches and the "
+                         "train split); no controller written", str(out))
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if best:
         model.load_state_dict(read_lightning_checkpoint(best)["state_dict"])  # weights_only=True: no unpickling

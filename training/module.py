@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from branchgate.models.value_model import ValueNet
-from branchgate.training.checkpoint import checkpoint_entry, make_meta
+from branchgate.training.checkpoint import checkpoint_entry, make_meta, train_feature_range
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,11 @@ class ControllerModule(L.LightningModule):
             self.build(dm.dim)
         stats = dm.train_stats()
         self._pos_weight = float(self.hparams.pos_weight) if self.hparams.pos_weight is not None else stats["pos_weight"]
-        self.meta = make_meta(dm.encoder, tau=self.tau, data_sha256=dm.data_sha256(),
+        if stage == "fit":  # clamp structured features to the train split's range (before any scalars are computed)
+            rng = train_feature_range(dm.sets["train"].features)
+            if rng is not None:
+                self.net.set_feature_range([v[0] for v in rng.values()], [v[1] for v in rng.values()])
+        self.meta = make_meta(dm.encoder, tau=self.tau, data_sha256=dm.data_sha256(), feature_range=self.net.feature_range(),
                               dataset_encoder=dm.manifest.get("encoder"), label_kind=dm.manifest.get("label_kind"),
                               label_threshold=dm.manifest.get("label_threshold"), teacher=dm.manifest.get("teacher"),
                               dataset_schema_version=dm.manifest.get("schema_version"), train_stats=stats)

@@ -13,7 +13,8 @@ A reader is a class registered with ``@register("name")`` that has
 file, the first reader whose ``detect`` is true; ``fmt`` forces one reader (explicitly named files are
 then read with it even when ``detect`` says no). Files nobody recognises are listed in
 ``report.ignored``. Formats: ``canonical`` (``*.jsonl``), ``searcho1`` (``<qid>.a`` + ``<qid>.q``),
-``gptr`` (GPT-Researcher ``outputs/task_*.json``).
+``gptr`` (GPT-Researcher ``outputs/task_*.json``), ``openinference`` (OpenInference / OpenTelemetry spans:
+OTLP JSON, Phoenix span exports).
 """
 
 from __future__ import annotations
@@ -64,18 +65,39 @@ def companions(reader, path: Path) -> list[Path]:
     return list(fn(path)) if fn else []
 
 
-def _walk(path: Path) -> list[Path]:
+def _walk(path: Path, report: ReadReport) -> list[Path]:
+    """The files under ``path``; a symlink that loops or points nowhere is listed in ``report.skipped``."""
     if path.is_file():
         return [path]
     if not path.exists():
         raise InputError("no such file or directory", str(path))
-    return sorted(p for p in path.rglob("*") if p.is_file()
-                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    out = []
+    for p in sorted(path.rglob("*")):
+        if any(part.startswith(".") for part in p.relative_to(path).parts):
+            continue
+        if p.is_file():
+            out.append(p)
+        elif p.is_symlink() and not p.exists():
+            report.skip(p, None, "symlink that loops or points to nothing (skipped)")
+    return out
+
+
+def _detect(reader, path: Path, report: ReadReport, strict: bool) -> bool | None:
+    """``reader.detect(path)``; None when the file cannot be read (listed in ``report.skipped``). A peek that
+    fails on the file's content (JSON too deep or too large to decode) does not claim the file."""
+    try:
+        return bool(reader.detect(path))
+    except OSError as exc:
+        report.skip(path, None, f"cannot read ({exc.strerror or exc})", strict)
+        return None
+    except (ValueError, RecursionError):
+        return False
 
 
 def discover(paths: Iterable[str | Path], fmt: str | None = None,
-             report: ReadReport | None = None) -> list[tuple[Path, object]]:
-    """(file, reader) pairs to read, in a stable order; unrecognised files go to ``report.ignored``."""
+             report: ReadReport | None = None, strict: bool = False) -> list[tuple[Path, object]]:
+    """(file, reader) pairs to read, in a stable order; unrecognised files go to ``report.ignored``, files
+    that cannot be opened (permission denied) and looping symlinks to ``report.skipped``."""
     report = report if report is not None else ReadReport()
     forced = get_reader(fmt) if fmt else None
     chosen: list[tuple[Path, object]] = []
@@ -84,11 +106,20 @@ def discover(paths: Iterable[str | Path], fmt: str | None = None,
     for root in paths:
         root = Path(root)
         explicit = root.is_file()
-        for f in _walk(root):
-            if forced is not None:
-                reader = forced if (explicit or forced.detect(f)) else None
-            else:
-                reader = next((r for r in READERS.values() if r.detect(f)), None)
+        for f in _walk(root, report):
+            if not _readable(f):
+                report.skip(f, None, "cannot read (permission denied or not a regular file)", strict)
+                continue
+            reader, hit = None, None
+            for r in ([forced] if forced is not None else READERS.values()):
+                hit = True if (forced is not None and explicit) else _detect(r, f, report, strict)
+                if hit:
+                    reader = r
+                    break
+                if hit is None:  # unreadable: already listed in report.skipped
+                    break
+            if hit is None:
+                continue
             if reader is None:
                 unknown.append(f)
                 continue
@@ -106,11 +137,19 @@ def discover(paths: Iterable[str | Path], fmt: str | None = None,
     return out
 
 
+def _readable(path: Path) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
+
+
 def input_files(found: list[tuple[Path, object]]) -> list[Path]:
     """Every file the readers will consume (traces and their companions), sorted, for hashing."""
     files = {f.resolve() for f, _ in found}
     for f, reader in found:
-        files.update(p.resolve() for p in companions(reader, f) if p.exists())
+        files.update(p.resolve() for p in companions(reader, f) if p.exists() and _readable(p))
     return sorted(files)
 
 
@@ -118,7 +157,7 @@ def read_runs(paths: Iterable[str | Path], fmt: str | None = None, strict: bool 
               report: ReadReport | None = None) -> Iterator[Run]:
     """Every run in ``paths`` (files or directories), auto-detecting each file's format."""
     report = report if report is not None else ReadReport()
-    for f, reader in discover(paths, fmt, report):
+    for f, reader in discover(paths, fmt, report, strict):
         yield from read_file(f, reader, strict, report)
 
 
@@ -129,11 +168,15 @@ def read_file(path: Path, reader, strict: bool, report: ReadReport) -> Iterator[
         report.bytes += path.stat().st_size + sum(p.stat().st_size for p in companions(reader, path) if p.exists())
     except OSError:
         pass
-    for run in reader.read(path, strict, report):
-        run.format = run.format or reader.name
-        report.runs += 1
-        yield run
+    try:
+        for run in reader.read(path, strict, report):
+            run.format = run.format or reader.name
+            report.runs += 1
+            yield run
+    except OSError as exc:  # a file (or companion) that vanished or cannot be read mid-way
+        report.skip(getattr(exc, "filename", None) or path, None, f"cannot read ({exc.strerror or exc})", strict)
 
 
-# Registration order is detection order.
+# Registration order is detection order (OpenInference first: its span exports are .json / .jsonl too).
+from branchgate.logs_to_dataset.readers import openinference  # noqa: E402,F401
 from branchgate.logs_to_dataset.readers import canonical, searcho1, gptr  # noqa: E402,F401

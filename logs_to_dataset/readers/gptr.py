@@ -30,7 +30,7 @@ Malformed input: not JSON / truncated / empty / binary / no ``events`` list → 
 from __future__ import annotations
 
 import ast
-import json
+import math
 import re
 from collections.abc import Iterator
 from datetime import datetime
@@ -39,7 +39,9 @@ from pathlib import Path
 from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Raw, Report, Retrieval,
                                                RunEnd, RunStart)
-from branchgate.logs_to_dataset.traces import ReadReport, is_binary
+from branchgate.errors import InputError
+from branchgate.fileio import load_json
+from branchgate.logs_to_dataset.traces import ReadReport, text_problem
 
 W = "gptr: "
 STARTING = re.compile(r"Starting the research task for '(.*)'\.\.\.", re.S)
@@ -67,12 +69,28 @@ def map_urls(cited: list[str], ids_by_url: dict[str, list[str]]) -> tuple[list[s
     return list(dict.fromkeys(i for ids in found if ids for i in ids)), sum(1 for ids in found if not ids)
 
 
+def _cost(value) -> float | None:
+    """A cost in USD from a log (a number, or the text after "$", trailing sentence dot allowed), or None when
+    it is not a finite non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, str):
+        value = value.strip().rstrip(".")
+        if len(value) > 64:
+            return None
+    try:
+        out = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return out if math.isfinite(out) and out >= 0 else None
+
+
 def _ts(value) -> float | None:
     if not isinstance(value, str):
         return None
     try:
         return datetime.fromisoformat(value).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         return None
 
 
@@ -90,9 +108,12 @@ def _subqueries(data: dict) -> list[str] | None:
         return meta
     m = QUERIES.search(str(data.get("output") or ""))
     if m:
+        text = m.group(1).strip()
+        if len(text) > 1_000_000:  # no list of subqueries is that long; parsing it would only cost memory
+            return None
         try:
-            parsed = ast.literal_eval(m.group(1).strip())
-        except (ValueError, SyntaxError):
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # e.g. [{[1]: 2}]: unhashable
             return None
         if isinstance(parsed, list) and all(isinstance(q, str) for q in parsed):
             return parsed
@@ -111,22 +132,21 @@ class GPTResearcherReader:
         return b'"events"' in head and (b'"content"' in head or b'"timestamp"' in head)
 
     def read(self, path: Path, strict: bool, report: ReadReport) -> Iterator[Run]:
-        if is_binary(path):
-            report.skip(path, None, "binary data (NUL bytes), not a GPT-Researcher log", strict)
+        problem = text_problem(path)
+        if problem:
+            report.skip(path, None, f"{problem}, not a GPT-Researcher log", strict)
             return
         raw = path.read_bytes()
         if not raw.strip():
             report.skip(path, None, "empty file", strict)
             return
         try:
-            doc = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            report.skip(path, None, f"not UTF-8 text (byte {exc.start})", strict)
-            return
-        except json.JSONDecodeError as exc:
-            cut = not raw.rstrip().endswith(b"}")  # a crashed writer leaves the object unclosed
-            what = "truncated JSON (the file ends early)" if cut else f"invalid JSON ({exc.msg})"
-            report.skip(path, exc.lineno, f"{what} at column {exc.colno}", strict)
+            doc = load_json(raw, str(path))
+        except InputError as exc:
+            reason = exc.reason
+            if reason.startswith("invalid JSON (") and not raw.rstrip().endswith(b"}"):
+                reason = f"truncated JSON (the file ends early): {reason}"  # a crashed writer leaves it unclosed
+            report.skip(path, exc.line, reason, strict)
             return
         if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
             report.skip(path, None, "not a GPT-Researcher log: missing 'events' list", strict)
@@ -233,7 +253,10 @@ class GPTResearcherReader:
             else:
                 if tag == "research_step_finalized":
                     m = COST.search(output)
-                    cost = float(m.group(1)) if m else cost
+                    found = _cost(m.group(1)) if m else None
+                    if m and found is None:
+                        warn(W + "unreadable cost in a 'research_step_finalized' log (ignored)")
+                    cost = found if found is not None else cost
                 yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
 
         sources = content.get("sources") if isinstance(content.get("sources"), list) else []
@@ -252,7 +275,9 @@ class GPTResearcherReader:
         if isinstance(text, str) and text.strip():
             yield ev(Report, text=text, **self._citations(text, urls, warn))
         costs = content.get("costs")
-        cost = float(costs) if isinstance(costs, (int, float)) and not isinstance(costs, bool) and costs else cost
+        if costs is not None and costs != 0 and _cost(costs) is None:
+            warn(W + "unreadable 'content.costs' (ignored)")
+        cost = _cost(costs) or cost
         n_cands = sum(len(f) for f in frames)
         warn(W + "announced subquery never run (left undecided)", n_cands - len(expanded))
         yield ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",

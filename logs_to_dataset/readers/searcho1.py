@@ -60,7 +60,7 @@ from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Learning, Raw, Report,
                                                Retrieval, RunEnd, RunStart)
 from branchgate.logs_to_dataset.spans import SpanIndex
-from branchgate.logs_to_dataset.traces import ReadReport, is_binary
+from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
 
 
 @dataclass
@@ -161,8 +161,9 @@ class SearchO1Reader:
             return
         texts = []
         for f in (qfile, path):
-            if is_binary(f):
-                report.skip(f, None, "binary data (NUL bytes), not a Search-o1 text file", strict)
+            problem = text_problem(f)
+            if problem:
+                report.skip(f, None, f"{problem}, not a Search-o1 text file", strict)
                 return
             try:
                 texts.append(f.read_text(encoding="utf-8"))
