@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from branchgate.errors import InputError
 from branchgate.fileio import load_json
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
+from branchgate.inference.inputs import as_max_keep, as_tau
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -89,11 +90,10 @@ def read_decisions(path: str) -> list[dict]:
 
 
 def _check_flags(args) -> None:
-    """The flags' ranges, as the JSON fields': --tau in [0, 1], --max-keep and --threads ≥ 1."""
-    if args.tau is not None and not 0.0 <= args.tau <= 1.0:  # also refuses nan
-        raise InputError(f"must be a number in [0, 1], got {args.tau}", "--tau")
-    if args.max_keep is not None and args.max_keep < 1:
-        raise InputError(f"must be ≥ 1, got {args.max_keep}", "--max-keep")
+    """The flags' ranges, by the rules of the JSON fields (``inputs.as_tau``, ``as_max_keep``); --threads ≥ 1."""
+    if args.tau is not None:
+        as_tau(args.tau, "--tau")
+    as_max_keep(args.max_keep, "--max-keep")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"must be ≥ 1, got {args.threads}", "--threads")
 

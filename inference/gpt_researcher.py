@@ -135,15 +135,19 @@ class ResearchHook(TraceRecorder):
         self._close_writer()
 
     # -- wrappers --------------------------------------------------------------------------------------
-    async def _run(self, *args, **kwargs):
+    async def _whole_run(self, name: str, args, kwargs):
+        """Call the patched ``name`` as the whole run: run_start before it, run_end (ok / error) after it."""
         self._start()
         status = "error"
         try:
-            out = await self._orig["run"](*args, **kwargs)
+            out = await self._orig[name](*args, **kwargs)
             status = "ok"
             return out
         finally:
             self._end(status)
+
+    async def _run(self, *args, **kwargs):
+        return await self._whole_run("run", args, kwargs)
 
     async def _deep_research(self, query, breadth, depth, *args, **kwargs):
         self._start()
@@ -172,15 +176,10 @@ class ResearchHook(TraceRecorder):
 
     async def _conduct_research(self, *args, **kwargs):
         token = _ACTIVE.set(self)  # the conductor class's patch (and nested researchers) act for this hook
-        self._start()
-        status = "error"
         try:
-            out = await self._orig["conduct_research"](*args, **kwargs)
-            status = "ok"
-            return out
+            return await self._whole_run("conduct_research", args, kwargs)
         finally:
             _ACTIVE.reset(token)
-            self._end(status)
 
     def _plan(self, conductor, query, outline):
         """Gate one standard-mode research plan (``plan_research``'s sub-queries)."""

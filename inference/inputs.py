@@ -84,19 +84,19 @@ def _finite(x) -> bool:
         return False
 
 
-def as_tau(tau) -> float:
-    """A keep threshold: a real number in [0, 1] (nan, inf, text refused)."""
+def as_tau(tau, where: str = "tau") -> float:
+    """A keep threshold: a real number in [0, 1] (nan, inf, text refused); ``where`` names it in the error."""
     if isinstance(tau, bool) or not isinstance(tau, numbers.Real) or not 0.0 <= tau <= 1.0:
-        raise InputError(f"must be a number in [0, 1], got {tau!r}", "tau")
+        raise InputError(f"must be a number in [0, 1], got {tau!r}", where)
     return float(tau)
 
 
-def as_max_keep(max_keep) -> int | None:
-    """``None`` or an integer ≥ 1 (1.7, True, text refused)."""
+def as_max_keep(max_keep, where: str = "max_keep") -> int | None:
+    """``None`` or an integer ≥ 1 (1.7, True, text refused); ``where`` names it in the error."""
     if max_keep is None:
         return None
     if isinstance(max_keep, bool) or not isinstance(max_keep, numbers.Integral) or max_keep < 1:
-        raise InputError(f"must be an integer ≥ 1, got {max_keep!r}", "max_keep")
+        raise InputError(f"must be an integer ≥ 1, got {max_keep!r}", where)
     return int(max_keep)
 
 

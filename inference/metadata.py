@@ -117,20 +117,19 @@ def _feature_range(text, where: str) -> dict[str, tuple[float, float]]:
 def check_graph(inputs: Sequence, outputs: Sequence, dim: int, where: str = "controller") -> None:
     """The session's inputs and outputs (onnxruntime ``NodeArg`` s: ``name``, ``shape``) are those of a
     branchgate controller graph (``GRAPH_INPUTS``, ``GRAPH_OUTPUTS``) whose embedding width is ``dim``."""
-    for kind, args, expected in (("inputs", inputs, GRAPH_INPUTS), ("outputs", outputs, GRAPH_OUTPUTS)):
-        shapes = {a.name: list(a.shape or []) for a in args}
+    ins = {a.name: list(a.shape or []) for a in inputs}
+    outs = {a.name: list(a.shape or []) for a in outputs}
+    for kind, shapes, expected in (("inputs", ins, GRAPH_INPUTS), ("outputs", outs, GRAPH_OUTPUTS)):
         if set(shapes) != set(expected):
             raise MismatchError(f"{where}: graph {kind} {sorted(shapes)} are not a branchgate controller's "
                                 f"{sorted(expected)} (metadata from another model?)")
         for name, rank in expected.items():
             if len(shapes[name]) != rank:
                 raise MismatchError(f"{where}: graph {kind[:-1]} {name!r} has shape {shapes[name]}, expected rank {rank}")
-    width = {"cached_emb": dict((a.name, a.shape) for a in inputs)["cached_emb"][1],
-             "text_emb": dict((a.name, a.shape) for a in outputs)["text_emb"][1]}
-    for name, d in width.items():
+    for name, d in (("cached_emb", ins["cached_emb"][1]), ("text_emb", outs["text_emb"][1])):
         if isinstance(d, int) and d != dim:
             raise MismatchError(f"{where}: metadata dim={dim} but the graph's {name!r} is {d} wide")
-    feats = dict((a.name, a.shape) for a in inputs)["features"][1]
+    feats = ins["features"][1]
     if isinstance(feats, int) and feats != len(FEATURE_NAMES):
         raise MismatchError(f"{where}: graph input 'features' has {feats} columns, expected {len(FEATURE_NAMES)}")
 
