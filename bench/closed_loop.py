@@ -53,7 +53,8 @@ def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, o
     for p in pts:
         folder = out / safe_name(p.name)
         inputs = {"sim": sim, "pre": p.pre, "post": p.post, "synth": p.synth, "queries": upstream["queries"],
-                  **({"export": upstream["export"]} if "gate:" in p.spec else {})}
+                  **({"export": upstream["export"]} if "gate:" in p.spec else {}),
+                  **({"reference": _file_hash(sim["budget_reference"])} if sim.get("budget_reference") else {})}
         fp = fingerprint(inputs)
         mark = folder / "point.json"
         if folder.exists() and not (mark.is_file() and json.loads(mark.read_text()).get("fingerprint") == fp):
@@ -76,6 +77,12 @@ def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, o
     finally:
         bar.close()
     return {p.name: per_query(out / safe_name(p.name)) for p in pts}
+
+
+def _file_hash(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 _WORKER: dict = {}

@@ -113,7 +113,12 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         pts += res.pop("points")
         runs.update(res.pop("runs"))
         per_source[source] = res
+    budgets = _budget_step(steps, cfg, per_source[sources[0]]["controller"], per_source[sources[0]]["export_fp"], boot=boot,
+                           loop_inputs=loop_inputs, eval_ids=eval_ids, env_path=env_path, enc=enc, workers=workers,
+                           progress=progress)
     for source, res in per_source.items():
+        res.pop("controller", None)
+        res.pop("export_fp", None)
         res["gate_vs"] = closed_loop_mod.gate_vs(pts, runs, boot, family=res["family"])
         greedy = greedy_family(res["family"])
         if any(p.family == greedy for p in pts):
@@ -125,6 +130,8 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
               "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
               "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": first["tau"],
               "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
+    if budgets is not None:
+        report["budgets"] = budgets
     from branchgate.bench.report import findings
     from branchgate.training.metrics import clean
 
@@ -211,8 +218,64 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
               "threshold_rule": ds.get("label_threshold_rule"), "positive_rate": ds.get("positive_rate"),
               "counts": ds.get("labels")}
     return {"family": family, "labels": labels, "tau": tr.get("tau"), "train_auroc": tr.get("auroc"),
+            "controller": ex["controller"], "export_fp": steps.fingerprints[f"{key}/export"],
             "offline": off["offline"], "offline_by_depth": off["offline_by_depth"], "real": rl,
             "points": pts, "runs": gl["runs"]}
+
+
+def _budget_step(steps: Steps, cfg: dict, first_export: str, export_fp: str, boot: int, loop_inputs: dict,
+                 eval_ids: list[str], env_path: str, enc: str, workers: int, progress: bool) -> dict | None:
+    """``budgets``: run budgets at ``budget_fractions`` of each query's unpruned tokens (``bench/budgets.py``) —
+    the first label source's gate with and without deferral, and ``budget_baselines`` given the same budget —
+    on the first ``budget_queries`` eval queries (0 = all). None when no fraction is configured."""
+    from branchgate.bench import budgets as budgets_mod
+    from branchgate.bench.policies import budget_points
+
+    section = cfg["policies"]
+    pts = budget_points(section, first_export)
+    if not pts:
+        return None
+    n = int(section.get("budget_queries") or 0)
+    ids = eval_ids[:n] if n > 0 else list(eval_ids)
+    seeds = [int(s) for s in cfg["seeds"]]
+    references = {}  # per seed: the unpruned runs that size each query's budget (read, not re-run)
+    for seed in seeds:
+        none_dir = steps.out / "closed_loop" / f"seed{seed}" / "none"
+        none = closed_loop_mod.per_query(none_dir)
+        missing = [q for q in ids if q not in none]
+        if missing:
+            from branchgate.errors import InputError
+
+            raise InputError(f"{len(missing)} eval queries have no unpruned run to size their budget "
+                             f"(e.g. {missing[0]!r})", str(none_dir))
+        references[seed] = {q: none[q] for q in ids}
+    inputs = {**loop_inputs, "queries": ids, "points": [(p.name, p.spec) for p in pts], "export": export_fp,
+              "reference": {s: {q: [t["nodes"], t["tokens"]] for q, t in r.items()} for s, r in references.items()}}
+
+    @keeps_folder
+    def run(folder: Path) -> dict:
+        qf = folder / "queries.txt"
+        atomic_write_text(qf, "\n".join(ids) + "\n")
+        by_seed, checks = [], {p.name: [] for p in pts}
+        encoder = None
+        if workers <= 1:
+            from branchgate.models.encoder import Encoder
+
+            encoder = Encoder.load(enc)
+        for seed in seeds:
+            ref_path = budgets_mod.write_reference(references[seed], folder / f"seed{seed}" / "reference.json")
+            sim = {**_sim(cfg, seed, enc), "budget_reference": ref_path}
+            out = folder / f"seed{seed}"
+            by_seed.append(closed_loop_mod.run_points(env_path, sim, pts, str(qf), out,
+                                                      {"queries": ids, "export": export_fp}, encoder=encoder,
+                                                      progress=progress, workers=workers))
+            reference = json.loads(Path(ref_path).read_text())
+            for p in pts:
+                checks[p.name] += budgets_mod.check_runs(out / safe_name(p.name), p.budget, reference)
+        runs = closed_loop_mod.average_seeds(by_seed)
+        return budgets_mod.summarize(pts, runs, checks, boot)
+
+    return steps.run("budgets", inputs, run)
 
 
 def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool) -> dict:

@@ -7,7 +7,11 @@
   and, for the first label source's gate, set-aware ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus``
   (curve ``gate+greedy``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
-- optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate).
+- optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate);
+- run budgets (``budget_points``, the bench's ``budgets`` step): for each fraction F of ``budget_fractions``, the
+  budgeted gate ``gate:PATH,budget_tokens=P%`` with and without ``defer=1``, and the baselines of
+  ``budget_baselines`` given the same budget (``dpp:budget_tokens=P%``, ``shallow:budget_tokens=P%``), P = 100·F
+  percent of each query's own unpruned tokens (``Config.budget_reference``).
 """
 
 from __future__ import annotations
@@ -100,3 +104,37 @@ def _unique(points: list[PolicyPoint]) -> list[PolicyPoint]:
             raise InputError(f"policy {p.name!r} listed twice", "policies")
         seen.add(p.name)
     return points
+
+
+BUDGET_FAMILIES = ("gate", "gate+defer")  # the budgeted gate's curves; the baselines' are their own names
+
+
+def budget_family(name: str) -> str:
+    return f"budget:{name}"
+
+
+def budget_points(section: dict, gate_path: str) -> list[PolicyPoint]:
+    """The ``budgets`` step's points: per fraction F of ``budget_fractions``, ``gate@budget=F`` (the run-scoped
+    gate), ``gate+defer@budget=F`` and ``NAME@budget=F`` for each of ``budget_baselines`` (a teacher or
+    ``shallow``), every one with ``budget_tokens=P%`` (P = 100·F of the query's unpruned tokens)."""
+    from branchgate.models import teachers
+
+    out = []
+    baselines = [str(b) for b in (section.get("budget_baselines") or [])]
+    for b in baselines:
+        if b != "shallow" and b not in teachers.NAMES:
+            raise InputError(f"unknown budget baseline {b!r} (shallow or a teacher: {', '.join(teachers.NAMES)})",
+                             "policies.budget_baselines")
+    for f in section.get("budget_fractions") or []:
+        f = float(f)
+        if not 0 < f <= 1:
+            raise InputError(f"a budget fraction must be in (0, 1], got {f:g}", "policies.budget_fractions")
+        pct = f"{100 * f:g}%"
+        extra = "".join(f",{k}={v:g}" for k, v in sorted((section.get("budget_gate") or {}).items()))
+        out.append(PolicyPoint(f"gate@budget={f:g}", budget_family("gate"),
+                               f"gate:{gate_path},budget_tokens={pct}{extra}", budget=f))
+        out.append(PolicyPoint(f"gate+defer@budget={f:g}", budget_family("gate+defer"),
+                               f"gate:{gate_path},budget_tokens={pct}{extra},defer=1", budget=f))
+        for b in baselines:
+            out.append(PolicyPoint(f"{b}@budget={f:g}", budget_family(b), f"{b}:budget_tokens={pct}", budget=f))
+    return _unique(out)

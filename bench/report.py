@@ -11,8 +11,8 @@ from pathlib import Path
 
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
 
-REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "findings", "encoder",
-               "timings")
+REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "budgets", "findings",
+               "encoder", "timings")  # "budgets" only when the budgets step ran (policies.budget_fractions)
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
 ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
@@ -58,6 +58,8 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
         lines.append(f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
                      f"| {_mc(p['kpr'])} |")
     lines += closed
+    if report.get("budgets"):
+        lines += [""] + budget_table(report["budgets"], h)
     lines += ["", f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
               f"labels `{lab['source']}`)", "", "| baseline | tokens | Δ KPR [95% CI] | |", "|---|---|---|---|"]
     for name, g in report["gate_vs"].items():
@@ -82,6 +84,44 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     lines += ["", f"{h} Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
     return "\n".join(lines) + "\n"
+
+
+def budget_table(b: dict, h: str = "##") -> list[str]:
+    """The "Budgets" section: each budgeted point (budget = a fraction of each query's own unpruned tokens), then
+    the budgeted gate's KPR minus each baseline's at the same budget, paired over queries."""
+    lines = [f"{h} Budgets (per query: budget = fraction × that query's unpruned tokens; {b['queries']} eval queries; "
+             "mean [95% CI over queries])", "",
+             f"Runs over their budget: **{b['violations']}** of {b['checked_runs']} (tokens counted from each trace's "
+             "llm_call events).", "",
+             "| fraction | policy | budget (mean tokens) | tokens | share of budget | nodes | KPR |",
+             "|---|---|---|---|---|---|---|"]
+    for name, p in sorted(b["policies"].items(), key=lambda kv: (kv[1]["fraction"], kv[0])):
+        lines.append(f"| {p['fraction']:g} | {name} | {_f(p.get('budget_tokens'), '.0f')} | {_mc(p['tokens'], '.0f')} "
+                     f"| {_mc(p['budget_share'], '.2f')} | {_mc(p['nodes'], '.2f')} | {_mc(p['kpr'])} |")
+    lines += ["", "| fraction | comparison | Δ KPR [95% CI] | queries |", "|---|---|---|---|"]
+    for f, table in b["vs"].items():
+        for name, d in table.items():
+            lines.append(f"| {f} | {name} | {_mc(d['kpr_delta'], '+.3f')} | {d['queries']} |")
+    return lines
+
+
+def budget_findings(b: dict) -> list[str]:
+    """The budgets step in sentences: the violation count, then per comparison which fractions it wins, ties, loses."""
+    v = b["violations"]
+    lead = "no run exceeded its budget" if not v else f"{v} run{' exceeded its' if v == 1 else 's exceeded their'} budget"
+    out = [f"Budgets: {lead} ({b['checked_runs']} runs checked against their own llm_call tokens"
+           + (f"; {b['total_mismatches']} runs reported totals that differ from their llm_call events"
+              if b.get("total_mismatches") else "") + ")."]
+    names = list(dict.fromkeys(name for table in b["vs"].values() for name in table))
+    for name in names:
+        verdict = {1: [], 0: [], -1: []}
+        for f, table in b["vs"].items():
+            if name in table:
+                verdict[_sig(table[name]["kpr_delta"])].append(f"{float(f):.0%}")
+        out.append(f"Budgets, {name} (paired KPR over queries, 95% intervals): better at "
+                   f"{', '.join(verdict[1]) or '–'}, tied at {', '.join(verdict[0]) or '–'}, worse at "
+                   f"{', '.join(verdict[-1]) or '–'} of the unpruned tokens.")
+    return out
 
 
 def _outside(g: dict) -> str:
@@ -137,6 +177,8 @@ def findings(report: dict) -> list[str]:
                 k, m = max(worse, key=lambda km: km[1]["auroc"] or 0)
                 out.append(f"On {ds}, `{fam}` (AUROC {g:.3f}) ranks below {len(worse)} teacher(s), the best {k} "
                            f"({m['auroc']:.3f}; gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}).")
+    if report.get("budgets"):
+        out += budget_findings(report["budgets"])
     gate = report["offline"].get("gate") or {}
     deep = (report.get("offline_by_depth") or {}).get("depth1+", {}).get("gate") or {}
     if gate.get("auroc") is not None and deep.get("auroc") is not None and gate["auroc"] - deep["auroc"] > ROOT_GAP:

@@ -49,6 +49,10 @@ class LazyEncoder:
             self._encoder = Encoder(self.spec, **self._kwargs)
         return self._encoder
 
+    def unload(self) -> None:
+        """Drop the loaded weights (``models.onnx_encoder.OnnxEncoder`` needs them only for its parity check)."""
+        self._encoder = None
+
     @property
     def loaded(self) -> bool:
         return self._encoder is not None

@@ -152,3 +152,18 @@ def write_synthetic_dataset(out, n_runs: int = 60, seed: int = 0, **kwargs):
         dsd.save_to_disk(str(tmp))
         atomic_write_json(Path(tmp) / "manifest.json", manifest)
     return Path(out)
+
+
+def warm_cache(dataset_dir, cache_path, encoder) -> None:
+    """Embed every text of a decision dataset's decision points into the embedding cache at ``cache_path``
+    with ``encoder``, so that training on it never loads an encoder."""
+    import datasets
+
+    from branchgate.data.decisions import TextTable, build_decisions
+    from branchgate.data.embedding_cache import EmbeddingCache
+
+    texts = TextTable()
+    dsd = datasets.load_from_disk(str(dataset_dir))
+    for name in dsd:
+        build_decisions(name, dsd[name], texts)
+    EmbeddingCache(encoder, cache_path).get(texts.texts[1:])

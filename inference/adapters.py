@@ -5,6 +5,12 @@
 
 The wrapper calls the original function, gates what it returns and hands back the kept candidates in
 their original order — never an empty list for a non-empty one (top-1 fallback). Core-safe (no torch).
+
+With a budget — ``gated(fn, gate, budget_nodes=12, budget_tokens=None, defer=False)``, or a ``RunGate``
+(``gate.run(...)``) as the gate — the calls share one run's budget (``inference/budget.py``): the list is
+never empty while the budget can afford a candidate, and empty once it cannot (``wrapper.exhausted``; the
+caller decides what its agent does then). ``cost=`` gives each candidate's token estimate; ``spend(tokens)``
+reports what an expansion used; ``revisit(*args)`` returns the deferred candidates worth expanding now.
 """
 
 from __future__ import annotations
@@ -68,8 +74,15 @@ class GatedGenerator:
     def __init__(self, generate: Callable, gate, *, state: Callable | None = None,
                  candidate: Callable[[Any], tuple[str, str]] = candidate_fields, tau: float | None = None,
                  max_keep: int | None = None, on_decision: Callable[[GatedCall], Any] | None = None,
-                 track_retained: bool = True):
-        self.generate, self.gate = generate, gate
+                 track_retained: bool = True, budget_nodes: int | None = None, budget_tokens: int | None = None,
+                 defer: bool = False, cost: Callable[[Any], int] | None = None, **run_options):
+        self.generate = generate
+        self._run_args = None
+        if budget_nodes is not None or budget_tokens is not None or defer or run_options:
+            self._run_args = dict(budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer, **run_options)
+            gate = gate.run(**self._run_args)
+        self.gate = gate
+        self.cost = cost
         self.state_fn = state or default_state
         self.candidate = candidate
         self.tau, self.max_keep = tau, max_keep
@@ -80,7 +93,44 @@ class GatedGenerator:
         functools.update_wrapper(self, generate)
 
     def reset(self) -> None:
+        """Start a new run: no retained branches, and a fresh budget when this wrapper made the run."""
         self.retained.clear()
+        if self._run_args is not None:
+            self.gate = self.gate.gate.run(**self._run_args)
+
+    @property
+    def budgeted(self) -> bool:
+        return hasattr(self.gate, "budget") and hasattr(self.gate, "revisit")
+
+    @property
+    def exhausted(self) -> bool:
+        return self.budgeted and self.gate.exhausted
+
+    def spend(self, tokens: int) -> None:
+        """Report the tokens one kept candidate's expansion used (a budgeted run; otherwise ignored)."""
+        if self.budgeted:
+            self.gate.spend(tokens)
+
+    def revisit(self, *args, max_keep: int | None = None, **kwargs) -> list:
+        """The deferred candidates worth expanding now, re-scored against the state built from this call's
+        arguments (as for a generating call); they are charged to the budget. [] without a budgeted run."""
+        if not self.budgeted or not self.gate.deferred:
+            return []
+        state = self._state(*args, **kwargs)
+        before = [d.candidate for d in self.gate.deferred]  # the selection's indices refer to this list
+        selection = self.gate.revisit(state, max_keep=max_keep)
+        if self.track_retained:
+            self.retained.extend(d.text for d in selection.revisited)
+        call = GatedCall(state, before, selection)
+        if self.on_decision is not None:
+            self.on_decision(call)
+        return call.kept
+
+    def _state(self, *args, **kwargs) -> DecisionState:
+        state = as_state(self.state_fn(*args, **kwargs))
+        if self.track_retained and not state.retained and self.retained:
+            state = DecisionState(state.root_query, state.frame_query, state.parent_goal, list(self.retained), state.depth)
+        return state
 
     def __call__(self, *args, **kwargs):
         if self.is_async:
@@ -94,11 +144,14 @@ class GatedGenerator:
         candidates = list(candidates or [])
         if not candidates:
             return candidates
-        state = as_state(self.state_fn(*args, **kwargs))
-        if self.track_retained and not state.retained and self.retained:
-            state = DecisionState(state.root_query, state.frame_query, state.parent_goal, list(self.retained), state.depth)
+        state = self._state(*args, **kwargs)
         pairs = [self.candidate(c) for c in candidates]
-        selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
+        if self.budgeted:
+            costs = None if self.cost is None else [self.cost(c) for c in candidates]
+            selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep, costs=costs,
+                                         objects=candidates)
+        else:
+            selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
         if self.track_retained:
             self.retained.extend(candidate_text(*pairs[i]) for i in selection.kept)
         call = GatedCall(state, candidates, selection)

@@ -4,6 +4,7 @@
     sel = gate.select({"root_query": "...", "frame_query": "...", "parent_goal": "", "retained": [], "depth": 0},
                       [{"query": "...", "goal": "..."}, ...])
     sel.kept, sel.p_keep, sel.utility, sel.fallback, sel.out_of_range
+    run = gate.run(budget_nodes=12, defer=True)    # a budgeted run: inference/budget.py (RunGate)
 
 ``out_of_range`` names the structured features of a decision outside the train split's range stored in the
 model (metadata ``feature_range``; the graph clamps them to it); warned once per Gate.
@@ -61,12 +62,26 @@ class Selection:
     fallback: bool  # True when no candidate passed τ and the top-1 was kept anyway
     tau: float = 0.5
     out_of_range: list[str] = field(default_factory=list)  # features outside the training range (clamped)
+    # A budgeted run's decision (``Gate.run``, ``inference.budget``); empty for a plain ``select``:
+    deferred: list[int] = field(default_factory=list)  # set aside for ``RunGate.revisit``
+    dropped_by_budget: list[int] = field(default_factory=list)  # the budget could not afford them
+    budget: dict | None = None  # spent / reserved / remaining / price at this decision
+    exhausted: bool = False  # no candidate was affordable: nothing kept
+    revisited: list = field(default_factory=list, repr=False)  # RunGate.revisit: the admitted Deferred entries
 
     def to_json(self) -> dict:
         out = {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
                "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
         if self.out_of_range:  # only when the decision lay outside what the model saw in training
             out["out_of_range"] = list(self.out_of_range)
+        if self.deferred:
+            out["deferred"] = [int(i) for i in self.deferred]
+        if self.dropped_by_budget:
+            out["dropped_by_budget"] = [int(i) for i in self.dropped_by_budget]
+        if self.budget is not None:
+            out["budget"] = dict(self.budget)
+        if self.exhausted:
+            out["exhausted"] = True
         return out
 
 
@@ -198,6 +213,15 @@ class Gate:
         p, u = self.predict(state, texts)
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
+
+    def run(self, budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
+            run_id: str | None = None, **options):
+        """A run-scoped gate spending at most ``budget_nodes`` expansions / ``budget_tokens`` tokens
+        (``inference.budget.RunGate``; ``options``: tau, max_keep, price_start, price_end, price_exponent,
+        defer_margin, revisit_floor, tokens_per_node, max_share)."""
+        from branchgate.inference.budget import Budget, RunGate
+
+        return RunGate(self, Budget(budget_nodes, budget_tokens), defer=defer, run_id=run_id, **options)
 
     def out_of_range(self, state: DecisionState, k: int) -> list[str]:
         """The structured features of this decision outside the train split's range stored in the model (the
@@ -387,19 +411,7 @@ class Gate:
     def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """Token ids padded on the right to the longest text, and the attention mask. The graph needs at
         least one text to encode: an all-cached decision feeds an empty dummy."""
-        texts = list(texts) if texts else [""]
-        fast = self._wordpiece
-        rows = [fast.ids(t) for t in texts] if fast is not None else [None] * len(texts)
-        slow = [i for i, r in enumerate(rows) if r is None]
-        if slow:  # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads
-            encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch
-            for i, enc in zip(slow, encode([texts[i] for i in slow])):
-                rows[i] = enc.ids
-        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-        real = np.arange(int(lengths.max())) < lengths[:, None]
-        ids = np.full(real.shape, self.pad_id, np.int64)
-        ids[real] = np.fromiter(chain.from_iterable(rows), np.int64, int(lengths.sum()))
-        return {"input_ids": ids, "attention_mask": real.astype(np.int64)}
+        return padded_tokens(list(texts) if texts else [""], self.tokenizer, self._wordpiece, self.pad_id)
 
     def _remember(self, texts: Sequence[str], emb: np.ndarray) -> None:
         if not texts or self.cache_size <= 0:
@@ -410,3 +422,20 @@ class Gate:
                 self._cache.move_to_end(t)
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
+
+
+def padded_tokens(texts: Sequence[str], tokenizer, wordpiece, pad_id: int) -> dict[str, np.ndarray]:
+    """``input_ids`` / ``attention_mask`` [N, longest] of ``texts`` (N ≥ 1), padded on the right with ``pad_id``:
+    plain ASCII through ``wordpiece`` (``checked_wordpiece``, or None), the rest through ``tokenizer``.
+    The Gate's tokenising, and the dataset build's ONNX encoder's (``models.onnx_encoder``)."""
+    rows = [wordpiece.ids(t) for t in texts] if wordpiece is not None else [None] * len(texts)
+    slow = [i for i, r in enumerate(rows) if r is None]
+    if slow:  # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads
+        encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+        for i, enc in zip(slow, encode([texts[i] for i in slow])):
+            rows[i] = enc.ids
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    real = np.arange(int(lengths.max())) < lengths[:, None]
+    ids = np.full(real.shape, pad_id, np.int64)
+    ids[real] = np.fromiter(chain.from_iterable(rows), np.int64, int(lengths.sum()))
+    return {"input_ids": ids, "attention_mask": real.astype(np.int64)}

@@ -5,17 +5,31 @@ Input:  {"state": {"root_query", "frame_query", "parent_goal", "retained": [...]
 Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool, "out_of_range": [features]}
 (``out_of_range`` only when the decision's structured features lie outside the model's training range).
 With --jsonl, every input line is a decision and every output line its answer.
+
+Budgeted runs (``inference/budget.py``): a decision carrying ``"run_id"`` belongs to that run, whose budget
+and deferred candidates are kept across calls in a state file (``--state FILE``, else
+``<cache>/gate_runs/<hash of run_id>.json``; read-modify-write under a lock, written atomically). Optional
+fields: ``budget_nodes``, ``budget_tokens``, ``defer`` (the first call of a run sets them; later calls may
+repeat them but not change them), ``costs`` (one token estimate per candidate), ``spend`` (tokens the
+expansions since the last call really used: a number or a list, one per expansion), ``revisit: true`` (no
+candidates needed: which deferred candidates to expand now, re-scored against ``state``; the answer's
+``revisited`` lists them with their first decision) and ``end_run: true`` (forget the run after this call;
+the answer's ``never_expanded`` lists its pending deferred candidates). The answer adds ``run_id``,
+``budget`` (spent / remaining / price), and when set ``deferred``, ``dropped_by_budget``, ``exhausted``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.fileio import load_json
+from branchgate.fileio import atomic_write_json, default_cache_dir, load_json
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 from branchgate.inference.inputs import as_max_keep, as_tau
 
@@ -28,6 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-keep", type=int, default=None, help="keep at most this many candidates")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate (default: all cores)")
     parser.add_argument("--expect-encoder", default=None, help="fail unless the model was built on this encoder id")
+    parser.add_argument("--state", default=None, help="budgeted runs' state file (default: under the cache folder, "
+                                                      "one file per run_id)")
+
 
 
 def parse_decision(obj, where: str = "input") -> dict:
@@ -36,7 +53,12 @@ def parse_decision(obj, where: str = "input") -> dict:
         raise InputError(f"a decision must be a JSON object, got {type(obj).__name__}", where)
     if "state" not in obj:
         raise InputError("missing field 'state'", where)
-    if "candidates" not in obj:
+    revisit = obj.get("revisit", False)
+    if not isinstance(revisit, bool):
+        raise InputError("field 'revisit' must be true or false", where)
+    if revisit and obj.get("run_id") is None:
+        raise InputError("field 'revisit' needs a 'run_id'", where)
+    if "candidates" not in obj and not revisit:
         raise InputError("missing field 'candidates'", where)
     state = obj["state"]
     if not isinstance(state, Mapping):
@@ -55,7 +77,7 @@ def parse_decision(obj, where: str = "input") -> dict:
     depth = state.get("depth", 0)
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise InputError("field 'state.depth' must be a non-negative integer", where)
-    cands = obj["candidates"]
+    cands = obj.get("candidates", [])
     if not isinstance(cands, list):
         raise InputError("field 'candidates' must be a list", where)
     for i, c in enumerate(cands):
@@ -74,7 +96,41 @@ def parse_decision(obj, where: str = "input") -> dict:
     max_keep = obj.get("max_keep")
     if max_keep is not None and (isinstance(max_keep, bool) or not isinstance(max_keep, int) or max_keep < 1):
         raise InputError("field 'max_keep' must be an integer ≥ 1", where)
-    return {"state": dict(state), "candidates": list(cands), "tau": tau, "max_keep": max_keep}
+    return {"state": dict(state), "candidates": list(cands), "tau": tau, "max_keep": max_keep,
+            **_run_fields(obj, len(cands), where)}
+
+
+def _run_fields(obj, k: int, where: str) -> dict:
+    """The budgeted-run fields of a decision (see the module docstring), checked."""
+    out = {"run_id": obj.get("run_id"), "revisit": bool(obj.get("revisit", False))}
+    if out["run_id"] is not None and (not isinstance(out["run_id"], str) or not out["run_id"]):
+        raise InputError("field 'run_id' must be a non-empty string", where)
+    for key in ("budget_nodes", "budget_tokens"):
+        v = obj.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise InputError(f"field '{key}' must be an integer ≥ 0", where)
+        out[key] = v
+    for key in ("defer", "end_run"):
+        v = obj.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise InputError(f"field '{key}' must be true or false", where)
+        out[key] = v
+    costs = obj.get("costs")
+    if costs is not None and (not isinstance(costs, list) or len(costs) != k or
+                              any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in costs)):
+        raise InputError(f"field 'costs' must be a list of {k} integers ≥ 0 (one per candidate)", where)
+    out["costs"] = costs
+    spend = obj.get("spend")
+    spends = [spend] if isinstance(spend, int) and not isinstance(spend, bool) else spend
+    if spends is not None and (not isinstance(spends, list) or
+                               any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in spends)):
+        raise InputError("field 'spend' must be an integer ≥ 0 or a list of them", where)
+    out["spend"] = spends or []
+    budgeted = any(out[key] is not None for key in ("budget_nodes", "budget_tokens", "defer", "costs", "end_run")) \
+        or out["spend"] or out["revisit"]
+    if budgeted and out["run_id"] is None:
+        raise InputError("budget fields need a 'run_id' (the run whose budget they belong to)", where)
+    return out
 
 
 def read_decisions(path: str) -> list[dict]:
@@ -120,7 +176,74 @@ def run(args) -> int:
     for d in decisions:
         tau = d["tau"] if d["tau"] is not None else args.tau
         max_keep = d["max_keep"] if d["max_keep"] is not None else args.max_keep
-        sel = gate.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep)
-        out.write(json.dumps(sel.to_json(), ensure_ascii=False) + "\n")
+        if d["run_id"] is None:
+            answer = gate.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep).to_json()
+        else:
+            answer = run_decision(gate, d, tau, max_keep, args.state)
+        out.write(json.dumps(answer, ensure_ascii=False) + "\n")
     out.flush()
     return 0
+
+
+def state_file(run_id: str, state: str | None = None) -> Path:
+    """Where a run's budget state lives: ``--state FILE`` (all runs in one file), else one file per run under
+    the cache folder."""
+    if state:
+        return Path(state)
+    return default_cache_dir() / "gate_runs" / f"{hashlib.sha256(run_id.encode('utf-8', 'replace')).hexdigest()[:24]}.json"
+
+
+@contextmanager
+def locked_runs(path: Path):
+    """The ``{"runs": {run_id: RunGate.to_json()}}`` held in ``path``, locked for a read-modify-write; the
+    caller changes the dict, and it is written back atomically when the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # no advisory locks on this platform: last writer wins
+            pass
+        data = {"runs": {}}
+        if path.exists():
+            data = load_json(path.read_bytes(), str(path))
+            if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
+                raise InputError("not a gate run state file (expected {\"runs\": {...}})", str(path))
+        yield data["runs"]
+        atomic_write_json(path, data)
+
+
+def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
+    """One decision of a budgeted run: load the run (or start it), apply reported spends, decide, save."""
+    from branchgate.inference.budget import RunGate
+
+    run_id = d["run_id"]
+    path = state_file(run_id, state)
+    with locked_runs(path) as runs:
+        if run_id in runs:
+            run = RunGate.from_json(runs[run_id], gate, f"{path}: run {run_id}")
+            for key, have in (("budget_nodes", run.budget.nodes), ("budget_tokens", run.budget.tokens),
+                              ("defer", run.defer)):
+                if d[key] is not None and d[key] != have:
+                    raise InputError(f"run {run_id!r} already has {key}={json.dumps(have)} (a run's budget is set by "
+                                     f"its first call)", key)
+        else:
+            run = gate.run(budget_nodes=d["budget_nodes"], budget_tokens=d["budget_tokens"], defer=bool(d["defer"]),
+                           run_id=run_id)
+        for tokens in d["spend"]:
+            run.spend(tokens)
+        if d["revisit"]:
+            sel = run.revisit(d["state"], max_keep=max_keep)
+            answer = sel.to_json()
+            answer["revisited"] = [r.to_json() for r in sel.revisited]
+        else:
+            sel = run.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, costs=d["costs"])
+            answer = sel.to_json()
+        answer["run_id"] = run_id
+        if d["end_run"]:
+            answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
+            runs.pop(run_id, None)
+        else:
+            runs[run_id] = run.to_json()
+    return answer

@@ -36,6 +36,19 @@ without ``researchGoal`` is researched (paid for) and then dropped by GPT-Resear
 ``process_query`` swallows): the hook records that branch's retrieval and a ``raw`` event
 ``gptr:dropped_without_goal``, and counts it in ``hook.counts["dropped_without_goal"]``.
 
+**Budgets** (``gate_research(..., budget_nodes=N, budget_tokens=T, defer=True)``; ``inference/budget.py``): the
+gated lists of the whole run (every frame, both modes) share one budget. Nodes are the sub-queries the hook lets
+through; tokens are what each researched branch brought in (its new evidence, in words, reported when its
+context is recorded). Once the budget cannot afford a candidate the hook stops expanding: it hands
+GPT-Researcher an empty list (a standard-mode step then researches only the query it appends itself; a deep
+level researches nothing and returns), the sub-queries are pruned with ``actor: "budget"`` and nothing
+crashes. With ``defer=True`` candidates just below the admission price are deferred (action ``defer``); when
+a standard-mode ``conduct_research`` ends with budget left, the best of its own plan's deferred sub-queries are
+re-scored against the context then, researched through the conductor's ``_process_sub_query`` and their
+context appended to ``researcher.context`` (their ``expand`` names the defer in ``deferred_from``). Deferred
+candidates of deep mode and of nested researchers stay deferred (never expanded). ``hook.counts`` adds
+``deferred``, ``revisited``, ``dropped_by_budget``, ``exhausted``.
+
 Events: run_start, frame_open, candidate, decision, evidence + retrieval, learning, followup, raw, run_end,
 and ``report`` when ``record_report(text)`` is called (the report's cited URLs, mapped to the evidence
 recorded with that ``source`` URL: the ``citations`` label). ``gate=None`` only records.
@@ -83,7 +96,9 @@ class ResearchHook(TraceRecorder):
     docstring)."""
 
     def __init__(self, target, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
-                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None):
+                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None,
+                 budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
+                 budget_options: dict | None = None):
         skill = getattr(target, "deep_researcher", None)
         conductor = getattr(target, "research_conductor", None)
         if skill is None and conductor is None:  # a DeepResearchSkill itself
@@ -101,7 +116,8 @@ class ResearchHook(TraceRecorder):
         self.researcher = target if conductor is not None else getattr(skill, "researcher", None)
         self.skill, self.conductor = skill, conductor
         super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
-                         run_prefix="gptr", counts=("untyped_plans", "dropped_without_goal"))
+                         run_prefix="gptr", counts=("untyped_plans", "dropped_without_goal"), budget_nodes=budget_nodes,
+                         budget_tokens=budget_tokens, defer=defer, budget_options=budget_options)
         self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(f"branchgate_frame_{id(self)}", default=None)
         self._plans: dict[int, _Frame] = {}  # id(conductor) → the frame of its plan
         self._orig = {}
@@ -136,15 +152,49 @@ class ResearchHook(TraceRecorder):
 
     # -- wrappers --------------------------------------------------------------------------------------
     async def _whole_run(self, name: str, args, kwargs):
-        """Call the patched ``name`` as the whole run: run_start before it, run_end (ok / error) after it."""
+        """Call the patched ``name`` as the whole run: run_start before it, run_end (ok / error) after it; a
+        standard-mode run with budget left researches its best deferred sub-queries first (``_expand_deferred``)."""
         self._start()
         status = "error"
         try:
             out = await self._orig[name](*args, **kwargs)
+            if name == "conduct_research" and self.skill is None and self.run_gate is not None:
+                out = await self._expand_deferred(out)
             status = "ok"
             return out
         finally:
             self._end(status)
+
+    async def _expand_deferred(self, context):
+        """The run ends with budget left: re-score this researcher's own deferred sub-queries against the
+        context now, research those the budget admits (best first) and append their context."""
+        frame = self._plans.get(id(self.conductor))
+        run = self.run_gate
+        if frame is None or not run.deferred or run.exhausted:
+            return context
+        own = {c["id"]: c for c in frame.candidates}
+        others = [d for d in run.deferred if d.key not in own]
+        run.deferred = [d for d in run.deferred if d.key in own]  # only this plan's can be researched here
+        try:
+            state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, list(self.retained), frame.depth)
+            chosen = self._revisit(state, f"controller:{getattr(self.gate, 'name', 'gate')}")
+        finally:
+            run.deferred = others + run.deferred
+        extra = []
+        for d in chosen:
+            entry = own[d.key]
+            entry["kept"] = True
+            self.retained.append(candidate_text(entry["query"], entry["goal"]))
+            got = await self.conductor._process_sub_query(entry["query"], [], getattr(self.researcher, "query_domains", None) or [])
+            if got:
+                extra.append(got if isinstance(got, str) else str(got))
+        if extra and isinstance(context, str):
+            context = " ".join([context, *extra]) if context else " ".join(extra)
+            self.researcher.context = context
+        elif extra and isinstance(context, list):
+            context = [*context, *extra]
+            self.researcher.context = context
+        return context
 
     async def _run(self, *args, **kwargs):
         return await self._whole_run("run", args, kwargs)
@@ -262,25 +312,23 @@ class ResearchHook(TraceRecorder):
         if not cands:
             return cands
         p_keep = [None] * len(cands)
+        ids = [frame.candidates[base + i]["id"] for i in range(len(cands))]
+        sel = None
         if self.gate is not None:
             state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, retained, frame.depth)
-            sel = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
+            sel = self._gate_select(state, pairs, ids)
             self._out_of_range(decision_frame, sel)
             kept, p_keep = list(sel.kept), [float(p) for p in sel.p_keep]
             actor = f"controller:{getattr(self.gate, 'name', 'gate')}"
             self.counts["fallbacks"] += int(sel.fallback)
         else:
             kept, actor = list(range(len(cands))), "default"
-        if not kept:  # a custom gate returned nothing: never an empty list (see the module docstring)
+        exhausted = bool(getattr(sel, "exhausted", False))
+        if not kept and not exhausted:  # a custom gate returned nothing: never an empty list (module docstring)
             kept = [max(range(len(cands)), key=lambda i: (p_keep[i] or 0.0))]
-        keep = set(kept)
         for i in range(len(cands)):
-            entry = frame.candidates[base + i]
-            entry["kept"] = i in keep
-            self._write("decision", candidate_id=entry["id"], action="expand" if i in keep else "prune", actor=actor,
-                        score=p_keep[i], p_keep=p_keep[i])
-        self.counts["expanded"] += len(keep)
-        self.counts["pruned"] += len(cands) - len(keep)
+            frame.candidates[base + i]["kept"] = i in kept
+        self._decisions(ids, kept, actor, p_keep, sel)
         self.retained.extend(candidate_text(*pairs[i]) for i in kept)
         return [cands[i] for i in kept]
 
@@ -330,7 +378,9 @@ def gate_research(target, gate=None, trace=None, **options) -> ResearchHook:
 
     ``gate``: a ``Gate`` (or anything with ``select(state, candidates, tau, max_keep)``), or None to only
     record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``,
-    ``max_keep``, ``run_id``, ``system``, ``root_query``.
+    ``max_keep``, ``run_id``, ``system``, ``root_query``; a run budget ``budget_nodes``, ``budget_tokens``,
+    ``defer`` and ``budget_options`` (``RunGate`` parameters: price_start, price_end, price_exponent,
+    defer_margin, revisit_floor, tokens_per_node, max_share); see the module docstring.
     """
     return ResearchHook(target, gate, trace, **options)
 

@@ -32,7 +32,8 @@ What the hook patches (module attributes of the imported package, restored by ``
   researcher works on). Pruned calls are removed from the message and pruned queries from the call's
   arguments (``tool_calls``, and the provider copies in ``additional_kwargs["tool_calls"]`` and in
   ``tool_use`` content blocks), so the history the LLM sees stays consistent. A list is never emptied
-  (top-1 fallback): the supervisor ends research when no call remains. Everything else (structured output,
+  (top-1 fallback) unless a run budget is spent (``gate_open_deep_research(budget_nodes=...)``): the
+  supervisor ends research when no call remains. Everything else (structured output,
   ``with_config``) passes through.
 - ``open_deep_research.deep_researcher.researcher_subgraph`` — a proxy whose ``ainvoke`` marks which
   ``ConductResearch`` call a researcher run works on (matched by ``research_topic``). The frame's decisions are
@@ -81,6 +82,7 @@ class _Frame:
     parent_candidate: str | None = None
     candidates: list[dict] = field(default_factory=list)  # {"id", "query", "kept", "claimed", "retrieved"}
     pending: list[tuple] | None = None  # decisions waiting for the package to act: (index, action, actor, p)
+    budget: dict | None = None  # a budgeted run's spent / remaining / price at this frame's decision
 
 
 @dataclass
@@ -97,9 +99,13 @@ class OpenDeepResearchHook(TraceRecorder):
     """Gating + recording for open_deep_research runs (see the module docstring)."""
 
     def __init__(self, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
-                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None):
+                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None,
+                 budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
+                 budget_options: dict | None = None):
         super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
-                         run_prefix="odr", counts=("not_run", "unmatched_runs", "unmatched_queries"))
+                         run_prefix="odr", counts=("not_run", "unmatched_runs", "unmatched_queries"),
+                         budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer,
+                         budget_options=budget_options)
         self._branch: contextvars.ContextVar[_Branch | None] = contextvars.ContextVar(f"branchgate_odr_{id(self)}",
                                                                                         default=None)
         self._supervisor: _Frame | None = None  # the latest supervisor frame
@@ -154,7 +160,9 @@ class OpenDeepResearchHook(TraceRecorder):
             listed = _queries(c)
             if listed:
                 kept = self._search_call(messages, listed)
-                if len(kept) < len(listed):
+                if not kept:  # the run's budget is spent: the search call goes (the researcher then ends)
+                    drop.add(i)
+                elif len(kept) < len(listed):
                     queries[i] = kept
         if self.gate is None or not (drop or queries):
             return message
@@ -170,6 +178,7 @@ class OpenDeepResearchHook(TraceRecorder):
         running = kept[:cap] if isinstance(cap, int) and cap > 0 else kept  # the package runs the first `cap`
         frame.pending = [(i, "expand" if i in running else "prune", actor if i in running or i not in kept
                           else "default", p_keep[i]) for i in range(len(pairs))]
+        frame.pending = self._budget_actions(frame)
         return {conduct[i] for i in range(len(pairs)) if i not in kept}
 
     def _search_call(self, messages, queries: list[str]) -> list[str]:
@@ -182,6 +191,7 @@ class OpenDeepResearchHook(TraceRecorder):
             branch.searches.append(frame)
         kept, p_keep, actor = self._select(frame, [(q, "") for q in queries], None)
         frame.pending = [(i, "expand" if i in kept else "prune", actor, p_keep[i]) for i in range(len(queries))]
+        frame.pending = self._budget_actions(frame)
         self._flush(frame, ran=True)  # researcher_tools runs every tool call of the message
         return [queries[i] for i in kept]
 
@@ -202,22 +212,55 @@ class OpenDeepResearchHook(TraceRecorder):
         p_keep = [float(p) for p in sel.p_keep]
         kept = sorted({int(i) for i in sel.kept if 0 <= int(i) < len(pairs)})
         self.counts["fallbacks"] += int(bool(sel.fallback))
-        if not kept:  # a custom gate returned nothing: keep the best one
+        frame.budget = None
+        if getattr(sel, "budget", None) is not None:  # a budgeted run (RunGate): its drops and defers, by index
+            frame.budget = {"status": sel.budget, "deferred": set(sel.deferred), "dropped": set(sel.dropped_by_budget),
+                            "exhausted": bool(sel.exhausted)}
+        if not kept and not getattr(sel, "exhausted", False):  # a custom gate returned nothing: keep the best one
             kept = [max(range(len(pairs)), key=lambda i: p_keep[i])]
         return kept, p_keep, f"controller:{getattr(self.gate, 'name', 'gate')}"
+
+    def _budget_actions(self, frame: _Frame) -> list[tuple]:
+        """A budgeted run's pending decisions: deferred ones ``defer``, budget drops pruned by actor ``budget``."""
+        b = frame.budget
+        if b is None:
+            return frame.pending
+        out = []
+        for i, action, actor, p in frame.pending:
+            if action != "expand" and i in b["deferred"]:
+                action = "defer"
+            elif action != "expand" and i in b["dropped"]:
+                actor = "budget"
+            out.append((i, action, actor, p))
+        if b["exhausted"]:
+            self.counts["exhausted"] = self.counts.get("exhausted", 0) + 1
+            if self.counts["exhausted"] == 1:
+                self._write("raw", source_type="budget:exhausted",
+                            data={"frame_id": frame.frame_id, "remaining": b["status"]["remaining"]})
+        return out
 
     def _flush(self, frame: _Frame | None, ran: bool) -> None:
         """Write a frame's pending decisions; ``ran=False``: the package ran none of them."""
         if frame is None or frame.pending is None:
             return
         pending, frame.pending = frame.pending, None
+        extra = {}
+        if frame.budget is not None:
+            st = frame.budget["status"]
+            extra = {"spent": {"nodes": st["spent_nodes"], "tokens": st["spent_tokens"],
+                               "reserved_tokens": st["reserved_tokens"]}, "remaining": dict(st["remaining"]),
+                     "price": st["price"]}
         for i, action, actor, p in pending:
             entry = frame.candidates[i]
             if action == "expand" and not ran:
                 action, actor = "prune", "default"
                 self.counts["not_run"] += 1
             entry["kept"] = action == "expand"
-            self._write("decision", candidate_id=entry["id"], action=action, actor=actor, score=p, p_keep=p)
+            if action == "defer":
+                self.counts["deferred"] = self.counts.get("deferred", 0) + 1
+            elif actor == "budget":
+                self.counts["dropped_by_budget"] = self.counts.get("dropped_by_budget", 0) + 1
+            self._write("decision", candidate_id=entry["id"], action=action, actor=actor, score=p, p_keep=p, **extra)
             if entry["kept"]:
                 self.retained.append(candidate_text(entry["query"], entry["goal"]))
         expanded = sum(1 for c in frame.candidates if c["kept"])
@@ -378,7 +421,12 @@ def gate_open_deep_research(gate=None, trace=None, **options) -> OpenDeepResearc
 
     ``gate``: a ``Gate`` (or anything with ``select(state, candidates, tau, max_keep)``), or None to only
     record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``, ``max_keep``,
-    ``run_id``, ``system``, ``root_query`` (default: the research brief the supervisor receives).
+    ``run_id``, ``system``, ``root_query`` (default: the research brief the supervisor receives); a run budget
+    ``budget_nodes``, ``budget_tokens``, ``defer``, ``budget_options`` (``inference/budget.py``): the
+    delegations and search queries of the run share it; once it is spent the ConductResearch calls (the
+    supervisor then ends research) and search calls (the researcher then compresses what it has) are removed,
+    their candidates pruned with actor ``budget``. Deferred candidates are recorded (``defer``) but never
+    revisited here (the graph gives the hook no point to add work at the end).
     """
     return OpenDeepResearchHook(gate, trace, **options)
 

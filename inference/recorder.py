@@ -6,6 +6,15 @@ writes ``run_start`` once before the first event and ``run_end`` once, each piec
 of its text, with its source URL), retrievals, and the final report with the evidence its cited URLs map to
 (the ``citations`` label). Recording never breaks the agent: a failed write is logged once and counted in
 ``write_errors``. Core only: no agent package is imported.
+
+Budgets (``inference/budget.py``): with ``budget_nodes`` / ``budget_tokens`` / ``defer`` the gate becomes a
+run-scoped ``RunGate`` (or pass one as the gate). run_start's config then holds ``budget`` (the limits and the
+admission parameters); every decision event carries ``spent`` and ``remaining`` (and ``price``); candidates
+the budget could not afford are pruned with ``actor: "budget"``, deferred ones get action ``defer``, and the
+later ``expand`` of a deferred candidate names the seq of its ``defer`` decision in ``deferred_from``. The
+first decision that finds the budget exhausted writes a ``raw`` event ``budget:exhausted``. A kept branch's
+retrieval reports its tokens (the evidence it brought in that no earlier retrieval did, in the recorder's
+token measure: words) to the budget.
 """
 
 from __future__ import annotations
@@ -28,9 +37,16 @@ class TraceRecorder:
 
     def __init__(self, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
                  run_id: str | None = None, system: str = "unknown", root_query: str | None = None,
-                 run_prefix: str = "run", counts: tuple[str, ...] = ()):
-        self.gate, self.tau, self.max_keep = gate, tau, max_keep
+                 run_prefix: str = "run", counts: tuple[str, ...] = (), budget_nodes: int | None = None,
+                 budget_tokens: int | None = None, defer: bool = False, budget_options: dict | None = None):
+        self.tau, self.max_keep = tau, max_keep
         self.run_id = run_id or f"{run_prefix}-{uuid.uuid4().hex[:12]}"
+        if gate is not None and (budget_nodes is not None or budget_tokens is not None or defer or budget_options):
+            gate = gate.run(budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer, run_id=self.run_id,
+                            **(budget_options or {}))
+        elif gate is None and (budget_nodes is not None or budget_tokens is not None or defer):
+            raise ValueError("a budget (budget_nodes, budget_tokens, defer) needs a gate")
+        self.gate = gate
         self.system, self._root_query = system, root_query
         self._own_writer = False
         if trace is None or hasattr(trace, "write"):
@@ -48,6 +64,16 @@ class TraceRecorder:
         self.write_errors = 0
         self._t0 = time.time()
         self.counts = dict.fromkeys(("frames", "candidates", "expanded", "pruned", "fallbacks", "retrievals", *counts), 0)
+        if self.run_gate is not None:
+            self.counts.update(deferred=0, revisited=0, dropped_by_budget=0, exhausted=0)
+        self._defer_seq: dict[str, int | None] = {}  # candidate id → seq of its defer decision
+        self._charged: set[str] = set()  # evidence ids already reported to the budget
+
+    @property
+    def run_gate(self):
+        """The run-scoped gate (``inference.budget.RunGate``) when the run has a budget, else None."""
+        gate = self.gate
+        return gate if gate is not None and hasattr(gate, "revisit") and hasattr(gate, "budget") else None
 
     @property
     def root_query(self) -> str:
@@ -66,8 +92,10 @@ class TraceRecorder:
         if self._started:
             return
         self._started = True
-        self._write("run_start", root_query=self.root_query, system=self.system,
-                    config={"gate": self.gate_name, **self._config()})
+        config = {"gate": self.gate_name, **self._config()}
+        if self.run_gate is not None:
+            config["budget"] = self.run_gate.config()
+        self._write("run_start", root_query=self.root_query, system=self.system, config=config)
 
     def _end(self, status: str) -> None:
         if not self._started or self._ended:
@@ -91,10 +119,74 @@ class TraceRecorder:
                 self._by_url.setdefault(source, []).append(eid)
         return eid
 
-    def _retrieval(self, cid: str, query: str, ids: list[str]) -> None:
+    def _retrieval(self, cid: str, query: str, ids: list[str], spend: bool = True) -> None:
+        """A branch's retrieval; with a budget (and ``spend``) its new evidence's tokens are reported to it."""
         tokens = sum(self._evidence.get(i, 0) for i in ids)
         self._write("retrieval", candidate_id=cid, query=query, evidence_ids=ids, tokens=tokens)
         self.counts["retrievals"] += 1
+        if spend and self.run_gate is not None:
+            new = [i for i in dict.fromkeys(ids) if i not in self._charged]
+            self._charged.update(new)
+            self.run_gate.spend(sum(self._evidence.get(i, 0) for i in new))
+
+    # -- gating and decision events --------------------------------------------------------------------
+    def _gate_select(self, state, pairs: list, keys: list[str]):
+        """The gate's Selection for one decision (a budgeted run's, naming candidates by ``keys``)."""
+        if self.run_gate is not None:
+            return self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep, keys=keys)
+        return self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
+
+    def _decisions(self, ids: list[str], kept, actor: str, p_keep: list, selection=None,
+                   deferred_from: dict[str, int | None] | None = None) -> None:
+        """One decision event per candidate id: ``expand`` (kept), ``defer`` (``selection.deferred``) or
+        ``prune`` (actor ``budget`` for ``selection.dropped_by_budget``); with a budget, each carries the
+        decision's ``spent`` / ``remaining`` / ``price``. Counts expanded / pruned / deferred / budget drops."""
+        keep = set(kept)
+        deferred = set(getattr(selection, "deferred", None) or [])
+        dropped = set(getattr(selection, "dropped_by_budget", None) or [])
+        status = getattr(selection, "budget", None)
+        extra = {}
+        if status is not None:
+            extra = {"spent": {"nodes": status["spent_nodes"], "tokens": status["spent_tokens"],
+                               "reserved_tokens": status["reserved_tokens"]},
+                     "remaining": dict(status["remaining"]), "price": status["price"]}
+            if getattr(selection, "exhausted", False):
+                self.counts["exhausted"] += 1
+                if self.counts["exhausted"] == 1:
+                    self._write("raw", source_type="budget:exhausted",
+                                data={"candidate_ids": list(ids), **extra})
+        for i, cid in enumerate(ids):
+            action = "expand" if i in keep else "defer" if i in deferred else "prune"
+            fields = dict(extra)
+            if deferred_from and cid in deferred_from:
+                fields["deferred_from"] = deferred_from[cid]
+            event = self._write("decision", candidate_id=cid, action=action,
+                                actor="budget" if i in dropped and i not in keep else actor,
+                                score=p_keep[i], p_keep=p_keep[i], **fields)
+            if action == "defer":
+                self._defer_seq[cid] = getattr(event, "seq", None)
+        self.counts["expanded"] += len(keep)
+        self.counts["pruned"] += len(ids) - len(keep) - len(deferred - keep)
+        if self.run_gate is not None:
+            self.counts["deferred"] += len(deferred - keep)
+            self.counts["dropped_by_budget"] += len(dropped - keep)
+
+    def _revisit(self, state, actor: str, max_keep: int | None = None) -> list:
+        """Re-score the run's deferred candidates against ``state`` and record an ``expand`` (naming its
+        ``defer`` decision in ``deferred_from``) for each the budget admits; returns their ``Deferred``
+        entries (``key`` = candidate id). [] without a budgeted run or deferred candidates."""
+        run = self.run_gate
+        if run is None or not run.deferred:
+            return []
+        sel = run.revisit(state, max_keep=max_keep)
+        if not sel.revisited:
+            return []
+        ids = [d.key for d in sel.revisited]
+        p = [float(sel.p_keep[i]) for i in sel.kept]
+        self._decisions(ids, range(len(ids)), actor, p, _Status(sel),
+                        deferred_from={cid: self._defer_seq.get(cid) for cid in ids})
+        self.counts["revisited"] += len(ids)
+        return list(sel.revisited)
 
     def _out_of_range(self, frame_id: str, selection) -> None:
         """A decision outside the controller's training range (``Selection.out_of_range``): a ``raw`` event
@@ -116,16 +208,24 @@ class TraceRecorder:
         self._write("report", text=text, path=path, cited_ids=ids, cited_sources=cited)
         return ids
 
-    def _write(self, type_: str, **fields) -> None:
+    def _write(self, type_: str, **fields):
+        """Write one event (returns it, or None when not recording or the write failed)."""
         if self.writer is None:
-            return
+            return None
         try:
-            self.writer.write(type=type_, run_id=self.run_id, **fields)
+            return self.writer.write(type=type_, run_id=self.run_id, **fields)
         except Exception as exc:  # recording must never break the research; say so once, count the rest
             self.write_errors += 1
             if self.write_errors == 1:
                 log.warning("branchgate: could not record a %s event of run %s (%s); further failures are counted "
                             "in hook.write_errors", type_, self.run_id, exc)
+
+
+class _Status:
+    """A revisit's budget status for ``_decisions`` (its admitted entries: no defers, no budget drops)."""
+
+    def __init__(self, selection):
+        self.budget, self.deferred, self.dropped_by_budget, self.exhausted = selection.budget, [], [], False
 
 
 def sha256(text: str) -> str:

@@ -29,6 +29,11 @@ Label sources (``--labels``; ``logs_to_dataset/label_sources.py`` defines them):
 
 Output (written atomically): ``datasets.DatasetDict`` (train / validation / test, split by run) saved
 with ``save_to_disk`` plus ``manifest.json``.
+
+Reading is a stream: one file's runs at a time, a batch of runs (about ``batch_texts`` texts) waiting for
+embeddings, then only their rows are kept. Embedding (``--embed``): ``onnx`` (default) through the encoder's
+fp32 ONNX text tower in ``--workers`` processes, checked against the torch encoder before the first text
+(``models/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from branchgate.logs_to_dataset.traces import ReadReport
 log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "sc"
+WRITE_CHUNK_ROWS = 2048  # rows converted to Arrow at a time when writing
 PARTIAL_RUNS = ("keep", "skip")
 KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
                   "evidence", "evidence_labelled",
@@ -83,7 +89,8 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
           cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
           encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto", labels: str = "auto",
           positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None,
-          partial_runs: str = "keep") -> dict:
+          partial_runs: str = "keep", engine=None, embed: str = "onnx", workers: int | None = None,
+          runs=None) -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
 
     ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, citations, judge,
@@ -101,20 +108,35 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
 
     ``partial_runs``: "keep" (default) or "skip" runs without a normal ``run_end`` (``decisions.partial_reason``);
     either way they are counted in the manifest's ``partial_runs`` and a kept one gives a warning line.
+
+    ``embed``: "onnx" (default) embeds through the encoder's exported fp32 text tower in ``workers`` processes
+    (default: the available cores), checked against the torch encoder first (``models.onnx_encoder``: same
+    vectors within 1e-6, else ``TowerParityError``); "torch" through sentence-transformers. An ``encoder_obj``
+    is used as it is (and left open: an ``OnnxEncoder``'s workers are the caller's to ``close``). The
+    manifest's ``embedder`` says which ran.
+
+    ``runs``: canonical runs (``readers.Run``) from any iterable, read after ``traces`` and consumed lazily:
+    like files, one run at a time; only the rows built from them are kept.
+
+    ``engine``: None (here) or what embeds a batch's texts and builds its runs' rows elsewhere with these same
+    functions: ``embed(cache, texts)`` and ``rows(builder, pending, vectors, dim)`` (``ray_build.RayEngine``).
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
     with use_keypoints(keypoints):
         return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs)
+                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
+                      embed, workers, runs)
 
 
 def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs) -> dict:
+           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
+           embed="onnx", workers=None, extra_runs=None) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
     from branchgate.models import teachers as T
+    from branchgate.models.onnx_encoder import EMBED_MODES
 
     if pruned_labels not in PRUNED_LABELS:
         raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {pruned_labels!r}")
@@ -122,6 +144,10 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         raise InputError(f"must be one of {', '.join(PARTIAL_RUNS)}, got {partial_runs!r}", "--partial-runs")
     if teacher not in T.NAMES:
         raise InputError(f"unknown teacher {teacher!r}; valid names: {', '.join(T.NAMES)}")
+    if embed not in EMBED_MODES:
+        raise InputError(f"must be one of {', '.join(EMBED_MODES)}, got {embed!r}", "--embed")
+    if workers is not None and int(workers) < 1:
+        raise InputError(f"must be ≥ 1, got {workers}", "--workers")
     models = {name: T.get(name) for name in T.NAMES}
     builder = RowBuilder(models, teacher, label_threshold, pruned_labels, labels=labels, positive_rate=positive_rate,
                          label_options=label_options)  # a bad --labels fails before reading
@@ -138,12 +164,10 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     def embeddings():
         """The encoder and its cache, loaded on first use (a bad input fails before the slow load)."""
         if not loaded:
-            t = time.perf_counter()
-            enc = encoder_obj
-            if enc is None:
-                from branchgate.models.encoder import Encoder
+            from branchgate.models.onnx_encoder import build_encoder
 
-                enc = Encoder.load(encoder)
+            t = time.perf_counter()
+            enc = build_encoder(encoder, embed, workers, encoder_obj)  # onnx: weights load at its first new text
             loaded["encoder"], loaded["cache"] = enc, EmbeddingCache(enc, cache)
             builder.max_chars = 10 * int(getattr(enc, "max_length", 0) or 256)  # beyond the encoder's window
             timings["load_s"] += time.perf_counter() - t
@@ -166,12 +190,13 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         emb_cache = embeddings()
         t = time.perf_counter()
         texts = list(dict.fromkeys(x for _, rd, info in pending for x in builder.texts(rd, info)))
-        vecs = emb_cache.get(texts)
+        vecs = emb_cache.get(texts) if engine is None else engine.embed(emb_cache, texts)
         vectors = dict(zip(texts, vecs))
         timings["embed_s"] += time.perf_counter() - t
         t = time.perf_counter()
-        for split, rd, info in pending:
-            new = builder.rows(rd, vectors, vecs.shape[1], info)
+        made = None if engine is None else engine.rows(builder, pending, vectors, vecs.shape[1])
+        for i, (split, rd, info) in enumerate(pending):
+            new = builder.rows(rd, vectors, vecs.shape[1], info) if made is None else made[i]
             rows[split].extend(new)
             kinds.update(r["utility_kind"] for r in new)
         timings["teacher_s"] += time.perf_counter() - t
@@ -180,9 +205,17 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
 
     bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
                file=sys.stderr)
-    try:
+
+    def sources():
+        """Runs one file (then the ``runs`` iterable) at a time: nothing is read ahead of the build."""
         for path, reader in bar:
-            runs = read_file(path, reader, strict, report)
+            yield read_file(path, reader, strict, report)
+            bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
+        if extra_runs is not None:
+            yield iter(extra_runs)
+
+    try:
+        for runs in sources():
             while True:
                 t = time.perf_counter()
                 run = next(runs, None)
@@ -218,10 +251,11 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
                     n_pending += len(builder.texts(rd, info))
                 if n_pending >= batch_texts:
                     flush()
-            bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
         flush()
     finally:
         bar.close()
+        if loaded and encoder_obj is None and callable(getattr(loaded["encoder"], "close", None)):
+            loaded["encoder"].close()  # the ONNX path's worker processes (an encoder_obj is the caller's)
     total_runs = sum(n_runs.values())
     partial_section = {"action": partial_runs, "runs": partial["runs"], "reasons": dict(sorted(partial["reasons"].items())),
                        "list": partial["list"]}
@@ -243,6 +277,9 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     manifest["partial_runs"] = partial_section
+    from branchgate.models.onnx_encoder import describe
+
+    manifest["embedder"] = describe(loaded["encoder"])
     if partial_section["runs"] and partial_runs == "keep":
         manifest["warnings"].append(_partial_warning(partial_section))
     emb_cache.close()
@@ -298,7 +335,8 @@ def _count_keypoints(stats: Counter, run, rd) -> None:
 
 
 def _write(out, rows, names, manifest, timings) -> None:
-    from datasets import Dataset, DatasetDict
+    """Write the dataset (``rows`` are consumed: the last use of them)."""
+    from datasets import Dataset, DatasetDict, concatenate_datasets
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
@@ -306,8 +344,14 @@ def _write(out, rows, names, manifest, timings) -> None:
     feats = features(names)
     dd = {}
     for split in SPLITS:
-        cols = {name: [r[name] for r in rows[split]] for name in feats}
-        dd[split] = Dataset.from_dict(cols, features=feats)
+        # in chunks, each row dict let go once converted: the conversion's memory stays that of one chunk
+        rs, parts = rows[split], []
+        for i in range(0, len(rs), WRITE_CHUNK_ROWS):
+            chunk, rs[i:i + WRITE_CHUNK_ROWS] = rs[i:i + WRITE_CHUNK_ROWS], [None] * len(rs[i:i + WRITE_CHUNK_ROWS])
+            parts.append(Dataset.from_dict({name: [r[name] for r in chunk] for name in feats}, features=feats))
+            del chunk
+        dd[split] = (parts[0] if len(parts) == 1 else concatenate_datasets(parts)) if parts else \
+            Dataset.from_dict({name: [] for name in feats}, features=feats)
     with atomic_dir(out) as tmp:
         # one shard per split: an empty split saved with zero shards cannot be loaded back
         DatasetDict(dd).save_to_disk(str(tmp), num_shards={s: 1 for s in SPLITS})

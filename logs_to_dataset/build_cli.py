@@ -65,12 +65,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="runs without a normal run_end (crashed, truncated, incomplete): keep them (default; "
                              "counted in the manifest's partial_runs, with a warning) or skip them (counted and listed "
                              "in skipped)")
+    parser.add_argument("--embed", choices=("onnx", "torch"), default="onnx",
+                        help="how texts are embedded: onnx (default): the encoder's fp32 text tower exported to ONNX "
+                             "once (cached), checked against the torch encoder at start (same vectors within 1e-6, "
+                             "else an error), in --workers processes; torch: sentence-transformers (the old path)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="--embed onnx: embedding processes, one onnxruntime thread each (default: the available cores)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local (default): this process; ray: the same build with embedding (an encoder actor "
+                             "pool) and row building on Ray Data, through Parquet shards (logs_to_dataset/ray_build.py; "
+                             "needs pip install 'branchgate[ray]'; connects to $RAY_ADDRESS if set, else a local Ray; "
+                             "--workers: encoder actors)")
 
 
 def run(args: argparse.Namespace) -> int:
     from branchgate.logs_to_dataset.build import NothingParsed, build, summary_line
 
+    if getattr(args, "engine", "local") == "ray":
+        from branchgate.logs_to_dataset.ray_build import build_ray as build
     try:
         manifest = build(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
                          strict=args.strict, label_threshold=args.label_threshold, cache=args.cache,
@@ -78,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                          keypoints=args.keypoints, labels=args.labels, positive_rate=args.positive_rate,
                          label_options={k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model))
                                         if v is not None},
-                         partial_runs=args.partial_runs)
+                         partial_runs=args.partial_runs, embed=args.embed, workers=args.workers)
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

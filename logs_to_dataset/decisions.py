@@ -11,6 +11,13 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
 - per candidate: ``expanded`` (an expand decision, or a retrieval for it) and ``evidence_ids`` E(c) (the
   union of its retrievals; ``None`` when no retrieval is known or it names evidence the run never
   emitted — its realized value is then unknown).
+- deferral and budgets (``inference/budget.py``): a candidate with a ``defer`` decision is ``deferred``; if a
+  later ``expand`` (naming the defer's seq in ``deferred_from``) or a retrieval follows, it is ``expanded`` and
+  its row stays at its first frame (where it was a candidate), labelled from its evidence like any expanded
+  candidate (its g is measured against that frame's context, as its siblings' are). Deferred and never
+  expanded counts as not expanded (labelled as pruned candidates are: ``pruned_labels``). A ``prune`` by actor
+  ``budget`` is ``dropped_by_budget``. ``RunDecisions.deferral`` counts them; an ``expand`` whose
+  ``deferred_from`` names no defer decision of the same candidate is listed in ``problems``.
 
 A run without a ``run_end``, or whose ``run_end`` status is not "ok", is partial (``partial_reason``); the
 build counts it and keeps or skips it (``--partial-runs``). Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
@@ -52,6 +59,8 @@ class CandidateInfo:
     seq: int
     expanded: bool = False
     evidence_ids: list[str] | None = None
+    deferred: bool = False  # a defer decision set it aside (it may have been expanded later)
+    dropped_by_budget: bool = False  # pruned by actor "budget"
 
     @property
     def text(self) -> str:
@@ -83,6 +92,15 @@ class RunDecisions:
     def n_decisions(self) -> int:
         return sum(len(f.candidates) for f in self.frames)
 
+    @property
+    def deferral(self) -> dict[str, int]:
+        """Candidates deferred (then expanded, or never), and pruned by the budget."""
+        cands = [c for f in self.frames for c in f.candidates]
+        return {"deferred": sum(c.deferred for c in cands),
+                "deferred_expanded": sum(c.deferred and c.expanded for c in cands),
+                "deferred_never_expanded": sum(c.deferred and not c.expanded for c in cands),
+                "dropped_by_budget": sum(c.dropped_by_budget and not c.expanded for c in cands)}
+
 
 def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
     events = sorted(events, key=lambda e: e.seq)
@@ -96,6 +114,7 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
     expands: list[tuple[int, str]] = []  # (seq, candidate_id)
     retrievals: list[tuple[int, str, list[str]]] = []
     prunes: list[tuple[int, list[str]]] = []
+    defers: dict[str, int] = {}  # candidate_id → seq of its (first) defer decision
     for e in events:
         t = e.type
         if t == "frame_open":
@@ -118,6 +137,15 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
                 problems.append(f"decision for unknown candidate {e.candidate_id!r} (ignored)")
             elif e.action == "expand":
                 expands.append((e.seq, e.candidate_id))
+                origin = getattr(e, "deferred_from", None)
+                if origin is not None and defers.get(e.candidate_id) != origin:
+                    problems.append(f"expand of {e.candidate_id!r} names deferred_from={origin!r}, not a defer "
+                                    "decision of that candidate (kept as an expand)")
+            elif e.action == "defer":
+                defers.setdefault(e.candidate_id, e.seq)
+                cands[e.candidate_id].deferred = True
+            elif e.action == "prune" and e.actor == "budget":
+                cands[e.candidate_id].dropped_by_budget = True
         elif t == "retrieval":
             if e.candidate_id not in cands:
                 problems.append(f"retrieval for unknown candidate {e.candidate_id!r} (ignored)")

@@ -77,6 +77,11 @@ class Candidate(Event):
 
 
 class Decision(Event):
+    """``actor`` "budget": pruned because the run's budget could not afford it (``inference/budget.py``). Extra
+    fields a budgeted run writes (kept as extras, absent otherwise): ``spent`` / ``remaining`` (``{nodes,
+    tokens}``, null = unlimited) and ``price``, the budget at this decision; ``deferred_from`` (on an
+    ``expand``) the seq of the candidate's earlier ``defer`` decision."""
+
     type: Literal["decision"] = "decision"
     candidate_id: str
     action: Literal["expand", "prune", "defer"]

@@ -33,6 +33,10 @@ Design:
   ``feature_max``, ±inf until ``set_feature_range``): a decision with more candidates or a greater depth than
   training saw is scored as the nearest one it did see, never extrapolated (the Gate reports it).
 - MLP with two heads (keep logit, utility) plus a linear "wide" path from the scalar features.
+- ``towers`` chooses what text the MLP sees besides the scalar features: ``full`` (the default) the candidate
+  tower, the state tower and their product; ``interaction`` only the product, so no path reads the candidate
+  (or the state) alone — a candidate's phrasing counts only through how it relates to the state;
+  ``none`` no towers (the scalar features only: a learned re-weighting of the teachers' quantities).
 
 ``forward`` is ONNX-friendly: no Python control flow on tensor values, masks come from row norms, ranks
 from summed pairwise comparisons, and only K and R vary.
@@ -59,6 +63,7 @@ INTERACTION_NAMES = [
     "root_frame", "root_goal", "has_frame", "has_goal",
 ]
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
+TOWERS = ("full", "interaction", "none")  # what text the MLP sees besides the scalars (module docstring)
 MMR_LAMBDA = 0.35  # the MMR teacher's operating point (models/teachers/mmr.py: λ = 0.35)
 
 
@@ -199,16 +204,21 @@ class ValueNet(nn.Module):
     """Two-tower value network; see the module docstring. Pure torch, ONNX-exportable."""
 
     def __init__(self, dim: int, hidden: int = 128, dropout: float = 0.1, mmr_lambda: float = MMR_LAMBDA,
-                 n_features: int = len(FEATURE_NAMES)):
+                 n_features: int = len(FEATURE_NAMES), towers: str = "full"):
         super().__init__()
         if n_features != len(FEATURE_NAMES):
             raise ValueError(f"expected {len(FEATURE_NAMES)} structured features {FEATURE_NAMES}, got {n_features}")
+        if towers not in TOWERS:
+            raise ValueError(f"towers must be one of {', '.join(TOWERS)}; got {towers!r}")
         self.dim, self.hidden, self.dropout_p, self.mmr_lambda = int(dim), int(hidden), float(dropout), float(mmr_lambda)
+        self.towers = towers
         n_scalar = len(SCALAR_NAMES)
-        self.state_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(4 * dim, hidden), nn.GELU())
-        self.cand_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU())
+        if towers != "none":
+            self.state_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(4 * dim, hidden), nn.GELU())
+            self.cand_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU())
+        n_text = {"full": 3, "interaction": 1, "none": 0}[towers] * hidden
         self.mlp = nn.Sequential(
-            nn.Linear(3 * hidden + n_scalar, hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(n_text + n_scalar, hidden), nn.GELU(), nn.Dropout(dropout),
             nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(dropout),
         )
         self.heads = nn.Linear(hidden, 2)  # [keep logit, standardised utility]
@@ -226,7 +236,8 @@ class ValueNet(nn.Module):
 
     def config(self) -> dict:
         """Constructor arguments (stored in checkpoints)."""
-        return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda}
+        return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda,
+                "towers": self.towers}
 
     def scalars(self, root, frame, goal, retained, cand, features) -> torch.Tensor:
         """Raw (unstandardised) scalar features, batched [B,K,S], from the structured features clamped to the
@@ -256,12 +267,15 @@ class ValueNet(nn.Module):
         if scalars is None:
             scalars = self.scalars(root, frame, goal, retained, cand, features)
         s = (scalars - self.scalar_mean) / self.scalar_std
-        rmask = _valid(retained).unsqueeze(-1)
-        ret_mean = (retained * rmask).sum(1) / rmask.sum(1).clamp(min=1.0)
-        h_s = self.state_tower(torch.cat([root, frame, goal, ret_mean], dim=-1))  # [B,H]
-        h_c = self.cand_tower(cand)  # [B,K,H]
-        h_s = h_s.unsqueeze(1) * torch.ones_like(h_c[..., :1])
-        out = self.heads(self.mlp(torch.cat([h_c, h_s, h_c * h_s, s], dim=-1))) + self.wide(s)
+        parts = [s]
+        if self.towers != "none":
+            rmask = _valid(retained).unsqueeze(-1)
+            ret_mean = (retained * rmask).sum(1) / rmask.sum(1).clamp(min=1.0)
+            h_s = self.state_tower(torch.cat([root, frame, goal, ret_mean], dim=-1))  # [B,H]
+            h_c = self.cand_tower(cand)  # [B,K,H]
+            h_s = h_s.unsqueeze(1) * torch.ones_like(h_c[..., :1])
+            parts = [h_c, h_s, h_c * h_s, s] if self.towers == "full" else [h_c * h_s, s]
+        out = self.heads(self.mlp(torch.cat(parts, dim=-1))) + self.wide(s)
         return out[..., 0], out[..., 1]
 
     def score_batch(self, root, frame, goal, retained, cand, features):

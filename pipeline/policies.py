@@ -19,10 +19,23 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 p_keep ≥ τ
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
-                                each frame, in order, are expanded (actor ``budget``)
+                                each frame, in order, are expanded (actor ``budget``); ``NODES`` may be left out
+                                when a run budget is given (then the widest tree, cut by the budget)
+
+Run budgets (pre-retrieval only; any policy): ``budget_nodes=N`` (at most N expanded subqueries; the root's
+planning node is not counted) and/or ``budget_tokens=T`` (at most T LLM tokens in the run: plan, process,
+follow-ups and synthesis calls, ``Ledger.llm_tokens()``), each an integer ≥ 0 or ``P%`` (P percent of the
+query's reference run, ``Config.budget_reference``: the bench's unpruned run of the same query and seed).
+``gate:PATH,budget_tokens=T`` spends the budget with the run-scoped gate (``Gate.run``: an admission price on
+p_keep and ĝ); ``defer=1`` turns its deferral on (gate only). A baseline given a budget (``dpp:budget_tokens=T``,
+``shallow:budget_tokens=T``) selects as usual and the run stops admitting an expansion the remaining budget
+cannot afford (decision ``prune``, actor ``budget``). The run (``pipeline/run.py``) checks every expansion's
+exact cost before committing it, so a budget is never exceeded.
 
 At pre-retrieval and pre-synthesis a non-empty input never yields an empty selection; at post-retrieval it
 may (a branch whose new evidence is all pruned spawns no follow-ups — how late pruning saves nodes).
+
+Over 400 lines: every spec, its parsing and its clear errors live here, one place for the syntax.
 """
 
 from __future__ import annotations
@@ -38,6 +51,38 @@ from branchgate.errors import BranchgateError
 
 STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
 SELECTION_KEYS = ("max_items", "max_tokens", "mode")
+BUDGET_KEYS = ("budget_nodes", "budget_tokens", "defer")
+RUN_GATE_KEYS = ("price_start", "price_end", "price_exponent", "defer_margin", "revisit_floor")  # RunGate parameters
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A pre-retrieval policy's run budget as written in its spec; ``resolve`` gives one run's limits.
+
+    ``nodes``/``tokens``: an absolute limit, or with ``*_pct`` set a percentage of the query's reference run."""
+
+    nodes: int | None = None
+    tokens: int | None = None
+    nodes_pct: float | None = None
+    tokens_pct: float | None = None
+    defer: bool = False
+
+    @property
+    def relative(self) -> bool:
+        return self.nodes_pct is not None or self.tokens_pct is not None
+
+    def resolve(self, reference: dict | None, where: str = "") -> tuple[int | None, int | None]:
+        """``(nodes, tokens)`` limits of one run; ``reference`` = the query's reference totals (``nodes``,
+        ``tokens``), needed by a percentage. Percent budgets round down (never above the share)."""
+        def one(fixed, pct, key):
+            if pct is None:
+                return fixed
+            if not reference or reference.get(key) is None:
+                raise BranchgateError(f"budget_{key}={pct:g}% needs the query's reference run (Config.budget_reference, "
+                                      f"simulate --budget-reference){': ' + where if where else ''}")
+            base = reference[key] - 1 if key == "nodes" else reference[key]  # nodes: expanded subqueries
+            return int(math.floor(pct / 100.0 * max(0.0, float(base)) + 1e-9))
+        return one(self.nodes, self.nodes_pct, "nodes"), one(self.tokens, self.tokens_pct, "tokens")
 
 
 @dataclass
@@ -45,6 +90,11 @@ class Choice:
     kept: list[int]
     scores: list[float | None]
     p_keep: list[float | None]
+    # a run-scoped gate's decision (``GatePolicy.choose_run``):
+    deferred: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # the budget could not afford them
+    exhausted: bool = False
+    status: dict | None = None  # the run-scoped gate's budget status (price, spent, remaining)
 
 
 class Policy:
@@ -52,14 +102,21 @@ class Policy:
     actor: str = "default"
     needs_embeddings: bool = False
     prunes: bool = False
+    budget: BudgetSpec | None = None  # a run budget (pre-retrieval only)
+
+    def start_run(self, run_id: str, nodes: int | None = None, tokens: int | None = None):
+        """Per-run hook (a policy object is shared by the runs of a process): called once at the start of every
+        run with that run's budget limits. Returns the run-scoped gate for policies that have one, else None."""
+        return None
 
     def choose(self, x, state, stage: str, rng: random.Random) -> Choice:
         n = len(x)
         return Choice(list(range(n)), [None] * n, [None] * n)
 
 
+@dataclass
 class NonePolicy(Policy):
-    pass
+    spec: str = "none"
 
 
 @dataclass
@@ -125,11 +182,27 @@ class GatePolicy(Policy):
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
 
+    run_options: dict = field(default_factory=dict)  # RunGate parameters from the spec (price_*, defer_margin)
+
     @property
     def model(self):
         if self._gate is None:
             self._gate = _shared_gate(self.path)
         return self._gate
+
+    def start_run(self, run_id: str, nodes: int | None = None, tokens: int | None = None):
+        """With a run budget: this run's ``RunGate`` (``Gate.run``), which ``choose_run`` then asks."""
+        if self.budget is None:
+            return None
+        return self.model.run(budget_nodes=nodes, budget_tokens=tokens, defer=self.budget.defer, run_id=run_id,
+                              tau=self.tau, **self.run_options)
+
+    def choose_run(self, run_gate, state, cands, costs: list[int] | None, keys: list[str]) -> Choice:
+        """One decision of a budgeted run: ``run_gate.select`` with the candidates' exact costs."""
+        sel = run_gate.select(state, [{"query": c.query, "goal": c.goal} for c in cands], costs=costs, keys=keys)
+        p = [float(v) for v in sel.p_keep]
+        return Choice(list(sel.kept), p, list(p), deferred=list(sel.deferred), dropped=list(sel.dropped_by_budget),
+                      exhausted=bool(sel.exhausted), status=sel.budget)
 
     def choose(self, x, state, stage, rng) -> Choice:
         if len(x) == 0:
@@ -181,6 +254,9 @@ def _shared_gate(path: str):
     if key not in _GATES:
         _GATES[key] = Gate.load(path, cache_size=GATE_CACHE)
     return _GATES[key]
+
+
+SHALLOW_UNLIMITED = 1 << 30  # ``shallow:budget_tokens=T`` without NODES: the widest tree, cut by the run budget
 
 
 @dataclass
@@ -236,10 +312,87 @@ def parse(spec: str | None, stage: str) -> Policy:
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
+    trailing_only = name == "gate"  # a controller path may hold commas: only its trailing key=value pieces count
+    try:
+        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "greedy", *RUN_GATE_KEYS) if name == "gate" else ()),
+                                trailing_only)
+    except BranchgateError as exc:
+        raise BranchgateError(f"{flag} {spec}: {exc}") from None
+    budget = _budget(opts, flag, spec, stage, name)
+    policy = _parse(name, arg, opts, spec, stage, flag, budget)
+    policy.budget = budget
+    return policy
+
+
+def _split_keys(arg: str, keys: tuple[str, ...], trailing_only: bool) -> tuple[str, dict[str, str]]:
+    """``arg`` without its ``key=value`` pieces of ``keys`` (the first occurrence of a key wins), and those."""
+    pieces, opts = arg.split(","), {}
+    if trailing_only:
+        while len(pieces) > 1 and "=" in pieces[-1] and pieces[-1].partition("=")[0].strip() in keys:
+            key, _, value = pieces.pop().partition("=")
+            opts.setdefault(key.strip(), value.strip())
+        return ",".join(pieces), opts
+    rest = []
+    for piece in pieces:
+        key, eq, value = piece.partition("=")
+        if eq and key.strip() in keys:
+            if key.strip() in opts:
+                raise BranchgateError(f"{key.strip()} is given twice")
+            opts[key.strip()] = value.strip()
+        else:
+            rest.append(piece)
+    return ",".join(rest), opts
+
+
+def _budget(opts: dict[str, str], flag: str, spec: str, stage: str, name: str) -> BudgetSpec | None:
+    """The spec's run budget (``budget_nodes``, ``budget_tokens``, ``defer``), checked; None without one."""
+    given = [k for k in BUDGET_KEYS if k in opts]
+    if not given:
+        return None
+    if stage != "pre_retrieval":
+        raise BranchgateError(f"{flag} {spec}: {', '.join(given)}: run budgets are a pre-retrieval setting (use --pre)")
+    defer = opts.get("defer", "0")
+    if defer not in ("0", "1"):
+        raise BranchgateError(f"{flag} {spec}: defer must be 0 or 1, got {defer!r}")
+    if given == ["defer"] and defer == "0":
+        return None
+    if defer == "1" and name != "gate":
+        raise BranchgateError(f"{flag} {spec}: defer=1 is the run-scoped gate's deferral (gate:PATH,...,defer=1); "
+                              f"{name} has none")
+    out: dict = {"defer": defer == "1"}
+    for key in ("nodes", "tokens"):
+        raw = opts.get(f"budget_{key}")
+        if raw is None:
+            continue
+        what = "expanded subqueries" if key == "nodes" else "LLM tokens per run"
+        if raw.endswith("%"):
+            try:
+                pct = float(raw[:-1])
+            except ValueError:
+                pct = float("nan")
+            if not math.isfinite(pct) or pct < 0:
+                raise BranchgateError(f"{flag} {spec}: budget_{key}={raw!r}: expected P% with P a number ≥ 0 "
+                                      "(a share of the query's reference run)")
+            out[f"{key}_pct"] = pct
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise BranchgateError(f"{flag} {spec}: budget_{key}={raw!r}: expected an integer ≥ 0 ({what}) or P% "
+                                  "(a share of the query's reference run)") from None
+        if value < 0:
+            raise BranchgateError(f"{flag} {spec}: budget_{key} must be ≥ 0 ({what}), got {value}")
+        out[key] = value
+    if "nodes" not in out and "nodes_pct" not in out and "tokens" not in out and "tokens_pct" not in out:
+        raise BranchgateError(f"{flag} {spec}: defer=1 needs a run budget (budget_nodes=N or budget_tokens=T)")
+    return BudgetSpec(**out)
+
+
+def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, budget: BudgetSpec | None) -> Policy:
     if name == "none":
         if arg:
-            raise BranchgateError(f"{flag} {spec}: 'none' takes no argument")
-        return NonePolicy()
+            raise BranchgateError(f"{flag} {spec}: 'none' takes no argument but a run budget")
+        return NonePolicy(spec=spec)
     if name == "random":
         try:
             rate = float(arg)
@@ -249,13 +402,10 @@ def parse(spec: str | None, stage: str) -> Policy:
             raise BranchgateError(f"{flag} {spec}: RATE must be in [0, 1]")
         return RandomPolicy(rate=rate, spec=spec)
     if name == "gate":
-        pieces, opts = arg.split(","), {}
-        while len(pieces) > 1 and pieces[-1].partition("=")[0].strip() in ("tau", "greedy") and "=" in pieces[-1]:
-            key, _, value = pieces.pop().partition("=")
-            opts.setdefault(key.strip(), value.strip())
-        path = ",".join(pieces)
+        path = arg
         if not path:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1] (a controller.onnx or its folder)")
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1][,budget_nodes=N|budget_tokens=T]"
+                                  "[,defer=1] (a controller.onnx or its folder)")
         try:
             tau = float(opts["tau"]) if opts.get("tau") else None
         except ValueError:
@@ -264,10 +414,30 @@ def parse(spec: str | None, stage: str) -> Policy:
             raise BranchgateError(f"{flag} {spec}: tau must be in [0, 1]")
         if opts.get("greedy", "0") not in ("0", "1"):
             raise BranchgateError(f"{flag} {spec}: greedy must be 0 or 1, got {opts['greedy']!r}")
-        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1")
+        if budget is not None and opts.get("greedy") == "1":
+            raise BranchgateError(f"{flag} {spec}: greedy=1 and a run budget do not combine (the run-scoped gate "
+                                  "chooses under the budget)")
+        run_options = {}
+        for key in RUN_GATE_KEYS:
+            if key not in opts:
+                continue
+            if budget is None:
+                raise BranchgateError(f"{flag} {spec}: {key} is a run-budget setting (give budget_nodes or budget_tokens)")
+            try:
+                value = float(opts[key])
+            except ValueError:
+                value = float("nan")
+            ok = value > 0 if key == "price_exponent" else 0.0 <= value <= 1.0
+            if not (math.isfinite(value) and ok):
+                raise BranchgateError(f"{flag} {spec}: {key} must be " + ("a number > 0" if key == "price_exponent"
+                                                                          else "in [0, 1]") + f", got {opts[key]!r}")
+            run_options[key] = value
+        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1", run_options=run_options)
     if name == "shallow":
         if stage != "pre_retrieval":
             raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")
+        if not arg.strip() and budget is not None:
+            return ShallowPolicy(nodes=SHALLOW_UNLIMITED, spec=spec)
         try:
             nodes = int(arg)
         except ValueError:

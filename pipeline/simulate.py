@@ -153,7 +153,7 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
     env_path = str(env.path)
     out = Path(out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    conf = {"config": asdict(cfg), "env": env_path, "env_fingerprint": env.fingerprint(), "tag": cfg.tag(),
+    conf = {"config": cfg.record(), "env": env_path, "env_fingerprint": env.fingerprint(), "tag": cfg.tag(),
             "generator_options": {k: v for k, v in gen_kw.items() if k != "api_key"}}
     conf_path = out / "simulate.json"
     if conf_path.exists():

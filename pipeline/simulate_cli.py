@@ -7,7 +7,9 @@ import os
 import sys
 
 POLICY_HELP = ("none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
-               "sc:max_items=10) | random:RATE | gate:PATH[,tau=T] | shallow:NODES (pre only)")
+               "sc:max_items=10) | random:RATE | gate:PATH[,tau=T] | shallow:NODES (pre only); run budgets (pre only, "
+               "any policy): ,budget_nodes=N and/or ,budget_tokens=T (T or P%% of the query's --budget-reference run), "
+               "gate:PATH,budget_tokens=T,defer=1 for deferral")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +35,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="candidate generator: offline (deterministic, default) or chat (OpenAI-compatible endpoint)")
     parser.add_argument("--llm-url", default=None, help="chat generator: base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--llm-model", default=None, help="chat generator: model name")
+    parser.add_argument("--budget-reference", default="", metavar="FILE",
+                        help="JSON {query id: {nodes, tokens}} (e.g. the unpruned runs' totals): what budget_*=P%% "
+                             "budgets are a share of")
+    parser.add_argument("--protect", choices=["none", "plan"], default="none",
+                        help="plan: the root question's plan-search passages join the context as protected items, "
+                             "never removed by post-retrieval or pre-synthesis pruning (default none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -42,7 +50,7 @@ def run(args) -> int:
 
     cfg = Config(breadth=args.breadth, depth=args.depth, oversample=args.oversample, top_k=args.top_k, seed=args.seed,
                  pre=args.pre, post=args.post, synth=args.synth, generator=args.generator, retriever=args.retriever,
-                 encoder=args.encoder)
+                 encoder=args.encoder, budget_reference=args.budget_reference, protect=args.protect)
     gen_kw = {"base_url": args.llm_url, "model": args.llm_model, "api_key": os.environ.get("OPENAI_API_KEY")} \
         if args.generator == "chat" else {}
     s = simulate(args.env, cfg, args.out, runs=args.runs, queries_file=args.queries, workers=args.workers,

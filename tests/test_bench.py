@@ -15,7 +15,7 @@ from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
 
 SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "real")
-STEPS = ("simulate", "closed_loop", "real_data", *(f"keypoints/{s}" for s in SOURCE_STEPS))
+STEPS = ("simulate", "closed_loop", "real_data", *(f"keypoints/{s}" for s in SOURCE_STEPS), "budgets")
 TINY = """breadth: 2
 depth: 2
 encoder: packaged
@@ -28,6 +28,7 @@ policies:
   gate_taus: [0.1, 0.5]
   shallow_nodes: [3]
   random_rates: [RATES]
+  budget_fractions: [0.3]
 bootstrap: 50
 """
 
@@ -93,6 +94,13 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert set(STEPS) | {"total"} == set(rep["timings"]) and rep["timings"]["total"] > 0
     md = (d / "out" / "report.md").read_text()
     assert "| gate@tau=0.5 |" in md and "## Offline" in md
+    b = rep["budgets"]  # run budgets at 30% of each query's unpruned tokens: never exceeded
+    assert set(b["policies"]) == {"gate@budget=0.3", "gate+defer@budget=0.3", "dpp@budget=0.3", "shallow@budget=0.3"}
+    assert b["violations"] == 0 and b["checked_runs"] == 16 and b["queries"] == 4
+    assert all(p["runs"] == 4 and 0 < p["budget_share"]["mean"] <= 1 for p in b["policies"].values())
+    assert set(b["vs"]["0.3"]) == {"gate vs dpp", "gate vs shallow", "gate+defer vs dpp", "gate+defer vs shallow",
+                                   "gate+defer vs gate"}
+    assert "## Budgets" in md and any(f.startswith("Budgets: no run exceeded its budget") for f in rep["findings"])
     assert (d / "out" / "kpr_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -188,14 +188,14 @@ def logs_handler(task: str):
     return CustomLogsHandler(None, task)
 
 
-def research(stub, trace, gate=None, report_type="research_report", max_keep=None, **kw):
+def research(stub, trace, gate=None, report_type="research_report", max_keep=None, hook_options=None, **kw):
     query = stub.env.queries[0].query
     handler = logs_handler("t")
     researcher = gptr.GPTResearcher(query=query, report_type=report_type, websocket=handler, verbose=True,
                                     agent="Research Agent", role="You are a research assistant.")
     if report_type == "deep":
         researcher.deep_researcher.breadth, researcher.deep_researcher.depth = kw.get("breadth", 3), kw.get("depth", 2)
-    hook = gate_research(researcher, gate, trace, max_keep=max_keep)
+    hook = gate_research(researcher, gate, trace, max_keep=max_keep, **(hook_options or {}))
 
     async def go():
         await researcher.conduct_research()
@@ -274,3 +274,48 @@ def test_deep_mode_records_both_levels(stub, tmp_path, encoder):
           f"{len(goalless)} researched then dropped for lack of a goal")
     manifest = build([tmp_path / "d"], tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "cache", progress=False)
     assert manifest["n_decisions"]["total"] == len(cands)
+
+
+# -- budgets (issue 25) -------------------------------------------------------------------------------------
+class Squeezed:
+    """The test controller's p_keep (nearly 0 or 1) squeezed into [0.3, 0.62], so a run's rising admission
+    price defers candidates instead of keeping all of them."""
+
+    def __init__(self, gate):
+        self.gate, self.tau, self.name, self.path = gate, 0.5, "gate", gate.path
+
+    def predict(self, state, texts):
+        p, u = self.gate.predict(state, texts)
+        return (0.3 + 0.32 * p).astype("float32"), u
+
+
+def test_standard_mode_budget_defers_then_researches_the_best_deferred(stub, tmp_path, encoder):
+    from branchgate.inference.budget import Budget, RunGate
+
+    run = RunGate(Squeezed(Gate.load(exported(encoder)["files"]["fp32"])), Budget(nodes=3), defer=True,
+                  price_start=0.6, defer_margin=0.35)
+    hook, events, _ = research(stub, tmp_path / "b.jsonl", gate=run)
+    decisions = [e for e in events if e.type == "decision"]
+    first = decisions[:4]
+    assert sum(d.action == "expand" for d in first) == 1 and sum(d.action == "defer" for d in first) == 3
+    late = [d for d in decisions[4:] if d.action == "expand"]
+    defers = {d.candidate_id: d.seq for d in first if d.action == "defer"}
+    assert len(late) == 2 and all(d.deferred_from == defers[d.candidate_id] for d in late)
+    assert run.budget.spent_nodes == 3 and hook.counts["revisited"] == 2
+    # the revisited sub-queries were really searched, and their evidence recorded as their retrieval
+    assert len(stub.searches) == 1 + 1 + 1 + 2
+    retrieved = {e.candidate_id for e in events if e.type == "retrieval"}
+    assert {d.candidate_id for d in late} <= retrieved
+    assert events[0].config["budget"]["budget_nodes"] == 3 and events[-1].type == "report"
+    assert isinstance(hook.researcher.context, str) and hook.researcher.context
+
+
+def test_deep_mode_stops_expanding_when_the_budget_is_spent(stub, tmp_path, encoder):
+    gate = Gate.load(exported(encoder)["files"]["int8"])
+    hook, events, _ = research(stub, tmp_path / "db.jsonl", gate=gate, report_type="deep", breadth=3, depth=2,
+                               hook_options={"budget_nodes": 3})
+    decisions = [e for e in events if e.type == "decision"]
+    assert sum(d.action == "expand" for d in decisions) <= 3 and hook.counts["expanded"] <= 3
+    assert any(d.actor == "budget" for d in decisions) and hook.counts["exhausted"] >= 1
+    assert all(d.remaining["nodes"] >= 0 for d in decisions)
+    assert next(e for e in events if e.type == "run_end").status == "ok"

@@ -132,3 +132,26 @@ def test_residual_novelty_is_the_ridge_projection_in_float64_and_is_stable():
         return torch.nn.functional.normalize(t + 1e-6 * torch.randn(t.shape) * (t.norm(dim=-1, keepdim=True) > 0), dim=-1)
     assert (residual_novelty(noisy(ret), noisy(cand))[0] - grn).abs().max() < 1e-4  # torch/ONNX parity margin
     assert torch.allclose(residual_novelty(torch.zeros(1, 1, D), cand)[0], torch.ones(4))  # empty C → 1
+
+
+@pytest.mark.parametrize("towers", ["interaction", "none"])
+def test_towers_option_limits_what_the_text_can_do(towers):
+    """The option is recorded in the config; ``none`` builds no towers, so the texts reach the network only
+    through the scalar features."""
+    torch.manual_seed(0)
+    n = ValueNet(D, hidden=16, dropout=0.0, towers=towers).eval()
+    assert n.config()["towers"] == towers
+    assert hasattr(n, "cand_tower") == (towers != "none")
+    logit, util = n(*decision(k=5, r=3))
+    assert logit.shape == (5,) and torch.isfinite(util).all()
+    if towers == "none":  # the text reaches the net only through the scalar features
+        root, frame, goal, ret, cand, feats = [x.unsqueeze(0) for x in decision(k=5, r=3)]
+        s = n.scalars(root, frame, goal, ret, cand, feats)
+        other = unit(1, 3, D, seed=9)  # different retained texts, same scalars passed in
+        assert torch.equal(n.raw_heads(root, frame, goal, ret, cand, feats, scalars=s)[0],
+                           n.raw_heads(root, frame, goal, other, cand, feats, scalars=s)[0])
+
+
+def test_unknown_towers_is_refused():
+    with pytest.raises(ValueError, match="towers must be one of"):
+        ValueNet(D, towers="candidate")

@@ -164,3 +164,16 @@ def test_edited_message_keeps_provider_copies_consistent():
     assert out.additional_kwargs["tool_calls"][1]["function"]["arguments"] == '{"queries": ["x", "z"]}'
     assert [b.get("id") for b in out.content] == [None, "c1", "c3"] and out.content[2]["input"]["queries"] == ["x", "z"]
     assert [c["id"] for c in msg.tool_calls] == ["c1", "c2", "c3"]  # the model's own message is not changed
+
+
+def test_a_run_budget_stops_the_research_without_crashing(offline, tmp_path, encoder):
+    model, searched = offline
+    gate = Gate.load(exported(encoder)["files"]["int8"])
+    hook, state, events = run(gate, tmp_path / "budget.jsonl", root_query=QUESTION, budget_nodes=3)
+    decisions = by_type(events, "decision")
+    assert by_type(events, "run_end")[0].status == "ok" and events[0].config["budget"]["budget_nodes"] == 3
+    assert sum(d.action == "expand" for d in decisions) <= 3 and hook.gate.budget.spent_nodes <= 3
+    assert any(d.actor == "budget" for d in decisions) and hook.counts["exhausted"] >= 1
+    assert all(d.remaining["nodes"] >= 0 for d in decisions)
+    assert sum(map(len, searched)) <= 3  # the budget's nodes bound the searches that ran
+    assert state.get("final_report") is not None

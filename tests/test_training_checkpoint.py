@@ -316,3 +316,23 @@ def test_no_product_code_unpickles():
             offenders.append(str(rel))
     assert offenders == []
     assert pattern.search("torch.load(p, weights_only=False)") and pattern.search("import pickle\n")
+
+
+def test_towers_round_trip_and_files_without_the_key(tmp_path):
+    torch.manual_seed(3)
+    net = ValueNet(16, hidden=8, dropout=0.0, towers="interaction").eval()
+    path = save_controller(tmp_path / "c.safetensors", net, _meta())
+    loaded, _ = load_controller(path)
+    assert loaded.towers == "interaction"
+    _same_outputs(net, loaded)
+    # a file written before the option: no "towers" key, full towers (the default)
+    full = _net()
+    old = save_controller(tmp_path / "old.safetensors", full, _meta())
+    entry = _entry(old)
+    del entry["net"]["towers"]
+    loaded, _ = load_controller(_rewrite(old, entry=entry))
+    assert loaded.towers == "full"
+    _same_outputs(full, loaded)
+    entry["net"]["towers"] = 3
+    with pytest.raises(InputError, match="towers"):
+        load_controller(_rewrite(old, entry=entry))

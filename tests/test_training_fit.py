@@ -8,24 +8,17 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.data.decisions import TextTable, build_decisions
-from branchgate.data.embedding_cache import EmbeddingCache
-from branchgate.data.synthetic import write_synthetic_dataset
+from branchgate.data.synthetic import warm_cache, write_synthetic_dataset
 from branchgate.training.metrics import METRIC_KEYS
 from branchgate.training.plots import PLOTS
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, encoder):
-    import datasets
-
     root = tmp_path_factory.mktemp("fit")
     ds = write_synthetic_dataset(root / "ds", n_runs=110, seed=7)
     cache = root / "emb.sqlite"
-    texts = TextTable()
-    dsd = datasets.load_from_disk(str(ds))
-    for name in dsd:
-        build_decisions(name, dsd[name], texts)
-    EmbeddingCache(encoder, cache).get(texts.texts[1:])  # warm: training itself never loads the encoder
+    warm_cache(ds, cache, encoder)  # warm: training itself never loads the encoder
     out = root / "run"
     rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
                "--out", str(out), "--wandb.mode", "disabled", "--trainer.max_epochs", "15", "--model.hidden", "32", "--model.lr", "0.003", "--model.dropout", "0.1",

@@ -37,7 +37,8 @@ META_KEYS = ["encoder", "encoder_path", "dim", "max_length", "tau", "feature_nam
              "data_sha256", "branchgate_version"]
 _NUMBER = (int, float)
 # Field → allowed JSON types (bool is rejected separately where a number is meant).
-_NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER}
+_NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER, "towers": str}
+_NET_OPTIONAL = ("towers",)  # files written before the option have the full towers (ValueNet's default)
 _META_TYPES = {"encoder": str, "encoder_path": (str, type(None)), "dim": int, "max_length": int,
                "tau": (*_NUMBER, type(None)), "feature_names": list, "schema_version": int,
                "data_sha256": (str, type(None)), "branchgate_version": str,
@@ -181,7 +182,7 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
         if not isinstance(entry.get(section), dict):
             raise InputError(f"'{METADATA_KEY}.{section}' is missing or not an object", file=where)
     net_cfg, meta = dict(entry["net"]), dict(entry["meta"])
-    _check_fields(where, "net", net_cfg, _NET_TYPES, required=list(_NET_TYPES))
+    _check_fields(where, "net", net_cfg, _NET_TYPES, required=[k for k in _NET_TYPES if k not in _NET_OPTIONAL])
     _check_fields(where, "meta", meta, _META_TYPES, required=META_KEYS + ["standardisation"])
     version = meta["schema_version"]
     if version > CONTROLLER_SCHEMA_VERSION:

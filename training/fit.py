@@ -138,6 +138,8 @@ def train(argv: list[str] | None = None) -> dict:
     if trainer.global_step == 0:
         raise InputError("no training step ran (check --trainer.max_epochs / max_steps / limit_train_batches and the "
                          "train split); no controller written", str(out))
+    if trainer.global_rank != 0:  # DDP: the other ranks only trained; rank 0 writes the controller and metrics
+        return {}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if best:
         model.load_state_dict(read_lightning_checkpoint(best)["state_dict"])  # weights_only=True: no unpickling

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 class ControllerModule(L.LightningModule):
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
                  w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
-                 mmr_lambda: float = 0.35, w_rank: float = 0.0):
+                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full"):
         """
         Args:
             hidden: width of the towers and the MLP.
@@ -37,6 +37,8 @@ class ControllerModule(L.LightningModule):
             mmr_lambda: relevance weight of the in-graph MMR-like features.
             w_rank: weight of the listwise loss per decision point (softmax cross-entropy of the keep logits
                 against the decision's positive candidates); it targets top-1 accuracy directly.
+            towers: the text the network sees besides the scalar features: full | interaction | none
+                (models/value_model.py).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -50,7 +52,8 @@ class ControllerModule(L.LightningModule):
     # -- construction ------------------------------------------------------------------------------------
     def build(self, dim: int) -> ValueNet:
         hp = self.hparams
-        self.net = ValueNet(dim, hidden=hp.hidden, dropout=hp.dropout, mmr_lambda=hp.mmr_lambda)
+        self.net = ValueNet(dim, hidden=hp.hidden, dropout=hp.dropout, mmr_lambda=hp.mmr_lambda,
+                            towers=hp.get("towers", "full"))
         return self.net
 
     def setup(self, stage: str) -> None:
@@ -115,18 +118,21 @@ class ControllerModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         logit, z = self._heads(batch, "validation")
         loss, _, _ = self._loss(batch, logit, z)
-        self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()))
+        self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()), sync_dist=True)
         lab = batch["label"] >= 0
-        self._val.append((torch.sigmoid(logit[lab]).detach().cpu().numpy(), batch["label"][lab].cpu().numpy()))
+        self._val.append((torch.sigmoid(logit[lab]).detach().cpu().numpy(), batch["label"][lab].cpu().numpy(),
+                          batch["rows"][lab].cpu().numpy()))
 
     def on_validation_epoch_end(self):
         from branchgate.training.metrics import safe_auroc
 
-        p = np.concatenate([a for a, _ in self._val]) if self._val else np.zeros(0)
-        y = np.concatenate([b for _, b in self._val]) if self._val else np.zeros(0)
+        p, y, rows = (np.concatenate([v[i] for v in self._val]) if self._val else np.zeros(0) for i in range(3))
         self._val.clear()
+        if self.trainer.world_size > 1:  # DDP: each rank saw its share of the split; score the whole split
+            p, y = _whole_split(p, y, rows, self.trainer.world_size)
         auroc = safe_auroc(y, p)
-        self.log("val_auroc", 0.5 if auroc is None else auroc, prog_bar=True)
+        # every rank now holds the same value (the checkpoint's file name and early stopping depend on it)
+        self.log("val_auroc", 0.5 if auroc is None else auroc, prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.net.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -142,6 +148,18 @@ class ControllerModule(L.LightningModule):
         if entry:
             self.meta = dict(entry["meta"])
             self.tau = self.meta.get("tau")
+
+
+def _whole_split(p: np.ndarray, y: np.ndarray, rows: np.ndarray, world_size: int):
+    """Every rank's validation predictions, each split row once (DistributedSampler repeats a few decision
+    points to even out the ranks' shares), in row order."""
+    import torch.distributed as dist
+
+    parts = [None] * world_size
+    dist.all_gather_object(parts, (p, y, rows))
+    p, y, rows = (np.concatenate([part[i] for part in parts]) for i in range(3))
+    _, first = np.unique(rows, return_index=True)
+    return p[first], y[first]
 
 
 def listwise_loss(logit: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:

@@ -1,0 +1,113 @@
+"""The bench's ``budgets`` step: run budgets as a policy family, and the check that no run exceeded its budget.
+
+Each query's budget is a fraction of *its own* unpruned tokens: the ``none`` point of the ``closed_loop`` step,
+per seed, is written as ``OUT/budgets/seed<S>/reference.json`` ({query id: {nodes, tokens}}) and passed to the
+pipeline as ``Config.budget_reference``; the specs say ``budget_tokens=P%`` (``bench/policies.budget_points``).
+The check recomputes every run's budget from the reference (the same rounding: down) and its tokens from the
+trace's own ``llm_call`` events (not from the run's totals), so a run over its budget cannot hide; it also
+checks the run's reported total against those events. Summaries: per point nodes/tokens/KPR with intervals
+over queries, the share of its budget a run spends, and per fraction each budgeted gate's KPR minus each
+baseline's, paired over queries (``bench/stats.bootstrap_ci`` through ``mean_ci``).
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from branchgate.bench.policies import BUDGET_FAMILIES, PolicyPoint, budget_family
+from branchgate.bench.stats import mean_ci
+from branchgate.fileio import atomic_write_json
+
+KEYS = ("nodes", "tokens", "kpr")
+
+
+def write_reference(runs: dict[str, dict], path: Path) -> str:
+    """{query id: {nodes, tokens}} of the unpruned runs (one seed), written for ``Config.budget_reference``."""
+    atomic_write_json(path, {q: {"nodes": t["nodes"], "tokens": t["tokens"]} for q, t in sorted(runs.items())})
+    return str(path)
+
+
+def budget_of(fraction: float, reference_tokens: float) -> int:
+    """A run's token budget as the pipeline computes it from the spec's ``P%`` (``BudgetSpec.resolve``: P percent
+    of the reference, rounded down)."""
+    pct = float(f"{100 * fraction:g}")  # the spec's text (bench/policies.budget_points)
+    return int(math.floor(pct / 100.0 * max(0.0, float(reference_tokens)) + 1e-9))
+
+
+def check_runs(folder: Path, fraction: float, reference: dict) -> list[dict]:
+    """One row per finished run of a point's folder: query, budget, tokens counted from its ``llm_call`` events,
+    the total it reported, and ``over`` (tokens beyond the budget, 0 when within)."""
+    rows = []
+    for path in sorted((Path(folder) / "traces").glob("*.jsonl")):
+        qid, _, rest = path.stem.partition(".r")
+        if not rest.startswith("0.") or qid not in reference:
+            continue
+        counted, reported = 0, None
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if '"llm_call"' not in line and '"run_end"' not in line:
+                    continue
+                e = json.loads(line)
+                if e.get("type") == "llm_call":
+                    counted += int(e.get("in_tokens") or 0) + int(e.get("out_tokens") or 0)
+                elif e.get("type") == "run_end":
+                    reported = (e.get("totals") or {}).get("tokens")
+        if reported is None:
+            continue  # an unfinished run
+        budget = budget_of(fraction, reference[qid]["tokens"])
+        rows.append({"query": qid, "budget": budget, "tokens": counted, "reported": reported,
+                     "over": max(0, counted - budget), "mismatch": counted != reported})
+    return rows
+
+
+def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], checks: dict[str, list[dict]], boot: int,
+              seed: int = 0) -> dict:
+    """The report's ``budgets`` entry (keys in ARCHITECTURE.md, "Bench report")."""
+    by_point = {}
+    for p in pts:
+        r = runs.get(p.name) or {}
+        qs = sorted(r)
+        rows = checks.get(p.name) or []
+        share = [row["tokens"] / row["budget"] for row in rows if row["budget"] > 0]
+        by_point[p.name] = {"spec": p.spec, "family": p.family, "fraction": p.budget, "runs": len(qs),
+                            **{k: mean_ci([r[q][k] for q in qs], boot, seed) for k in KEYS},
+                            "budget_tokens": float(np.mean([row["budget"] for row in rows])) if rows else None,
+                            "budget_share": mean_ci(share, boot, seed),
+                            "violations": sum(row["over"] > 0 for row in rows),
+                            "max_over": max((row["over"] for row in rows), default=0),
+                            "total_mismatches": sum(row["mismatch"] for row in rows)}
+    vs: dict[str, dict] = {}
+    fractions = sorted({p.budget for p in pts})
+    for f in fractions:
+        at = {p.family: p.name for p in pts if p.budget == f}
+        out = {}
+        for fam in BUDGET_FAMILIES:
+            g = at.get(budget_family(fam))
+            if g is None:
+                continue
+            for fam_b, b in at.items():
+                if fam_b in (budget_family(x) for x in BUDGET_FAMILIES):
+                    continue
+                qs = sorted(set(runs.get(g) or {}) & set(runs.get(b) or {}))
+                out[f"{fam} vs {fam_b.partition(':')[2]}"] = {
+                    "gate": g, "baseline": b, "queries": len(qs),
+                    "kpr_delta": mean_ci([runs[g][q]["kpr"] - runs[b][q]["kpr"] for q in qs], boot, seed)}
+            nd = at.get(budget_family("gate"))
+            if fam == "gate+defer" and nd is not None:  # deferral's own effect, paired
+                qs = sorted(set(runs.get(g) or {}) & set(runs.get(nd) or {}))
+                out["gate+defer vs gate"] = {"gate": g, "baseline": nd, "queries": len(qs),
+                                             "kpr_delta": mean_ci([runs[g][q]["kpr"] - runs[nd][q]["kpr"] for q in qs],
+                                                                  boot, seed)}
+        vs[f"{f:g}"] = out
+    checked = sum(len(v) for v in checks.values())
+    return {"fractions": [float(f) for f in fractions], "policies": by_point, "vs": vs,
+            "violations": sum(v["violations"] for v in by_point.values()), "checked_runs": checked,
+            "total_mismatches": sum(v["total_mismatches"] for v in by_point.values()),
+            "queries": max((v["runs"] for v in by_point.values()), default=0)}

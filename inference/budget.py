@@ -1,0 +1,473 @@
+"""Run budgets and deferral: a run-scoped gate that spends at most what the user allows (issue 25).
+
+    run = gate.run(budget_nodes=12)                  # or budget_tokens=40_000, defer=True, run_id="r1"
+    sel = run.select(state, candidates)              # kept / deferred / dropped_by_budget / exhausted
+    run.spend(tokens)                                # after an expansion: the tokens it really used
+    sel = run.revisit(state)                         # at the end, with budget left: the best deferred ones
+
+**Budget** — ``nodes`` (expanded subqueries) and/or ``tokens`` (caller-reported). A node is charged when
+``select``/``revisit`` admits a candidate. Tokens are *reserved* at admission (the candidate's cost estimate)
+and settled when the caller reports what the expansion really used (``spend``, oldest reservation first);
+``remaining = limit − spent − reserved``. ``charge`` refuses (``BudgetExceeded``) anything that would go past a
+limit, so with upper-bound estimates a run never exceeds its budget. An actual spend beyond its estimate is
+recorded as it happened (``overspent``), never hidden.
+
+**Admission rule** (``RunGate.select``): with ``u`` the spent fraction of the budget (the larger of the node
+and token fractions, reservations included), a candidate is *admissible* when
+
+    p_keep ≥ price(u) = price_start + (price_end − price_start) · u ** price_exponent
+
+(``price_start`` defaults to the Gate's τ or the call's ``tau``; ``price_end`` 1.0; ``price_exponent`` 2.0):
+early on the run gates as the plain Gate does, and the bar rises as the budget is used up, so the last nodes
+go only to strong candidates. Candidates are walked best first — by p_keep, or with ``costs`` by p_keep ·
+max(ĝ, ε) / cost, ĝ the utility head — and the price is recomputed after each admission (what the decision
+already took counts as spent). One is admitted when it is admissible and fits: one node, and with a token
+budget its cost (``costs[i]``, the caller's upper bound; default the running maximum of the actual spends
+reported so far, prior ``tokens_per_node``) in the remaining tokens; at most ``max_keep`` per decision, and
+with ``max_share`` at most that share (rounded up) of the nodes left when the decision began. Admissible
+candidates that do not fit (or exceed ``max_share``) are ``dropped_by_budget``. If nothing is admitted while
+the budget can afford a candidate, the best affordable one is kept (``fallback``): never an empty selection
+while budget remains. When no candidate is affordable (budget exhausted) ``kept`` is empty, ``exhausted`` is
+True and every candidate is in ``dropped_by_budget``; no exception: the caller decides what its agent does.
+``Selection.budget`` holds the decision's id, the price it began at (``price``) and after it
+(``price_after``), and spent / reserved / remaining / limits after it.
+
+**Deferral** (``defer=True``): a candidate with ``price − defer_margin ≤ p_keep < price`` is ``deferred``, not
+pruned; it waits in ``RunGate.deferred`` (its text, the candidate object, its first decision's id and key,
+p_keep at deferral). ``revisit(state)`` re-scores the pending deferred candidates against ``state`` (the
+context as it is now) and admits, best first, those with p_keep ≥ ``revisit_floor`` (default
+``price_start − defer_margin``) that fit the budget, charging them; they leave ``deferred``.
+
+``RunGate.to_json()`` / ``RunGate.from_json(obj, gate)`` keep a run across processes (the CLI's ``run_id``).
+Core-safe: numpy and the standard library only. (About 470 lines: the budget, the run-scoped gate and its
+persistence are one contract.)
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+import json
+import numbers
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from branchgate.errors import BranchgateError, InputError
+
+BUDGET_STATE_VERSION = 1
+DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the caller reports real ones
+UTILITY_FLOOR = 1e-3  # ĝ below this counts as this in the cost-aware ranking (ĝ can be ≤ 0)
+
+
+class BudgetExceeded(BranchgateError):
+    """A charge would take a run past its node or token budget."""
+
+
+def _limit(value, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or value < 0:
+        raise InputError(f"must be a non-negative integer or None, got {value!r}", where)
+    if isinstance(value, float) and not value.is_integer():
+        raise InputError(f"must be a non-negative integer or None, got {value!r}", where)
+    return int(value)
+
+
+def _amount(value, where: str) -> int:
+    value = _limit(value, where)
+    return 0 if value is None else value
+
+
+def _unit(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+        raise InputError(f"must be a number in [0, 1], got {value!r}", where)
+    return float(value)
+
+
+class Budget:
+    """What a run may spend: ``nodes`` (expanded subqueries) and/or ``tokens`` (reported by the caller);
+    None = unlimited. ``reserved_tokens`` are estimates of admitted expansions not yet reported."""
+
+    def __init__(self, nodes: int | None = None, tokens: int | None = None):
+        self.nodes = _limit(nodes, "budget_nodes")
+        self.tokens = _limit(tokens, "budget_tokens")
+        self.spent_nodes = 0
+        self.spent_tokens = 0
+        self.reserved_tokens = 0
+
+    @property
+    def limited(self) -> bool:
+        return self.nodes is not None or self.tokens is not None
+
+    def remaining(self) -> dict:
+        """``{"nodes", "tokens"}`` left (None = unlimited); tokens net of reservations, never below 0."""
+        nodes = None if self.nodes is None else max(self.nodes - self.spent_nodes, 0)
+        tokens = None if self.tokens is None else max(self.tokens - self.spent_tokens - self.reserved_tokens, 0)
+        return {"nodes": nodes, "tokens": tokens}
+
+    @property
+    def exhausted(self) -> bool:
+        left = self.remaining()
+        return left["nodes"] == 0 or left["tokens"] == 0
+
+    @property
+    def overspent(self) -> int:
+        """Tokens reported beyond the token budget (0 unless an actual spend exceeded its estimate)."""
+        return 0 if self.tokens is None else max(self.spent_tokens + self.reserved_tokens - self.tokens, 0)
+
+    def spent_fraction(self) -> float:
+        """The larger of the node and token fractions used (reservations included), in [0, 1]."""
+        fracs = [0.0]
+        if self.nodes is not None:
+            fracs.append(1.0 if self.nodes == 0 else self.spent_nodes / self.nodes)
+        if self.tokens is not None:
+            fracs.append(1.0 if self.tokens == 0 else (self.spent_tokens + self.reserved_tokens) / self.tokens)
+        return float(min(max(fracs), 1.0))
+
+    def can_afford(self, nodes: int = 1, tokens: int = 0) -> bool:
+        left = self.remaining()
+        return ((left["nodes"] is None or nodes <= left["nodes"]) and
+                (left["tokens"] is None or tokens <= left["tokens"]))
+
+    def charge(self, nodes: int = 0, tokens: int = 0) -> None:
+        """Spend ``nodes`` and ``tokens``; ``BudgetExceeded`` (nothing charged) if that would exceed a limit."""
+        nodes, tokens = _amount(nodes, "nodes"), _amount(tokens, "tokens")
+        if not self.can_afford(nodes, tokens):
+            raise BudgetExceeded(f"charging {nodes} node(s) and {tokens} token(s) would exceed the budget "
+                                 f"(remaining {self.remaining()})")
+        self.spent_nodes += nodes
+        self.spent_tokens += tokens
+
+    def reserve(self, tokens: int) -> None:
+        """Hold ``tokens`` for an admitted expansion (``BudgetExceeded`` if they do not fit)."""
+        tokens = _amount(tokens, "tokens")
+        if not self.can_afford(0, tokens):
+            raise BudgetExceeded(f"reserving {tokens} token(s) would exceed the budget (remaining {self.remaining()})")
+        self.reserved_tokens += tokens
+
+    def settle(self, reserved: int, actual: int) -> None:
+        """Replace a reservation of ``reserved`` tokens by the ``actual`` spend (recorded even beyond the limit:
+        the tokens were used; ``overspent`` says so)."""
+        self.reserved_tokens = max(self.reserved_tokens - _amount(reserved, "reserved"), 0)
+        self.spent_tokens += _amount(actual, "tokens")
+
+    def to_json(self) -> dict:
+        return {"nodes": self.nodes, "tokens": self.tokens, "spent_nodes": self.spent_nodes,
+                "spent_tokens": self.spent_tokens, "reserved_tokens": self.reserved_tokens}
+
+    @classmethod
+    def from_json(cls, obj, where: str = "budget") -> "Budget":
+        if not isinstance(obj, dict):
+            raise InputError(f"must be an object, got {type(obj).__name__}", where)
+        b = cls(obj.get("nodes"), obj.get("tokens"))
+        b.spent_nodes = _amount(obj.get("spent_nodes", 0), f"{where}.spent_nodes")
+        b.spent_tokens = _amount(obj.get("spent_tokens", 0), f"{where}.spent_tokens")
+        b.reserved_tokens = _amount(obj.get("reserved_tokens", 0), f"{where}.reserved_tokens")
+        return b
+
+    def __repr__(self) -> str:
+        return (f"Budget(nodes={self.nodes}, tokens={self.tokens}, spent_nodes={self.spent_nodes}, "
+                f"spent_tokens={self.spent_tokens}, reserved_tokens={self.reserved_tokens})")
+
+
+@dataclass
+class Deferred:
+    """A candidate set aside by a decision, waiting for ``revisit``."""
+
+    text: str  # its candidate_text, as the Gate scored it
+    candidate: Any  # the object the caller passed (kept as given; JSON-able ones survive to_json)
+    decision: int  # the id of the decision that deferred it (RunGate's decision counter)
+    index: int  # its index in that decision's candidate list
+    p_keep: float  # at deferral
+    price: float  # the admission price it missed
+    key: Any = None  # the caller's id for it (e.g. the trace's candidate_id), if given
+
+    def to_json(self) -> dict:
+        out = {"text": self.text, "decision": self.decision, "index": self.index, "p_keep": self.p_keep,
+               "price": self.price, "key": self.key}
+        if _jsonable(self.candidate):
+            out["candidate"] = self.candidate
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Deferred":
+        return cls(str(obj["text"]), obj.get("candidate", obj["text"]), int(obj["decision"]), int(obj["index"]),
+                   float(obj["p_keep"]), float(obj["price"]), obj.get("key"))
+
+
+def _jsonable(x) -> bool:
+    try:
+        json.dumps(x)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+class RunGate:
+    """A Gate scoped to one run with a ``Budget`` (see the module docstring). Thread-safe."""
+
+    def __init__(self, gate, budget: Budget | None = None, *, defer: bool = False, run_id: str | None = None,
+                 tau: float | None = None, max_keep: int | None = None, price_start: float | None = None,
+                 price_end: float = 1.0, price_exponent: float = 2.0, defer_margin: float = 0.15,
+                 revisit_floor: float | None = None, tokens_per_node: int | None = None,
+                 max_share: float | None = None):
+        from branchgate.inference.inputs import as_max_keep, as_tau
+
+        self.gate = gate
+        self.budget = budget if budget is not None else Budget()
+        self.defer = bool(defer)
+        self.run_id = run_id
+        self.tau = None if tau is None else as_tau(tau)
+        self.max_keep = as_max_keep(max_keep)
+        self.price_start = None if price_start is None else _unit(price_start, "price_start")
+        self.price_end = _unit(price_end, "price_end")
+        if isinstance(price_exponent, bool) or not isinstance(price_exponent, numbers.Real) or not price_exponent > 0:
+            raise InputError(f"must be a number > 0, got {price_exponent!r}", "price_exponent")
+        self.price_exponent = float(price_exponent)
+        self.defer_margin = _unit(defer_margin, "defer_margin")
+        self.revisit_floor = None if revisit_floor is None else _unit(revisit_floor, "revisit_floor")
+        self.tokens_per_node = DEFAULT_TOKENS_PER_NODE if tokens_per_node is None else _amount(tokens_per_node, "tokens_per_node")
+        self.max_share = None if max_share is None else _unit(max_share, "max_share")
+        self.max_spend = 0  # the largest actual spend of one expansion reported so far
+        self.pending: list[int] = []  # token reservations of admitted expansions not yet reported (oldest first)
+        self.decisions = 0  # decisions made (select + revisit); the id of the next one
+        self.deferred: list[Deferred] = []
+        self._lock = threading.RLock()
+
+    # -- the gate protocol -------------------------------------------------------------------------------
+    name = property(lambda self: getattr(self.gate, "name", "gate"))
+    path = property(lambda self: getattr(self.gate, "path", None))
+    threshold = property(lambda self: self.base_tau())
+
+    @property
+    def exhausted(self) -> bool:
+        return self.budget.exhausted
+
+    def base_tau(self, tau: float | None = None) -> float:
+        if tau is not None:
+            return float(tau)
+        if self.price_start is not None:
+            return self.price_start
+        return float(self.tau if self.tau is not None else getattr(self.gate, "tau", 0.5))
+
+    def price(self, tau: float | None = None) -> float:
+        """The admission price now: ``start + (end − start) · u ** exponent`` for the spent fraction ``u``."""
+        start = self.base_tau(tau)
+        end = max(self.price_end, start)
+        return float(start + (end - start) * self.budget.spent_fraction() ** self.price_exponent)
+
+    def estimate(self) -> int:
+        """Token estimate of one expansion when the caller gives no cost: the running max of reported spends,
+        at least the ``tokens_per_node`` prior until a spend is reported."""
+        return int(self.max_spend if self.max_spend > 0 else self.tokens_per_node)
+
+    # -- deciding ----------------------------------------------------------------------------------------
+    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None,
+               costs: Sequence | None = None, keys: Sequence | None = None, objects: Sequence | None = None):
+        """Gate one decision under the budget (the module docstring's admission rule). For the ``Deferred``
+        entries: ``keys`` name the candidates (e.g. trace candidate ids), ``objects`` are what ``candidate``
+        holds (default: the candidates as given)."""
+        from branchgate.inference.gate import Selection
+        from branchgate.inference.inputs import as_decision, as_max_keep, as_tau
+
+        tau = None if tau is None else as_tau(tau)
+        max_keep = as_max_keep(max_keep) if max_keep is not None else self.max_keep
+        st, texts = as_decision(state, candidates)
+        k = len(texts)
+        explicit = costs is not None
+        costs = self._costs(costs, k)
+        if keys is not None and len(keys) != k:
+            raise InputError(f"must have one key per candidate ({k}), got {len(keys)}", "keys")
+        objects = list(candidates) if objects is None else list(objects)
+        if len(objects) != k:
+            raise InputError(f"must have one object per candidate ({k}), got {len(objects)}", "objects")
+        p, u = self.gate.predict(st, texts)
+        oor = self.gate.out_of_range(st, k) if hasattr(self.gate, "out_of_range") else []
+        with self._lock:
+            did = self.decisions
+            self.decisions += 1
+            price = self.price(tau)
+            if k == 0:
+                return Selection([], p, u, False, price, oor, budget=self._status(price, did))
+            order = self._rank(p, u, costs, explicit=explicit)
+            kept, deferred, dropped = self._decide(order, p, costs, tau, max_keep)
+            fallback = False
+            if not kept:
+                best = next((i for i in order if self._fits(costs[i])), None)
+                if best is not None:
+                    self._take(best, costs[best])
+                    kept, fallback = [best], True
+                    deferred = [i for i in deferred if i != best]
+                    dropped = [i for i in dropped if i != best]
+            exhausted = not kept and not any(self._fits(c) for c in costs)
+            if exhausted:
+                dropped, deferred = list(range(k)), []
+            for i in deferred:
+                self.deferred.append(Deferred(texts[i], objects[i], did, int(i), float(p[i]), price,
+                                              None if keys is None else keys[i]))
+            return Selection(sorted(kept), p, u, fallback, price, oor, deferred=sorted(deferred),
+                             dropped_by_budget=sorted(dropped), budget=self._status(price, did, tau),
+                             exhausted=exhausted)
+
+    def revisit(self, state, max_keep: int | None = None, floor: float | None = None, costs: Sequence | None = None):
+        """Re-score the pending deferred candidates against ``state`` (the context now) and admit, best first,
+        those with p_keep ≥ the floor that fit the budget (charged; they leave ``deferred``). The Selection's
+        indices refer to ``deferred`` as it was before the call; ``selection.revisited`` holds the admitted
+        ``Deferred`` entries (in ``kept`` order). ``costs``: one token estimate per pending entry (ranked then
+        by p_keep · ĝ / cost, as in ``select``); default the running estimate."""
+        from branchgate.inference.gate import Selection
+        from branchgate.inference.inputs import as_max_keep, as_state
+
+        max_keep = as_max_keep(max_keep)
+        st = as_state(state)
+        with self._lock:
+            items = list(self.deferred)
+        texts = [d.text for d in items]
+        p, u = self.gate.predict(st, texts) if texts else (np.zeros(0, np.float32), np.zeros(0, np.float32))
+        with self._lock:
+            did = self.decisions
+            self.decisions += 1
+            floor = floor if floor is not None else (self.revisit_floor if self.revisit_floor is not None
+                                                     else max(self.base_tau() - self.defer_margin, 0.0))
+            explicit = costs is not None
+            costs = self._costs(costs, len(items))
+            order = self._rank(p, u, costs, explicit=explicit)
+            passing = [i for i in order if p[i] >= floor]
+            kept, dropped = self._admit(passing, costs, max_keep)
+            exhausted = bool(items) and not kept and not any(self._fits(c) for c in costs)
+            taken = {id(items[i]) for i in kept}
+            self.deferred = [d for d in self.deferred if id(d) not in taken]
+            sel = Selection(sorted(kept), p, u, False, float(floor), [], dropped_by_budget=sorted(dropped),
+                            budget=self._status(float(floor), did), exhausted=exhausted)
+            sel.revisited = [items[i] for i in sorted(kept)]
+            return sel
+
+    def spend(self, tokens: int) -> None:
+        """Report the tokens one expansion really used: settles the oldest reservation (or, with none, is
+        charged as it is); updates the running max used as the default cost estimate."""
+        tokens = _amount(tokens, "tokens")
+        with self._lock:
+            reserved = self.pending.pop(0) if self.pending else 0
+            self.budget.settle(reserved, tokens)
+            self.max_spend = max(self.max_spend, tokens)
+
+    def drop_deferred(self) -> list[Deferred]:
+        """End of run: the deferred candidates never expanded (removed from ``deferred``)."""
+        with self._lock:
+            out, self.deferred = self.deferred, []
+            return out
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _costs(self, costs, k: int) -> list[int]:
+        if costs is None:
+            return [self.estimate()] * k
+        if isinstance(costs, (str, bytes)) or len(costs) != k:
+            raise InputError(f"must have one cost per candidate ({k})", "costs")
+        return [_amount(c, f"costs[{i}]") for i, c in enumerate(costs)]
+
+    @staticmethod
+    def _rank(p, u, costs, explicit: bool) -> list[int]:
+        """Candidate indices best first: by p_keep, or with explicit costs by p_keep · max(ĝ, ε) / cost."""
+        p = np.asarray(p, np.float64)
+        if explicit:
+            value = p * np.maximum(np.asarray(u, np.float64), UTILITY_FLOOR) / np.maximum(np.asarray(costs, np.float64), 1.0)
+        else:
+            value = p
+        return sorted(range(len(p)), key=lambda i: (-float(value[i]), -float(p[i]), i))
+
+    def _fits(self, cost: int) -> bool:
+        return self.budget.can_afford(1, cost if self.budget.tokens is not None else 0)
+
+    def _decide(self, order, p, costs, tau, max_keep):
+        """Walk the candidates best first; the price is recomputed after every admission (what this decision
+        already took counts as spent). → (kept, deferred, dropped_by_budget)."""
+        kept, deferred, dropped = [], [], []
+        left = self.budget.remaining()["nodes"]
+        cap = None if self.max_share is None or left is None else max(1, int(np.ceil(self.max_share * left)))
+        for i in order:
+            if max_keep is not None and len(kept) >= max_keep:
+                break  # beyond max_keep: plain prunes, as in the Gate
+            price = self.price(tau)
+            if p[i] >= price:
+                if (cap is not None and len(kept) >= cap) or not self._fits(costs[i]):
+                    dropped.append(i)
+                else:
+                    self._take(i, costs[i])
+                    kept.append(i)
+            elif self.defer and p[i] >= price - self.defer_margin:
+                deferred.append(i)
+        return kept, deferred, dropped
+
+    def _take(self, i: int, cost: int) -> None:
+        """Admit one candidate: charge its node and reserve its tokens."""
+        self.budget.charge(nodes=1)
+        if self.budget.tokens is not None:
+            self.budget.reserve(cost)
+            self.pending.append(int(cost))
+
+    def _admit(self, order: list[int], costs: list[int], max_keep: int | None) -> tuple[list[int], list[int]]:
+        """Admit ``order`` best first while they fit (charging a node and reserving their tokens); the rest
+        that did not fit are dropped by the budget. Stops at ``max_keep`` (those beyond it are plain prunes)."""
+        kept, dropped = [], []
+        for i in order:
+            if max_keep is not None and len(kept) >= max_keep:
+                break
+            if not self._fits(costs[i]):
+                dropped.append(i)
+                continue
+            self._take(i, costs[i])
+            kept.append(i)
+        return kept, dropped
+
+    def _status(self, price: float, decision: int, tau: float | None = None) -> dict:
+        """What a decision records: its id, the price it began at and the price after it, spent / reserved /
+        remaining and the limits."""
+        b = self.budget
+        return {"decision": decision, "price": round(float(price), 6), "price_after": round(self.price(tau), 6), "spent_nodes": b.spent_nodes,
+                "spent_tokens": b.spent_tokens, "reserved_tokens": b.reserved_tokens, "remaining": b.remaining(),
+                "limit": {"nodes": b.nodes, "tokens": b.tokens}}
+
+    def config(self) -> dict:
+        """The run's budget and parameters (what a trace's run_start records)."""
+        return {"budget_nodes": self.budget.nodes, "budget_tokens": self.budget.tokens, "defer": self.defer,
+                "price_start": self.base_tau(), "price_end": self.price_end, "price_exponent": self.price_exponent,
+                "defer_margin": self.defer_margin, "revisit_floor": self.revisit_floor,
+                "tokens_per_node": self.tokens_per_node, "max_share": self.max_share}
+
+    # -- persistence -------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        with self._lock:
+            return {"version": BUDGET_STATE_VERSION, "run_id": self.run_id, "budget": self.budget.to_json(),
+                    "defer": self.defer, "tau": self.tau, "max_keep": self.max_keep, "price_start": self.price_start,
+                    "price_end": self.price_end, "price_exponent": self.price_exponent,
+                    "defer_margin": self.defer_margin, "revisit_floor": self.revisit_floor,
+                    "tokens_per_node": self.tokens_per_node, "max_share": self.max_share, "max_spend": self.max_spend,
+                    "pending": list(self.pending), "decisions": self.decisions,
+                    "deferred": [d.to_json() for d in self.deferred]}
+
+    @classmethod
+    def from_json(cls, obj, gate, where: str = "run state") -> "RunGate":
+        if not isinstance(obj, dict):
+            raise InputError(f"must be an object, got {type(obj).__name__}", where)
+        version = obj.get("version")
+        if version != BUDGET_STATE_VERSION:
+            raise InputError(f"unsupported run state version {version!r} (expected {BUDGET_STATE_VERSION})", where)
+        try:
+            run = cls(gate, Budget.from_json(obj.get("budget", {}), f"{where}.budget"), defer=bool(obj.get("defer")),
+                      run_id=obj.get("run_id"), tau=obj.get("tau"), max_keep=obj.get("max_keep"),
+                      price_start=obj.get("price_start"), price_end=obj.get("price_end", 1.0),
+                      price_exponent=obj.get("price_exponent", 2.0), defer_margin=obj.get("defer_margin", 0.15),
+                      revisit_floor=obj.get("revisit_floor"), tokens_per_node=obj.get("tokens_per_node"),
+                      max_share=obj.get("max_share"))
+            run.max_spend = _amount(obj.get("max_spend", 0), f"{where}.max_spend")
+            run.pending = [_amount(x, f"{where}.pending") for x in obj.get("pending", [])]
+            run.decisions = _amount(obj.get("decisions", 0), f"{where}.decisions")
+            run.deferred = [Deferred.from_json(d) for d in obj.get("deferred", [])]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"malformed run state ({exc})", where) from None
+        return run
