@@ -31,8 +31,10 @@ Output (written atomically): ``datasets.DatasetDict`` (train / validation / test
 with ``save_to_disk`` plus ``manifest.json``.
 
 Reading is a stream: one file's runs at a time, a batch of runs (about ``batch_texts`` texts) waiting for
-embeddings, then only their rows are kept. Embedding (``--embed``): ``onnx`` (default) through the encoder's
-fp32 ONNX text tower in ``--workers`` processes, checked against the torch encoder before the first text
+embeddings, then their rows written to disk at once (``_RowSpill``; in memory stay only ``labels.LabelRecords``,
+the few fields labelling and the manifest read, so memory is flat in the number of runs) and read back
+memory-mapped for the write. Embedding (``--embed``): ``onnx`` (default) through the encoder's fp32 ONNX text
+tower in ``--workers`` processes, checked against the torch encoder before the first text
 (``models/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
 """
 
@@ -40,8 +42,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -52,7 +55,7 @@ from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
 from branchgate.logs_to_dataset.decisions import partial_reason, run_decisions, split_of
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
-from branchgate.logs_to_dataset.labels import PRUNED_LABELS, RowBuilder
+from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
 from branchgate.logs_to_dataset.traces import ReadReport
@@ -60,7 +63,7 @@ from branchgate.logs_to_dataset.traces import ReadReport
 log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "sc"
-WRITE_CHUNK_ROWS = 2048  # rows converted to Arrow at a time when writing
+WRITE_CHUNK_ROWS = 2048  # rows converted to Arrow at a time when spilling them to disk
 PARTIAL_RUNS = ("keep", "skip")
 KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
                   "evidence", "evidence_labelled",
@@ -116,22 +119,26 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     manifest's ``embedder`` says which ran.
 
     ``runs``: canonical runs (``readers.Run``) from any iterable, read after ``traces`` and consumed lazily:
-    like files, one run at a time; only the rows built from them are kept.
+    like files, one run at a time; the rows built from them go to disk as they are built.
 
     ``engine``: None (here) or what embeds a batch's texts and builds its runs' rows elsewhere with these same
     functions: ``embed(cache, texts)`` and ``rows(builder, pending, vectors, dim)`` (``ray_build.RayEngine``).
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
-    with use_keypoints(keypoints):
-        return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-                      encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
-                      embed, workers, runs)
+    spill = _RowSpill(out)  # the rows on disk until the write; removed however the build ends
+    try:
+        with use_keypoints(keypoints):
+            return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
+                          encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs,
+                          engine, embed, workers, runs, spill)
+    finally:
+        spill.remove()
 
 
 def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
            encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
-           embed="onnx", workers=None, extra_runs=None) -> dict:
+           embed="onnx", workers=None, extra_runs=None, spill=None) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -173,7 +180,9 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
             timings["load_s"] += time.perf_counter() - t
         return loaded["cache"]
 
-    rows = {s: [] for s in SPLITS}
+    rows = LabelRecords(SPLITS)  # per row only what labelling and the manifest read; the rows go to ``spill``
+    spill = spill if spill is not None else _RowSpill(out)
+    spill.feats = features(list(models))
     n_runs, n_frames = Counter(), Counter()
     seen: dict[str, str] = {}
     kinds: Counter = Counter()
@@ -197,9 +206,10 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         made = None if engine is None else engine.rows(builder, pending, vectors, vecs.shape[1])
         for i, (split, rd, info) in enumerate(pending):
             new = builder.rows(rd, vectors, vecs.shape[1], info) if made is None else made[i]
-            rows[split].extend(new)
+            rows.add(split, new)
+            spill.add(split, new)
             kinds.update(r["utility_kind"] for r in new)
-        timings["teacher_s"] += time.perf_counter() - t
+        timings["teacher_s"] += time.perf_counter() - t - spill.take_time()
         pending.clear()
         n_pending = 0
 
@@ -210,7 +220,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         """Runs one file (then the ``runs`` iterable) at a time: nothing is read ahead of the build."""
         for path, reader in bar:
             yield read_file(path, reader, strict, report)
-            bar.set_postfix(runs=sum(n_runs.values()), rows=sum(len(r) for r in rows.values()))
+            bar.set_postfix(runs=sum(n_runs.values()), rows=len(rows))
         if extra_runs is not None:
             yield iter(extra_runs)
 
@@ -283,7 +293,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     if partial_section["runs"] and partial_runs == "keep":
         manifest["warnings"].append(_partial_warning(partial_section))
     emb_cache.close()
-    _write(out, rows, list(models), manifest, timings)
+    _write(out, rows, spill, manifest, timings)
     return manifest
 
 
@@ -334,28 +344,78 @@ def _count_keypoints(stats: Counter, run, rd) -> None:
             stats[{"n_key_points": "key_points"}.get(key, key)] += gt[key]
 
 
-def _write(out, rows, names, manifest, timings) -> None:
-    """Write the dataset (``rows`` are consumed: the last use of them)."""
-    from datasets import Dataset, DatasetDict, concatenate_datasets
+class _RowSpill:
+    """The rows as they are built, written at once to one Arrow stream file per split (the format
+    ``datasets.Dataset.from_file`` memory-maps), in a temporary folder next to ``out`` (``remove``: at the end,
+    on error too). Only ``LabelRecords`` stay in memory, so the build's memory does not grow with the rows."""
+
+    def __init__(self, out):
+        self.out = Path(out)
+        self.feats = None  # the dataset's ``features``, set by the build before the first rows
+        self.dir: Path | None = None
+        self.writers: dict = {}
+        self.seconds = 0.0  # spent writing since the last ``take_time``
+
+    def add(self, split: str, rows: list[dict]) -> None:
+        import pyarrow as pa
+
+        if not rows:
+            return
+        t = time.perf_counter()
+        if self.dir is None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.dir = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.rows.", dir=self.out.parent))
+        schema = self.feats.arrow_schema
+        if split not in self.writers:
+            self.writers[split] = pa.ipc.new_stream(str(self.path(split)), schema)
+        for i in range(0, len(rows), WRITE_CHUNK_ROWS):
+            chunk = rows[i:i + WRITE_CHUNK_ROWS]
+            self.writers[split].write_batch(
+                pa.RecordBatch.from_pydict({name: [r[name] for r in chunk] for name in schema.names}, schema=schema))
+        self.seconds += time.perf_counter() - t
+
+    def take_time(self) -> float:
+        t, self.seconds = self.seconds, 0.0
+        return t
+
+    def path(self, split: str) -> Path:
+        return self.dir / f"{split}.arrow"
+
+    def dataset(self, split: str, labels: list):
+        """The split's rows, memory-mapped, with ``labels`` (the finalized ones) as their ``label`` column."""
+        from datasets import Dataset
+
+        feats = self.feats
+        if split not in self.writers:
+            return Dataset.from_dict({name: [] for name in feats}, features=feats)
+        self.writers.pop(split).close()
+        ds = Dataset.from_file(str(self.path(split)), in_memory=False)
+        if len(ds) != len(labels):
+            raise RuntimeError(f"dataset build: {len(ds)} rows written for {split}, {len(labels)} labelled")
+        ds = ds.remove_columns("label").add_column("label", labels, feature=feats["label"])
+        ds = ds.select_columns(list(feats))
+        return ds if ds.features == feats else ds.cast(feats)
+
+    def remove(self) -> None:
+        for w in self.writers.values():
+            w.close()
+        self.writers.clear()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _write(out, rows: LabelRecords, spill: _RowSpill, manifest, timings) -> None:
+    """Write the dataset: the spilled rows, read back memory-mapped, with the labels ``finalize`` set."""
+    from datasets import DatasetDict
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
     t = time.perf_counter()
-    feats = features(names)
-    dd = {}
-    for split in SPLITS:
-        # in chunks, each row dict let go once converted: the conversion's memory stays that of one chunk
-        rs, parts = rows[split], []
-        for i in range(0, len(rs), WRITE_CHUNK_ROWS):
-            chunk, rs[i:i + WRITE_CHUNK_ROWS] = rs[i:i + WRITE_CHUNK_ROWS], [None] * len(rs[i:i + WRITE_CHUNK_ROWS])
-            parts.append(Dataset.from_dict({name: [r[name] for r in chunk] for name in feats}, features=feats))
-            del chunk
-        dd[split] = (parts[0] if len(parts) == 1 else concatenate_datasets(parts)) if parts else \
-            Dataset.from_dict({name: [] for name in feats}, features=feats)
+    dd = {split: spill.dataset(split, rows.labels(split)) for split in SPLITS}
     with atomic_dir(out) as tmp:
         # one shard per split: an empty split saved with zero shards cannot be loaded back
         DatasetDict(dd).save_to_disk(str(tmp), num_shards={s: 1 for s in SPLITS})
-        timings["write_s"] += time.perf_counter() - t
+        timings["write_s"] += time.perf_counter() - t + spill.take_time()
         manifest["timings"] = {k: round(v, 3) for k, v in sorted(timings.items())}
         atomic_write_json(Path(tmp) / "manifest.json", manifest)
 
@@ -367,10 +427,13 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         d["total"] = sum(d.values())
         return d
 
-    n_dec = Counter({s: len(rows[s]) for s in SPLITS})
-    labels = {s: Counter(str(r["label"]) for r in rows[s]) for s in SPLITS}
-    sources = Counter(r["label_source"] for s in SPLITS for r in rows[s])
-    utils = [r["utility"] for s in SPLITS for r in rows[s] if not math.isnan(r["utility"])]
+    import numpy as np
+
+    n_dec = Counter({s: rows.n(s) for s in SPLITS})
+    labels = {s: Counter(str(v) for v in rows.labels(s)) for s in SPLITS}
+    sources = Counter(v for s in SPLITS for v in rows.source(s))
+    utils = np.concatenate([rows.utility(s) for s in SPLITS])
+    utils = utils[~np.isnan(utils)]
     fitted = builder.fitted
     kind_names = sorted(kinds) or [f"teacher:{builder.label_name}"]
     thresholds = {k: fitted[k]["threshold"] for k in kind_names if k in fitted}
@@ -389,10 +452,10 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "n_runs": per_split(n_runs),
         "n_decisions": per_split(n_dec),
         "n_frames": per_split(n_frames),
-        "n_expanded": sum(1 for s in SPLITS for r in rows[s] if r["expanded"]),
+        "n_expanded": int(sum(rows.expanded(s).sum() for s in SPLITS)),
         "labels": {s: dict(sorted(labels[s].items())) for s in SPLITS},
         "label_sources": dict(sorted(sources.items())),
-        "utility": _summary(utils),
+        "utility": _summary(utils.tolist()),
         "n_files": len(files),
         "formats": dict(report.formats),
         "format_forced": fmt,
@@ -431,23 +494,24 @@ def _missing_warnings(missing: dict) -> list[str]:
             for kind, v in missing.items()]
 
 
-def _label_warnings(rows, thresholds) -> list[str]:
+def _label_warnings(rows: LabelRecords, thresholds) -> list[str]:
     """Say when labels cannot teach anything (one class only), with the utilities' quantiles."""
     import numpy as np
 
     out = []
-    realized = [r for s in SPLITS for r in rows[s] if r["label_source"] == "realized"]
-    if not realized:
-        if any(rows[s] for s in SPLITS):
+    realized = {s: rows.realized(s) for s in SPLITS}
+    if not any(len(i) for i in realized.values()):
+        if len(rows):
             out.append("no realized labels: no expanded candidate has known retrieved evidence")
         return out
     for kind, thr in thresholds.items():
-        rs = [r for r in realized if r["utility_kind"] == kind]
-        labels = {r["label"] for r in rs}
-        if len(rs) and len(labels) == 1:
-            u = np.asarray([r["utility"] for r in rs], dtype=np.float64)
+        idx = {s: rows.realized(s, kind) for s in SPLITS}
+        n = sum(len(i) for i in idx.values())
+        labels = {int(v) for s in SPLITS for v in rows.label(s)[idx[s]]}
+        if n and len(labels) == 1:
+            u = np.concatenate([rows.utility(s)[idx[s]] for s in SPLITS]).astype(np.float64)
             q = ", ".join(f"{p}%={np.percentile(u, p):.4g}" for p in (25, 50, 75))
-            out.append(f"all {len(rs)} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
+            out.append(f"all {n} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
                        f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose another --label-threshold "
                        "(or, for a teacher, leave it unset: --positive-rate)")
     return out

@@ -165,22 +165,23 @@ class RowBuilder:
                 out.append(row)
         return out
 
-    def finalize(self, rows: dict[str, list[dict]]) -> dict[str, dict]:
-        """Label every realized row; per kind: ``threshold``, ``rule`` and the ``positive_rate`` per split.
+    def finalize(self, records: LabelRecords) -> dict[str, dict]:
+        """Label every realized row of ``records`` (``LabelRecords``: the rows' compact label fields, per split);
+        per kind: ``threshold``, ``rule`` and the ``positive_rate`` per split.
 
         Thresholds: ``--label-threshold`` if given; else the source's own (1 key point, 1 citation); else (teachers)
         the rate rule over the train split's realized utilities; with none, the teacher's operating point."""
         out = {}
         for kind, src in sorted(self.kinds.items()):
-            realized = {s: [r for r in rs if r["utility_kind"] == kind and r["label_source"] == "realized"]
-                        for s, rs in rows.items()}
+            realized = {s: records.realized(s, kind) for s in records.splits}  # split → row positions
             higher = getattr(src, "higher_is_better", True)
             if self.override is not None:
                 thr, rule = float(self.override), "--label-threshold"
             elif src.threshold is not None:
                 thr, rule = float(src.threshold), f"the source's default ({kind})"
             else:
-                fit = rate_threshold([r["utility"] for r in realized.get("train", [])], self.positive_rate, higher)
+                train = records.utility("train")[realized["train"]] if "train" in realized else np.zeros(0)
+                fit = rate_threshold(train.tolist(), self.positive_rate, higher)
                 if fit is None:
                     thr = float(getattr(src, "model", self.label_model).threshold)
                     rule = "the teacher's operating point (no realized train utility to set a rate from)"
@@ -188,13 +189,85 @@ class RowBuilder:
                     thr = fit[0]
                     rule = (f"positive rate {self.positive_rate:g} of the train split's realized utilities "
                             f"(achieved {fit[1]:.4g})")
-            for rs in realized.values():
-                for r in rs:
-                    r["label"] = int(_keep(r["utility"], thr, higher))
-            out[kind] = {"threshold": thr, "rule": rule,
-                         "positive_rate": {s: (round(sum(r["label"] for r in rs) / len(rs), 4) if rs else None)
-                                           for s, rs in realized.items()}}
+            rates = {}
+            for s, idx in realized.items():
+                labels = _keep(records.utility(s)[idx], thr, higher).astype(np.int64)
+                records.label(s)[idx] = labels
+                rates[s] = round(int(labels.sum()) / len(idx), 4) if len(idx) else None
+            out[kind] = {"threshold": thr, "rule": rule, "positive_rate": rates}
         return out
+
+
+UNLABELLED = int(np.iinfo(np.int64).min)  # a realized row's label until ``finalize`` (None in a row dict)
+
+
+class LabelRecords:
+    """What labelling and the manifest read of each row (``utility``, ``utility_kind``, ``label_source``,
+    ``expanded``, ``label``), per split, as flat arrays (about 20 bytes a row): the rows themselves (texts,
+    retained lists, teacher scores) go to disk as they are built. ``finalize`` sets ``label`` here."""
+
+    def __init__(self, splits):
+        from array import array
+
+        self.splits = tuple(splits)
+        self.kinds: list[str] = []  # utility_kind / label_source codes → names
+        self.sources: list[str] = []
+        self._cols = {s: {"utility": array("d"), "kind": array("H"), "source": array("B"), "expanded": array("B"),
+                          "label": array("q")} for s in self.splits}
+
+    @staticmethod
+    def _code(names: list[str], name: str) -> int:
+        if name not in names:
+            names.append(name)
+        return names.index(name)
+
+    def add(self, split: str, rows: list[dict]) -> None:
+        c = self._cols[split]
+        for r in rows:
+            c["utility"].append(float(r["utility"]))
+            c["kind"].append(self._code(self.kinds, r["utility_kind"]))
+            c["source"].append(self._code(self.sources, r["label_source"]))
+            c["expanded"].append(bool(r["expanded"]))
+            c["label"].append(UNLABELLED if r["label"] is None else int(r["label"]))
+
+    def __len__(self) -> int:
+        return sum(self.n(s) for s in self.splits)
+
+    def n(self, split: str) -> int:
+        return len(self._cols[split]["utility"])
+
+    def _array(self, split: str, col: str, dtype) -> np.ndarray:
+        a = self._cols[split][col]
+        return np.frombuffer(a, dtype=dtype) if len(a) else np.zeros(0, dtype)  # views: writes go to the record
+
+    def utility(self, split: str) -> np.ndarray:
+        return self._array(split, "utility", np.float64)
+
+    def expanded(self, split: str) -> np.ndarray:
+        return self._array(split, "expanded", np.uint8).astype(bool)
+
+    def label(self, split: str) -> np.ndarray:
+        """The labels (int64; ``UNLABELLED`` for a realized row before ``finalize``), writable in place."""
+        return self._array(split, "label", np.int64)
+
+    def labels(self, split: str) -> list:
+        """The labels as the row dicts hold them (None: not labelled yet)."""
+        return [None if v == UNLABELLED else v for v in self.label(split).tolist()]
+
+    def source(self, split: str) -> list[str]:
+        return [self.sources[i] for i in self._cols[split]["source"]]
+
+    def kind(self, split: str) -> list[str]:
+        return [self.kinds[i] for i in self._cols[split]["kind"]]
+
+    def realized(self, split: str, kind: str | None = None) -> np.ndarray:
+        """Positions of the split's realized rows (of ``kind``), in row order."""
+        if "realized" not in self.sources or (kind is not None and kind not in self.kinds):
+            return np.zeros(0, np.int64)
+        mask = self._array(split, "source", np.uint8) == self.sources.index("realized")
+        if kind is not None:
+            mask &= self._array(split, "kind", np.uint16) == self.kinds.index(kind)
+        return np.flatnonzero(mask)
 
 
 def _keep(value: float, threshold: float, higher_is_better: bool = True) -> bool:

@@ -206,3 +206,53 @@ def test_embed_and_workers_options(tmp_path):
         build(TRACES, tmp_path / "o", embed="fast", **KW)
     with pytest.raises(InputError, match="--workers"):
         build(TRACES, tmp_path / "o", workers=0, **KW)
+
+
+def test_rows_go_to_disk_as_they_are_built(encoder, torch_built, tmp_path, monkeypatch):
+    """Each batch's rows are written to disk at once; in memory stay only ``LabelRecords`` (flat arrays of what
+    labelling and the manifest read, no row dicts) for ``finalize``. The dataset holds those rows, labelled, and
+    is the reference build of the same traces (in other batches: within float rounding)."""
+    from array import array
+
+    from branchgate.logs_to_dataset import build as build_module
+    from branchgate.logs_to_dataset.labels import LabelRecords, RowBuilder
+
+    seen = {"built": {}, "sizes": [], "spills": []}
+    add, finalize = build_module._RowSpill.add, RowBuilder.finalize
+
+    def spy_add(self, split, rows):
+        add(self, split, rows)
+        seen["spills"].append(self)
+        seen["built"].setdefault(split, []).extend(dict(r) for r in rows)
+        seen["sizes"].append((split, self.path(split).stat().st_size))  # on disk already
+
+    def spy_finalize(self, records):
+        seen["records"] = records
+        return finalize(self, records)
+
+    monkeypatch.setattr(build_module._RowSpill, "add", spy_add)
+    monkeypatch.setattr(RowBuilder, "finalize", spy_finalize)
+    m = build(TRACES, tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "emb.sqlite", **dict(KW, batch_texts=8))
+    records, built = seen["records"], seen["built"]
+    assert isinstance(records, LabelRecords) and len(seen["spills"]) > 2 and len(set(map(id, seen["spills"]))) == 1
+    assert all(isinstance(col, array) for cols in records._cols.values() for col in cols.values())
+    assert len(records) == m["n_decisions"]["total"] == sum(map(len, built.values()))
+    for split in built:  # each batch grew the split's file on disk
+        sizes = [n for s, n in seen["sizes"] if s == split]
+        assert sizes == sorted(sizes) and sizes[0] > 0 and len(set(sizes)) == len(sizes)
+    assert not list(tmp_path.glob(".ds.rows.*"))  # the spill folder is gone
+    ds = _rows(tmp_path / "ds")
+    for split in ds:
+        rows = built.get(split, [])
+        assert len(ds[split]) == len(rows)
+        for col in ds[split].column_names:
+            got, want = ds[split][col], [r[col] for r in rows]
+            if col == "label":  # the finalized labels: realized rows 0/1, the others as built
+                assert all(g == w if w is not None else g in (0, 1) for g, w in zip(got, want))
+            elif getattr(ds[split].features[col], "dtype", None) == "float32":
+                np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+            else:
+                assert got == want, (split, col)
+        assert ds[split]["label"] == records.labels(split)  # as ``finalize`` set them, none left unset
+        assert None not in records.labels(split)
+    _same_rows(ds, _rows(torch_built[1] / "ds"), atol=1e-6)  # other batches: the same within float rounding
