@@ -49,7 +49,7 @@ What the hook patches (module attributes of the imported package, restored by ``
 (one ``run_id``); install the hook after any other patch of these three attributes (the tests replace the
 search first). Import-safe without the package: it is imported when the hook is installed.
 
-(About 450 lines: the hook, its two proxies and the message edit are one unit; trace writing is ``recorder.py``.)
+(About 500 lines: the hook, its two proxies, the message edit and its budget handling are one unit; trace writing is ``recorder.py``.)
 """
 
 from __future__ import annotations

@@ -31,39 +31,40 @@ Output (written atomically): ``datasets.DatasetDict`` (train / validation / test
 with ``save_to_disk`` plus ``manifest.json``.
 
 Reading is a stream: one file's runs at a time, a batch of runs (about ``batch_texts`` texts) waiting for
-embeddings, then their rows written to disk at once (``_RowSpill``; in memory stay only ``labels.LabelRecords``,
+embeddings, then their rows written to disk at once (``RowSpill``; in memory stay only ``labels.LabelRecords``,
 the few fields labelling and the manifest read, so memory is flat in the number of runs) and read back
 memory-mapped for the write. Embedding (``--embed``): ``onnx`` (default) through the encoder's fp32 ONNX text
 tower in ``--workers`` processes, checked against the torch encoder before the first text
 (``models/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
+
+(About 470 lines, a third of them this docstring: the read → label → manifest flow and its counting of what
+was skipped are one job; the rows' storage and write are ``row_store.py``.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 from branchgate import __version__
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_dir, atomic_write_json
+from branchgate.fileio import atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
 from branchgate.logs_to_dataset.decisions import partial_reason, run_decisions, split_of
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
+from branchgate.logs_to_dataset.row_store import RowSpill, write_dataset
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
 from branchgate.logs_to_dataset.traces import ReadReport
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "sc"
-WRITE_CHUNK_ROWS = 2048  # rows converted to Arrow at a time when spilling them to disk
 PARTIAL_RUNS = ("keep", "skip")
 KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
                   "evidence", "evidence_labelled",
@@ -126,7 +127,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
-    spill = _RowSpill(out)  # the rows on disk until the write; removed however the build ends
+    spill = RowSpill(out)  # the rows on disk until the write; removed however the build ends
     try:
         with use_keypoints(keypoints):
             return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
@@ -181,7 +182,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
         return loaded["cache"]
 
     rows = LabelRecords(SPLITS)  # per row only what labelling and the manifest read; the rows go to ``spill``
-    spill = spill if spill is not None else _RowSpill(out)
+    spill = spill if spill is not None else RowSpill(out)
     spill.feats = features(list(models))
     n_runs, n_frames = Counter(), Counter()
     seen: dict[str, str] = {}
@@ -293,7 +294,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     if partial_section["runs"] and partial_runs == "keep":
         manifest["warnings"].append(_partial_warning(partial_section))
     emb_cache.close()
-    _write(out, rows, spill, manifest, timings)
+    write_dataset(out, rows, spill, manifest, timings)
     return manifest
 
 
@@ -344,80 +345,6 @@ def _count_keypoints(stats: Counter, run, rd) -> None:
             stats[{"n_key_points": "key_points"}.get(key, key)] += gt[key]
 
 
-class _RowSpill:
-    """The rows as they are built, written at once to one Arrow stream file per split (the format
-    ``datasets.Dataset.from_file`` memory-maps), in a temporary folder next to ``out`` (``remove``: at the end,
-    on error too). Only ``LabelRecords`` stay in memory, so the build's memory does not grow with the rows."""
-
-    def __init__(self, out):
-        self.out = Path(out)
-        self.feats = None  # the dataset's ``features``, set by the build before the first rows
-        self.dir: Path | None = None
-        self.writers: dict = {}
-        self.seconds = 0.0  # spent writing since the last ``take_time``
-
-    def add(self, split: str, rows: list[dict]) -> None:
-        import pyarrow as pa
-
-        if not rows:
-            return
-        t = time.perf_counter()
-        if self.dir is None:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.dir = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.rows.", dir=self.out.parent))
-        schema = self.feats.arrow_schema
-        if split not in self.writers:
-            self.writers[split] = pa.ipc.new_stream(str(self.path(split)), schema)
-        for i in range(0, len(rows), WRITE_CHUNK_ROWS):
-            chunk = rows[i:i + WRITE_CHUNK_ROWS]
-            self.writers[split].write_batch(
-                pa.RecordBatch.from_pydict({name: [r[name] for r in chunk] for name in schema.names}, schema=schema))
-        self.seconds += time.perf_counter() - t
-
-    def take_time(self) -> float:
-        t, self.seconds = self.seconds, 0.0
-        return t
-
-    def path(self, split: str) -> Path:
-        return self.dir / f"{split}.arrow"
-
-    def dataset(self, split: str, labels: list):
-        """The split's rows, memory-mapped, with ``labels`` (the finalized ones) as their ``label`` column."""
-        from datasets import Dataset
-
-        feats = self.feats
-        if split not in self.writers:
-            return Dataset.from_dict({name: [] for name in feats}, features=feats)
-        self.writers.pop(split).close()
-        ds = Dataset.from_file(str(self.path(split)), in_memory=False)
-        if len(ds) != len(labels):
-            raise RuntimeError(f"dataset build: {len(ds)} rows written for {split}, {len(labels)} labelled")
-        ds = ds.remove_columns("label").add_column("label", labels, feature=feats["label"])
-        ds = ds.select_columns(list(feats))
-        return ds if ds.features == feats else ds.cast(feats)
-
-    def remove(self) -> None:
-        for w in self.writers.values():
-            w.close()
-        self.writers.clear()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _write(out, rows: LabelRecords, spill: _RowSpill, manifest, timings) -> None:
-    """Write the dataset: the spilled rows, read back memory-mapped, with the labels ``finalize`` set."""
-    from datasets import DatasetDict
-    from datasets.utils.logging import disable_progress_bar
-
-    disable_progress_bar()
-    t = time.perf_counter()
-    dd = {split: spill.dataset(split, rows.labels(split)) for split in SPLITS}
-    with atomic_dir(out) as tmp:
-        # one shard per split: an empty split saved with zero shards cannot be loaded back
-        DatasetDict(dd).save_to_disk(str(tmp), num_shards={s: 1 for s in SPLITS})
-        timings["write_s"] += time.perf_counter() - t + spill.take_time()
-        manifest["timings"] = {k: round(v, 3) for k, v in sorted(timings.items())}
-        atomic_write_json(Path(tmp) / "manifest.json", manifest)
 
 
 def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models, enc, cache,

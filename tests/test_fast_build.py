@@ -150,9 +150,9 @@ def test_parity_check_fails_loudly_on_a_mismatched_tower(encoder, towers, tmp_pa
 def test_runs_are_read_as_a_stream(encoder, towers, onnx_built, tmp_path, monkeypatch):
     """A generator of runs is consumed one run at a time: texts are embedded before it is exhausted; the rows
     are written in chunks (here of 7 rows) into the same dataset."""
-    from branchgate.logs_to_dataset import build as build_module
+    from branchgate.logs_to_dataset import row_store
 
-    monkeypatch.setattr(build_module, "WRITE_CHUNK_ROWS", 7)
+    monkeypatch.setattr(row_store, "WRITE_CHUNK_ROWS", 7)
     from branchgate.logs_to_dataset.readers import discover, read_file
     from branchgate.logs_to_dataset.traces import ReadReport
 
@@ -214,11 +214,11 @@ def test_rows_go_to_disk_as_they_are_built(encoder, torch_built, tmp_path, monke
     is the reference build of the same traces (in other batches: within float rounding)."""
     from array import array
 
-    from branchgate.logs_to_dataset import build as build_module
     from branchgate.logs_to_dataset.labels import LabelRecords, RowBuilder
+    from branchgate.logs_to_dataset.row_store import RowSpill
 
     seen = {"built": {}, "sizes": [], "spills": []}
-    add, finalize = build_module._RowSpill.add, RowBuilder.finalize
+    add, finalize = RowSpill.add, RowBuilder.finalize
 
     def spy_add(self, split, rows):
         add(self, split, rows)
@@ -230,7 +230,7 @@ def test_rows_go_to_disk_as_they_are_built(encoder, torch_built, tmp_path, monke
         seen["records"] = records
         return finalize(self, records)
 
-    monkeypatch.setattr(build_module._RowSpill, "add", spy_add)
+    monkeypatch.setattr(RowSpill, "add", spy_add)
     monkeypatch.setattr(RowBuilder, "finalize", spy_finalize)
     m = build(TRACES, tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "emb.sqlite", **dict(KW, batch_texts=8))
     records, built = seen["records"], seen["built"]
