@@ -5,9 +5,11 @@
 
 Steps (reused when their fingerprint matches, see ``bench/steps.py``): ``simulate`` (no pruning, train
 queries) → ``closed_loop`` (every policy of ``bench/policies.py`` that needs no gate, on the eval queries) →
-``real_data`` (``--real`` trace folders built into decision datasets); then per label source, under
+``real_data`` (``--real`` trace folders built into decision datasets) → ``eval_data`` (the eval queries'
+unpruned runs as a decision dataset labelled by their key points); then per label source, under
 OUT/<source>/: ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (the gate's
-τ sweep) → ``offline`` (its test split) → ``real`` (each ``--real`` dataset); then ``budgets`` (run budgets at
+τ sweep) → ``offline`` (its test split) → ``offline_eval`` (``eval_data``, by depth) → ``real`` (each
+``--real`` dataset); then ``budgets`` (run budgets at
 ``policies.budget_fractions`` of each query's unpruned tokens: the first source's gate with and without
 deferral, ``budget_baselines`` given the same budget, and the check that no run exceeded its budget). Writes OUT/report.json,
 OUT/report.md, OUT/kpr_vs_tokens.png and, with ``--real``, OUT/real_auroc.png.

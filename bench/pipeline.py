@@ -13,7 +13,7 @@ from pathlib import Path
 from branchgate.bench import closed_loop as closed_loop_mod
 from branchgate.bench import stats
 from branchgate.bench.closed_loop import safe_name
-from branchgate.bench.policies import baseline_points, gate_points, greedy_family
+from branchgate.bench.policies import VARIANTS, baseline_points, gate_points, variant_family
 from branchgate.bench.report import write
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.fileio import atomic_write_text
@@ -105,11 +105,14 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
                    keeps_folder(lambda folder: closed_loop(folder, baselines, "")))
     real_sets = steps.run("real_data", {"real": [str(p) for p in real], "manifests": real_fp, "encoder": enc_id},
                           lambda folder: _real_datasets(real, folder, enc, progress))
+    eval_set = steps.run("eval_data", {**loop_inputs, "point": ("none", "none")},  # what the unpruned runs depend on
+                         lambda folder: _eval_dataset(out / "closed_loop", seeds, folder, enc, progress))
     pts, runs = list(baselines), dict(cl["runs"])
     per_source = {}
     for i, source in enumerate(sources):
         family = gate_family(i, source)
-        res = _source_steps(steps, source, family, cfg, enc_id, sim, real_sets, closed_loop, loop_inputs, boot, progress)
+        res = _source_steps(steps, source, family, cfg, enc_id, sim, real_sets, closed_loop, loop_inputs, boot, progress,
+                            eval_set)
         pts += res.pop("points")
         runs.update(res.pop("runs"))
         per_source[source] = res
@@ -120,12 +123,14 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         res.pop("controller", None)
         res.pop("export_fp", None)
         res["gate_vs"] = closed_loop_mod.gate_vs(pts, runs, boot, family=res["family"])
-        greedy = greedy_family(res["family"])
-        if any(p.family == greedy for p in pts):
-            res["greedy"] = {"family": greedy, "gate_vs": closed_loop_mod.gate_vs(pts, runs, boot, family=greedy)}
+        for variant in VARIANTS:
+            curve = variant_family(res["family"], variant)
+            if any(p.family == curve for p in pts):
+                res[variant] = {"family": curve, "gate_vs": closed_loop_mod.gate_vs(pts, runs, boot, family=curve)}
     first = per_source[sources[0]]
     report = {"policies": closed_loop_mod.summarize(pts, runs, boot), "gate_vs": first["gate_vs"],
-              "offline": first["offline"], "offline_by_depth": first["offline_by_depth"], "real": first["real"],
+              "offline": first["offline"], "offline_by_depth": first["offline_by_depth"],
+              "offline_eval_by_depth": first["offline_eval_by_depth"], "real": first["real"],
               "labels": first["labels"], "by_labels": per_source, "encoder": enc_id,
               "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
               "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": first["tau"],
@@ -143,9 +148,10 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
 
 
 def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str, sim: dict, real_sets: dict,
-                  closed_loop, loop_inputs: dict, boot: int, progress: bool) -> dict:
+                  closed_loop, loop_inputs: dict, boot: int, progress: bool, eval_set: dict | None = None) -> dict:
     """One label source's steps, under OUT/<source>/: dataset → train → export → the gate's closed-loop points
-    → offline metrics (its own test split and labels) → real decisions."""
+    → offline metrics (its own test split and labels) → offline_eval (the eval queries' unpruned runs,
+    ``eval_data``, by their key points) → real decisions."""
     enc = cfg["encoder"]
     key = safe_name(source)
 
@@ -188,7 +194,7 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
         return {"controller": str(onnx), "passed": rep.get("passed") if isinstance(rep, dict) else None}
 
     ex = steps.run(f"{key}/export", {"upstream": steps.fingerprints[f"{key}/train"]}, export_step)
-    pts = gate_points(cfg["policies"], ex["controller"], family, greedy=family == "gate")
+    pts = gate_points(cfg["policies"], ex["controller"], family, variants=family == "gate")
     gl = steps.run(f"{key}/closed_loop", {**loop_inputs, "upstream": steps.fingerprints[f"{key}/export"],
                                           "points": [(p.name, p.spec) for p in pts]},
                    keeps_folder(lambda folder: closed_loop(folder, pts, steps.fingerprints[f"{key}/export"])))
@@ -212,6 +218,15 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
                 for k, m in table.items()}
         return result
 
+    def offline_eval_step(folder: Path) -> dict:
+        rows = stats.controller_rows(tr["checkpoint"], eval_set["dataset"], ("train", "validation", "test"))
+        return {"offline_eval": stats.scorer_metrics(rows, boot, ref="gate"),
+                "offline_eval_by_depth": stats.by_depth(rows, boot, ref="gate")}
+
+    oe = ({"offline_eval": {}, "offline_eval_by_depth": {}} if not (eval_set or {}).get("dataset") else
+          steps.run(f"{key}/offline_eval", {"upstream": steps.fingerprints[f"{key}/train"], "bootstrap": boot,
+                                            "eval_data": steps.fingerprints["eval_data"]}, offline_eval_step))
+
     rl = steps.run(f"{key}/real", {"upstream": steps.fingerprints[f"{key}/train"],
                                    "real": steps.fingerprints["real_data"], "bootstrap": boot}, real_step)
     labels = {"source": source, "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold"),
@@ -219,7 +234,7 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
               "counts": ds.get("labels")}
     return {"family": family, "labels": labels, "tau": tr.get("tau"), "train_auroc": tr.get("auroc"),
             "controller": ex["controller"], "export_fp": steps.fingerprints[f"{key}/export"],
-            "offline": off["offline"], "offline_by_depth": off["offline_by_depth"], "real": rl,
+            "offline": off["offline"], "offline_by_depth": off["offline_by_depth"], **oe, "real": rl,
             "points": pts, "runs": gl["runs"]}
 
 
@@ -293,6 +308,19 @@ def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool) -> d
             path = dest
         result[name] = str(path)
     return {"datasets": result}
+
+
+def _eval_dataset(loop_folder: Path, seeds: list[int], folder: Path, enc: str, progress: bool) -> dict:
+    """``eval_data``: the eval queries' unpruned closed-loop runs (policy ``none``, every seed) as a decision
+    dataset labelled by their key points: held-out queries, every branch expanded, so every candidate has a
+    label. ``{"dataset": None}`` when those runs carry no key points (an environment without them)."""
+    from branchgate.logs_to_dataset.build import build
+
+    traces = [loop_folder / f"seed{s}" / "none" / "traces" for s in seeds]
+    dest = folder / "dataset"
+    m = build([str(t) for t in traces], dest, encoder=enc, labels="keypoints", progress=progress)
+    labelled = sum(v for s in m["labels"].values() for k, v in s.items() if k in ("0", "1"))
+    return {"dataset": str(dest) if labelled else None, "runs": m["n_runs"]["total"], "labelled": labelled}
 
 
 def _manifest_hash(path) -> str:

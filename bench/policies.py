@@ -4,8 +4,9 @@
 - ``none`` (no pruning, one point);
 - every teacher ``NAME:max_items=K`` for K in ``teacher_max_items`` (its breadth budget);
 - each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``,
-  and, for the first label source's gate, set-aware ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus``
-  (curve ``gate+greedy``);
+  and, for the first label source's gate, its variants (``VARIANTS``), each its own curve: set-aware
+  ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus`` (curve ``gate+greedy``) and the top-1 fallback at the
+  root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate);
 - run budgets (``budget_points``, the bench's ``budgets`` step): for each fraction F of ``budget_fractions``, the
@@ -61,25 +62,32 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
     return _unique(out)
 
 
-def gate_points(section: dict, gate_path: str, family: str = "gate", greedy: bool = True) -> list[PolicyPoint]:
+VARIANTS = {  # a gate variant: (its τ list in ``policies``, the gate spec keys it adds)
+    "greedy": ("greedy_taus", "greedy=1"),  # set-aware selection
+    "stop": ("stop_taus", "fallback=root"),  # below the root a frame may keep none
+}
+
+
+def gate_points(section: dict, gate_path: str, family: str = "gate", variants: bool = True) -> list[PolicyPoint]:
     """The gate's points: ``gate:PATH`` at its calibrated τ, ``gate:PATH,tau=T`` for T in ``gate_taus``, and
-    the three-stage combinations that name ``gate``; with ``greedy`` also the set-aware points of
-    ``greedy_taus`` (curve ``<family>+greedy``). ``family`` names the curve (``gate`` for the first label
-    source, ``gate[SOURCE]`` for the others), and prefixes every point's name."""
+    the three-stage combinations that name ``gate``; with ``variants`` also each variant's points (``VARIANTS``:
+    curve ``<family>+<variant>``). ``family`` names the curve (``gate`` for the first label source,
+    ``gate[SOURCE]`` for the others), and prefixes every point's name."""
     out = [PolicyPoint(family, family, f"gate:{gate_path}")]
     for tau in section.get("gate_taus") or []:
         out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
-    curve = greedy_family(family)  # set-aware selection (gate:PATH,greedy=1), its own curve
-    for tau in (section.get("greedy_taus") or []) if greedy else []:
-        out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},greedy=1",
-                               budget=float(tau)))
+    for variant, (key, keys) in VARIANTS.items() if variants else ():
+        curve = variant_family(family, variant)
+        for tau in section.get(key) or []:
+            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{keys}",
+                                   budget=float(tau)))
     out += _stages(section, gate_path, family)
     return _unique(out)
 
 
-def greedy_family(family: str) -> str:
-    """The curve of gate ``family``'s set-aware points."""
-    return f"{family}+greedy"
+def variant_family(family: str, variant: str) -> str:
+    """The curve of gate ``family``'s ``variant`` points (``VARIANTS``)."""
+    return f"{family}+{variant}"
 
 
 def _stages(section: dict, gate_path: str | None, family: str) -> list[PolicyPoint]:

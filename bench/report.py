@@ -10,9 +10,10 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
 from pathlib import Path
 
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
+from branchgate.bench.policies import VARIANTS
 
-REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "budgets", "findings",
-               "encoder", "timings")  # "budgets" only when the budgets step ran (policies.budget_fractions)
+REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "offline_eval_by_depth", "real", "labels",
+               "by_labels", "budgets", "findings", "encoder", "timings")  # "budgets" only when the budgets step ran (policies.budget_fractions)
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
 ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
@@ -48,7 +49,7 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     if report.get("findings"):
         lines += [f"{h} Findings (stated by the bench from the figures below)", ""]
         lines += [f"- {f}" for f in report["findings"]] + [""]
-    if len(by) > 1 or any(res.get("greedy") for res in by.values()):
+    if len(by) > 1 or any(res.get(v) for res in by.values() for v in VARIANTS):
         lines += _sources_tables(report, h)
     lines += [f"![KPR vs tokens]({images}{PLOT})", ""]
     lines += [f"{h} Closed loop (eval queries; mean [95% CI over queries])", ""]
@@ -81,6 +82,10 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
         for stratum, table in res["offline_by_depth"].items():
             lines += ["", f"{h}# {stratum}", ""] + _offline_table(table)
         lines += closed
+        for stratum, table in (res.get("offline_eval_by_depth") or {}).items():
+            lines += ["", f"{h} Offline on the eval queries' unpruned runs, {stratum} (gate trained on `{src}`; every "
+                      "candidate labelled by its key points; queries never trained on; 95% CI over runs)", ""]
+            lines += _offline_table(table, deltas=True)
     lines += ["", f"{h} Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
     return "\n".join(lines) + "\n"
@@ -177,6 +182,15 @@ def findings(report: dict) -> list[str]:
                 k, m = max(worse, key=lambda km: km[1]["auroc"] or 0)
                 out.append(f"On {ds}, `{fam}` (AUROC {g:.3f}) ranks below {len(worse)} teacher(s), the best {k} "
                            f"({m['auroc']:.3f}; gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}).")
+        deep = (res.get("offline_eval_by_depth") or {}).get("depth1+") or {}
+        rivals = [(k, m) for k, m in deep.items() if k != "gate" and m.get("delta_vs_gate")]
+        if deep.get("gate", {}).get("auroc") is not None and rivals:
+            k, m = min(rivals, key=lambda km: (km[1]["delta_vs_gate"].get("ci95") or [float("inf")])[0])
+            ahead = all(_sig(r["delta_vs_gate"]) > 0 for _, r in rivals)
+            out.append(f"Within depth ≥ 1 on the eval queries' unpruned runs ({deep['gate']['n_rows']} candidates), "
+                       f"`{fam}` (AUROC {deep['gate']['auroc']:.3f}) is "
+                       + ("ahead of every teacher" if ahead else "not ahead of every teacher")
+                       + f"; the closest, {k} ({m['auroc']:.3f}): gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}.")
     if report.get("budgets"):
         out += budget_findings(report["budgets"])
     gate = report["offline"].get("gate") or {}
@@ -188,9 +202,8 @@ def findings(report: dict) -> list[str]:
 
 
 def _curves(res: dict) -> list[tuple[str, dict]]:
-    """A label source's gate curves and their ``gate_vs``: the threshold gate, and the set-aware one if run."""
-    return [(res["family"], res["gate_vs"])] + ([(res["greedy"]["family"], res["greedy"]["gate_vs"])]
-                                               if res.get("greedy") else [])
+    """A label source's gate curves and their ``gate_vs``: the threshold gate, then each variant that ran."""
+    return [(res["family"], res["gate_vs"])] + [(res[v]["family"], res[v]["gate_vs"]) for v in VARIANTS if res.get(v)]
 
 
 def real_tables(report: dict) -> dict[str, dict]:
@@ -235,11 +248,14 @@ def _sources_tables(report: dict, h: str = "##") -> list[str]:
     return lines + [""]
 
 
-def _offline_table(table: dict) -> list[str]:
-    rows = ["| scorer | AUROC [95% CI] | AUPRC | top-1 | rows |", "|---|---|---|---|---|"]
+def _offline_table(table: dict, deltas: bool = False) -> list[str]:
+    """Each scorer's AUROC, AUPRC, top-1 and rows; with ``deltas`` also gate − scorer (paired over runs)."""
+    extra = (" gate − scorer [95% CI] |", "---|") if deltas else ("", "")
+    rows = ["| scorer | AUROC [95% CI] | AUPRC | top-1 | rows |" + extra[0], "|---|---|---|---|---|" + extra[1]]
     for name, m in table.items():
+        d = m.get("delta_vs_gate") if deltas else None
         rows.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95_auroc']})} | {_f(m['auprc'])} "
-                    f"| {_f(m['top1'])} | {m['n_rows']} |")
+                    f"| {_f(m['top1'])} | {m['n_rows']} |" + ((f" {_mc(d, '+.3f')} |" if d else " |") if deltas else ""))
     return rows
 
 

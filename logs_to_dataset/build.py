@@ -401,6 +401,7 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "label_threshold_rule": (fitted.get(label_kind) or {}).get("rule"),
         "label_thresholds": thresholds,
         "label_threshold_rules": {k: v["rule"] for k, v in sorted(fitted.items())},
+        "label_depth_thresholds": {k: v["depth_thresholds"] for k, v in sorted(fitted.items()) if v["depth_thresholds"]},
         "positive_rate_target": builder.positive_rate,
         "positive_rate": {k: v["positive_rate"] for k, v in sorted(fitted.items())},
         "label_missing": missing,

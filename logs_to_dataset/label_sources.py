@@ -14,7 +14,9 @@ A source turns one run into ``{candidate_id: g}`` for its expanded candidates wi
 Rate rule: a teacher's set gains have no scale a fixed threshold fits across logs (on drgym dev runs without
 key points every SC gain is below its 0.05 operating point), so with no ``--label-threshold`` the threshold
 is the value at which a target fraction (``--positive-rate``) of the train split's realized utilities is
-positive; validation and test are labelled with that threshold, never looked at.
+positive, lowered at each depth where fewer than that fraction of the depth's train utilities pass it
+(``labels.depth_thresholds``: a set gain shrinks as the context grows); validation and test are labelled with
+those thresholds, never looked at.
 
 Adding a source is adding a class with ``kind``, ``threshold`` (a number, or None for the rate rule),
 ``higher_is_better``, ``needs_vectors(rd)``, ``missing(rd, info)`` and ``utilities(rd, info, tools)``, and

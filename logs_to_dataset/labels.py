@@ -170,31 +170,37 @@ class RowBuilder:
         per kind: ``threshold``, ``rule`` and the ``positive_rate`` per split.
 
         Thresholds: ``--label-threshold`` if given; else the source's own (1 key point, 1 citation); else (teachers)
-        the rate rule over the train split's realized utilities; with none, the teacher's operating point."""
+        the rate rule over the train split's realized utilities, with its per-depth floor (``depth_thresholds``);
+        with none, the teacher's operating point."""
         out = {}
         for kind, src in sorted(self.kinds.items()):
             realized = {s: records.realized(s, kind) for s in records.splits}  # split → row positions
+            by_depth: dict[int, float] = {}  # the rate rule's per-depth thresholds (``depth_thresholds``)
             higher = getattr(src, "higher_is_better", True)
             if self.override is not None:
                 thr, rule = float(self.override), "--label-threshold"
             elif src.threshold is not None:
                 thr, rule = float(src.threshold), f"the source's default ({kind})"
             else:
-                train = records.utility("train")[realized["train"]] if "train" in realized else np.zeros(0)
+                idx = realized.get("train", np.zeros(0, np.int64))
+                train, depth = records.utility("train")[idx], records.depth("train")[idx]
                 fit = rate_threshold(train.tolist(), self.positive_rate, higher)
                 if fit is None:
                     thr = float(getattr(src, "model", self.label_model).threshold)
                     rule = "the teacher's operating point (no realized train utility to set a rate from)"
                 else:
                     thr = fit[0]
+                    by_depth = depth_thresholds(train, depth, thr, self.positive_rate, higher)
                     rule = (f"positive rate {self.positive_rate:g} of the train split's realized utilities "
-                            f"(achieved {fit[1]:.4g})")
+                            f"(achieved {fit[1]:.4g}), and at least that rate at each depth")
             rates = {}
             for s, idx in realized.items():
-                labels = _keep(records.utility(s)[idx], thr, higher).astype(np.int64)
+                cut = level_thresholds(records.depth(s)[idx], thr, by_depth)
+                labels = _keep(records.utility(s)[idx], cut, higher).astype(np.int64)
                 records.label(s)[idx] = labels
                 rates[s] = round(int(labels.sum()) / len(idx), 4) if len(idx) else None
-            out[kind] = {"threshold": thr, "rule": rule, "positive_rate": rates}
+            out[kind] = {"threshold": thr, "rule": rule, "positive_rate": rates,
+                         "depth_thresholds": {str(d): t for d, t in sorted(by_depth.items())}}
         return out
 
 
@@ -203,7 +209,7 @@ UNLABELLED = int(np.iinfo(np.int64).min)  # a realized row's label until ``final
 
 class LabelRecords:
     """What labelling and the manifest read of each row (``utility``, ``utility_kind``, ``label_source``,
-    ``expanded``, ``label``), per split, as flat arrays (about 20 bytes a row): the rows themselves (texts,
+    ``expanded``, ``depth``, ``label``), per split, as flat arrays (about 24 bytes a row): the rows themselves (texts,
     retained lists, teacher scores) go to disk as they are built. ``finalize`` sets ``label`` here."""
 
     def __init__(self, splits):
@@ -213,7 +219,7 @@ class LabelRecords:
         self.kinds: list[str] = []  # utility_kind / label_source codes → names
         self.sources: list[str] = []
         self._cols = {s: {"utility": array("d"), "kind": array("H"), "source": array("B"), "expanded": array("B"),
-                          "label": array("q")} for s in self.splits}
+                          "depth": array("I"), "label": array("q")} for s in self.splits}
 
     @staticmethod
     def _code(names: list[str], name: str) -> int:
@@ -228,6 +234,7 @@ class LabelRecords:
             c["kind"].append(self._code(self.kinds, r["utility_kind"]))
             c["source"].append(self._code(self.sources, r["label_source"]))
             c["expanded"].append(bool(r["expanded"]))
+            c["depth"].append(max(0, int(r["depth"])))
             c["label"].append(UNLABELLED if r["label"] is None else int(r["label"]))
 
     def __len__(self) -> int:
@@ -242,6 +249,9 @@ class LabelRecords:
 
     def utility(self, split: str) -> np.ndarray:
         return self._array(split, "utility", np.float64)
+
+    def depth(self, split: str) -> np.ndarray:
+        return self._array(split, "depth", np.uint32).astype(np.int64)
 
     def expanded(self, split: str) -> np.ndarray:
         return self._array(split, "expanded", np.uint8).astype(bool)
@@ -268,6 +278,39 @@ class LabelRecords:
         if kind is not None:
             mask &= self._array(split, "kind", np.uint16) == self.kinds.index(kind)
         return np.flatnonzero(mask)
+
+
+MIN_DEPTH_ROWS = 50  # realized train rows a depth needs for a threshold of its own
+
+
+def depth_thresholds(values: np.ndarray, depths: np.ndarray, threshold: float, rate: float,
+                     higher_is_better: bool = True) -> dict[int, float]:
+    """The rate rule's per-depth thresholds: for each depth with at least ``MIN_DEPTH_ROWS`` realized train rows,
+    the global ``threshold`` or, when that leaves fewer than ``rate`` of the depth's rows positive, the
+    threshold giving ``rate`` among them (the lower of the two, so every depth has at least ``rate``).
+
+    Why: a teacher's set gain shrinks as the retained context grows, so one threshold over all rows labels
+    by depth (on simulated drgym runs: 98% of the root's candidates positive, 0.2% of deeper ones) and a
+    gate trained on it has nothing to rank below the root."""
+    out: dict[int, float] = {}
+    for d in np.unique(depths):
+        v = values[depths == d]
+        if v.size < MIN_DEPTH_ROWS:
+            continue
+        fit = rate_threshold(v.tolist(), rate, higher_is_better)
+        own = threshold if fit is None else fit[0]
+        out[int(d)] = min(own, threshold) if higher_is_better else max(own, threshold)
+    return out
+
+
+def level_thresholds(depths: np.ndarray, threshold: float, by_depth: dict[int, float]) -> np.ndarray:
+    """Each row's threshold: its depth's (``depth_thresholds``); a depth with too few train rows takes the
+    nearest shallower depth's, else the global ``threshold``."""
+    known = np.asarray(sorted(by_depth), np.int64)
+    if not known.size:
+        return np.full(len(depths), threshold, np.float64)
+    values = np.asarray([threshold] + [by_depth[int(d)] for d in known], np.float64)
+    return values[np.searchsorted(known, np.asarray(depths, np.int64), side="right")]
 
 
 def _keep(value: float, threshold: float, higher_is_better: bool = True) -> bool:

@@ -20,7 +20,8 @@ texts and ``TOKEN_BUDGET`` padded tokens, each split further where lengths jump
 (``inference.schedule.length_buckets``). A batch's vectors depend only on its texts, and batches are formed
 the same way whatever the number of workers, so ``workers=1`` and ``workers=N`` give identical vectors.
 Workers: ``OnnxEncoder(workers=N)`` runs batches in N spawned processes, each owning one onnxruntime session
-with one intra-op thread; ``workers=1`` runs them in this process.
+with one intra-op thread; ``workers=1`` runs them in this process. A worker exits by itself within a second of
+its parent's death (a killed build leaves no process behind).
 
 Parity (``check_parity``): before its first text, ``OnnxEncoder`` embeds ``PARITY_PROBES`` (empty, blank,
 unicode, over-long texts, ...) through its own path (its workers) and compares them with the torch
@@ -313,8 +314,19 @@ def _run_batch(tower_path: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray
     return _runner(tower_path).run(ids, mask)
 
 
+def _watch_parent(ppid: int, every: float = 1.0) -> None:
+    """A worker's watchdog: exit when the process that started it is gone (killed builds leave no workers)."""
+    while True:
+        time.sleep(every)
+        if os.getppid() != ppid:
+            os._exit(0)
+
+
 def _init_worker(tower_path: str) -> None:
+    import threading
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="parent-watchdog").start()
     try:
         _ = _runner(tower_path).session  # built once, before the first batch
     except Exception:  # the first task raises it again, with its message (an initializer's error breaks the pool)

@@ -12,11 +12,14 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 frame's oversampled candidates, greedily; its threshold applies there only
                                 when the spec sets ``threshold`` explicitly.
 - ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
-- ``gate:PATH[,tau=T][,greedy=1]`` the learned controller ``branchgate.inference.gate.Gate.load(PATH)`` (loaded
-                                on first use), thresholded at its τ (or ``T``) with the top-1 fallback; with
+- ``gate:PATH[,tau=T][,greedy=1][,fallback=root]`` the learned controller
+                                ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on first use),
+                                thresholded at its τ (or ``T``) with the top-1 fallback; with
                                 ``greedy=1`` set-aware: keep the best candidate, re-score the rest as if it were
                                 already expanded (appended to the retained context), repeat while the best
-                                p_keep ≥ τ
+                                p_keep ≥ τ; ``fallback=root`` keeps the top-1 fallback at the root frame only
+                                (a deeper frame whose candidates all fall below τ expands none: the branch
+                                stops), an ablation of what the fallback costs below the root
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``); ``NODES`` may be left out
@@ -178,6 +181,7 @@ class GatePolicy(Policy):
     spec: str = ""
     tau: float | None = None  # overrides the controller's τ
     greedy: bool = False  # set-aware selection (see the module docstring)
+    fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -210,10 +214,11 @@ class GatePolicy(Policy):
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
         tau = model.threshold if self.tau is None else self.tau
+        fallback = stage != "post_retrieval" and not (self.fallback_root_only and int(state.depth or 0) > 0)
         if self.greedy:
-            kept = self._greedy(model, x, state, p, tau, fallback=stage != "post_retrieval")
+            kept = self._greedy(model, x, state, p, tau, fallback=fallback)
         else:
-            kept = decide(p, tau, fallback=stage != "post_retrieval").kept
+            kept = decide(p, tau, fallback=fallback).kept
         return Choice(kept, [float(v) for v in p], [float(v) for v in p])
 
     @staticmethod
@@ -314,7 +319,7 @@ def parse(spec: str | None, stage: str) -> Policy:
     flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
     trailing_only = name == "gate"  # a controller path may hold commas: only its trailing key=value pieces count
     try:
-        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "greedy", *RUN_GATE_KEYS) if name == "gate" else ()),
+        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
                                 trailing_only)
     except BranchgateError as exc:
         raise BranchgateError(f"{flag} {spec}: {exc}") from None
@@ -404,7 +409,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     if name == "gate":
         path = arg
         if not path:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1][,budget_nodes=N|budget_tokens=T]"
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
                                   "[,defer=1] (a controller.onnx or its folder)")
         try:
             tau = float(opts["tau"]) if opts.get("tau") else None
@@ -414,6 +419,11 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
             raise BranchgateError(f"{flag} {spec}: tau must be in [0, 1]")
         if opts.get("greedy", "0") not in ("0", "1"):
             raise BranchgateError(f"{flag} {spec}: greedy must be 0 or 1, got {opts['greedy']!r}")
+        if opts.get("fallback", "all") not in ("all", "root"):
+            raise BranchgateError(f"{flag} {spec}: fallback must be all or root, got {opts['fallback']!r}")
+        if budget is not None and opts.get("fallback", "all") != "all":
+            raise BranchgateError(f"{flag} {spec}: fallback=root and a run budget do not combine (the run-scoped "
+                                  "gate decides when a branch stops)")
         if budget is not None and opts.get("greedy") == "1":
             raise BranchgateError(f"{flag} {spec}: greedy=1 and a run budget do not combine (the run-scoped gate "
                                   "chooses under the budget)")
@@ -432,7 +442,8 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
                 raise BranchgateError(f"{flag} {spec}: {key} must be " + ("a number > 0" if key == "price_exponent"
                                                                           else "in [0, 1]") + f", got {opts[key]!r}")
             run_options[key] = value
-        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1", run_options=run_options)
+        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1",
+                          fallback_root_only=opts.get("fallback") == "root", run_options=run_options)
     if name == "shallow":
         if stage != "pre_retrieval":
             raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")

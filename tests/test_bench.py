@@ -14,8 +14,8 @@ from branchgate.cli import main
 from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
 
-SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "real")
-STEPS = ("simulate", "closed_loop", "real_data", *(f"keypoints/{s}" for s in SOURCE_STEPS), "budgets")
+SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real")
+STEPS = ("simulate", "closed_loop", "real_data", "eval_data", *(f"keypoints/{s}" for s in SOURCE_STEPS), "budgets")
 TINY = """breadth: 2
 depth: 2
 encoder: packaged
@@ -85,6 +85,10 @@ def test_report_has_every_policy_and_plausible_values(bench):
         == rep["offline"]["gate"]["n_rows"]
     for m in rep["offline"].values():
         assert 0 <= m["auroc"] <= 1 and 0 <= m["auprc"] <= 1 and 0 <= m["top1_informative"] <= 1
+    ev = rep["offline_eval_by_depth"]  # the eval queries' unpruned runs: 4 queries, every candidate labelled
+    assert set(ev) == {"depth0", "depth1+"} and set(ev["depth1+"]) == {"gate", *NAMES}
+    assert ev["depth1+"]["gate"]["n_rows"] > rep["offline_by_depth"]["depth1+"]["gate"]["n_rows"] / 10
+    assert all(_contains(m["delta_vs_gate"]) for k, m in ev["depth1+"].items() if k != "gate")
     real = rep["real"]["dataset"]
     assert set(real) == {"gate", *NAMES} and "delta_vs_gate" not in real["gate"]
     assert all(_contains(m["delta_vs_gate"]) for k, m in real.items() if k != "gate")
@@ -93,7 +97,8 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
     assert set(STEPS) | {"total"} == set(rep["timings"]) and rep["timings"]["total"] > 0
     md = (d / "out" / "report.md").read_text()
-    assert "| gate@tau=0.5 |" in md and "## Offline" in md
+    assert "| gate@tau=0.5 |" in md and "## Offline" in md and "## Offline on the eval queries' unpruned runs, depth1+" in md
+    assert any(f.startswith("Within depth ≥ 1 on the eval queries' unpruned runs") for f in rep["findings"])
     b = rep["budgets"]  # run budgets at 30% of each query's unpruned tokens: never exceeded
     assert set(b["policies"]) == {"gate@budget=0.3", "gate+defer@budget=0.3", "dpp@budget=0.3", "shallow@budget=0.3"}
     assert b["violations"] == 0 and b["checked_runs"] == 16 and b["queries"] == 4
@@ -129,16 +134,17 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
 def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
     d, argv, first = bench
     out = d / "out"
-    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  gate_taus:"))
+    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  stop_taus: [0.5]\n  gate_taus:"))
     argv = [a if a != str(d / "tiny.yaml") else str(d / "tiny2.yaml") for a in argv]
     argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
-    # simulation and baselines reused; the first gate only adds its set-aware point
+    # simulation and baselines reused; the first gate only adds its set-aware and stopping points
     assert rep["steps_run"] == ["keypoints/closed_loop"] + [f"citations/{s}" for s in SOURCE_STEPS]
     assert "gate+greedy@tau=0.5" in set(rep["policies"]) and not any("]+greedy" in k for k in rep["policies"])
     assert rep["by_labels"]["keypoints"]["greedy"]["family"] == "gate+greedy"
     assert set(rep["by_labels"]["keypoints"]["greedy"]["gate_vs"]) == set(rep["gate_vs"])
+    assert "gate+stop@tau=0.5" in set(rep["policies"]) and rep["by_labels"]["keypoints"]["stop"]["family"] == "gate+stop"
     assert list(rep["by_labels"]) == ["keypoints", "citations"]
     cit = rep["by_labels"]["citations"]
     assert cit["family"] == "gate[citations]" and cit["labels"]["kind"] == "citations"

@@ -256,3 +256,51 @@ def test_rows_go_to_disk_as_they_are_built(encoder, torch_built, tmp_path, monke
         assert ds[split]["label"] == records.labels(split)  # as ``finalize`` set them, none left unset
         assert None not in records.labels(split)
     _same_rows(ds, _rows(torch_built[1] / "ds"), atol=1e-6)  # other batches: the same within float rounding
+
+
+KILLED_PARENT = """
+import sys, time
+from branchgate.models.encoder import Encoder, resolve
+from branchgate.models.onnx_encoder import OnnxEncoder
+if __name__ == "__main__":  # the workers are spawned: they import this file
+    enc = OnnxEncoder(Encoder(resolve("packaged")), workers=2, cache_dir=sys.argv[1])
+    enc.encode(["a first text", "a second one"])
+    print("PIDS", *enc._pool._processes, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_workers_exit_when_the_build_is_killed(encoder, towers, tmp_path):
+    """A build killed (SIGKILL: no clean-up runs) must not leave its embedding workers computing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(KILLED_PARENT)
+    proc = subprocess.Popen([sys.executable, str(script), str(towers)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        line = next((ln for ln in proc.stdout if ln.startswith("PIDS")), "")
+        workers = [int(p) for p in line.split()[1:]]
+        assert len(workers) == 2 and all(Path(f"/proc/{p}").exists() for p in workers)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 15
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if _running(p)]
+    assert not alive, f"workers {alive} outlived their killed parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+

@@ -40,6 +40,34 @@ def test_rate_threshold_leaves_both_classes_and_follows_direction():
     assert rate_threshold([float("nan")], 0.1) is None
 
 
+def test_rate_rule_gives_every_depth_at_least_the_rate():
+    """A teacher's gains shrink with depth: one threshold would label only the root positive; the per-depth
+    floor keeps the global threshold where it already passes the rate and lowers it where it does not."""
+    from branchgate.logs_to_dataset.labels import MIN_DEPTH_ROWS, LabelRecords, RowBuilder
+
+    rng = np.random.default_rng(0)
+    records = LabelRecords(("train", "test"))
+    def rows(depth, lo, hi, n):
+        return [{"utility": float(u), "utility_kind": "teacher:sc", "label_source": "realized", "expanded": True,
+                 "depth": depth, "label": None} for u in rng.uniform(lo, hi, n)]
+    records.add("train", rows(0, 0.5, 1.0, 100) + rows(1, 0.0, 0.01, 400) + rows(2, 0.0, 0.001, 400)
+                + rows(5, 0.0, 1e-4, MIN_DEPTH_ROWS - 1))
+    records.add("test", rows(1, 0.0, 0.01, 200) + rows(3, 0.0, 0.001, 200))
+    builder = RowBuilder({}, "sc", labels="teacher:sc")
+    builder.kinds = {"teacher:sc": builder.source}
+    fit = builder.finalize(records)["teacher:sc"]
+    depth, label = records.depth("train"), records.label("train")
+    assert label[depth == 0].mean() > 0.9  # the global threshold passes the rate at the root: kept
+    for d in (1, 2):
+        assert abs(label[depth == d].mean() - 0.1) < 0.02, d  # lowered to the rate
+    assert set(fit["depth_thresholds"]) == {"0", "1", "2"}  # depth 5: too few rows for its own threshold
+    assert fit["depth_thresholds"]["0"] == fit["threshold"] > fit["depth_thresholds"]["1"] > fit["depth_thresholds"]["2"]
+    assert label[depth == 5].mean() == 0  # below depth 2's threshold, which it takes
+    tdepth, tlabel = records.depth("test"), records.label("test")
+    assert 0.03 < tlabel[tdepth == 1].mean() < 0.2 and 0.03 < tlabel[tdepth == 3].mean() < 0.2  # depth 3 takes depth 2's
+    assert fit["rule"].endswith("at least that rate at each depth")
+
+
 def test_make_parses_specs_and_judge_needs_options():
     sc = get("sc")
     assert make("keypoints", "sc", sc).kind == "keypoints" and make("citations", "sc", sc).kind == "citations"

@@ -216,6 +216,16 @@ def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
     low = policies.GatePolicy(path="m", greedy=True, tau=0.95, _gate=Model())
     assert low.choose(x, state, "pre_retrieval", None).kept == [0]  # nothing passes: the top-1 fallback
     assert low.choose(x, state, "post_retrieval", None).kept == []  # no fallback after retrieval
+    stop = policies.parse("gate:m.onnx,tau=0.95,fallback=root", "pre_retrieval")
+    stop._gate = Model()
+    deep = State(state.query, state.context, "a sub-question", "", 1)
+    assert stop.choose(x, state, "pre_retrieval", None).kept == [0]  # the root keeps its top-1
+    assert stop.choose(x, deep, "pre_retrieval", None).kept == []  # below the root the branch stops
+    stop.tau = 0.5
+    assert stop.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # what passes τ is kept at any depth
+    for bad, msg in [("gate:m.onnx,fallback=deep", "all or root"), ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine")]:
+        with pytest.raises(BranchgateError, match=msg):
+            policies.parse(bad, "pre_retrieval")
 
 
 def test_random_policy_prunes_and_is_seeded(tmp_path):
