@@ -269,6 +269,10 @@ def plot(report: dict, path: Path) -> None:
     for name, p in report["policies"].items():
         fams.setdefault(p["family"], []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
+    strong = list(plt.get_cmap("tab10").colors[:4]) + list(plt.get_cmap("tab10").colors[6:])
+    muted = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("tab20").colors[1::2])
+    colours = {fam: (strong if fam.startswith("gate") else muted).pop(0) for fam in fams if fam != "none"}
     for fam, pts in fams.items():
         pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
         x = [p["tokens"]["mean"] for p in pts]
@@ -281,7 +285,7 @@ def plot(report: dict, path: Path) -> None:
             continue
         gate = fam.startswith("gate")
         (line,) = ax.plot(x, y, marker="o", linewidth=2.5 if gate else 1.2, markersize=5 if gate else 4, label=fam,
-                          zorder=3 if gate else 2)
+                          zorder=3 if gate else 2, color=colours[fam])
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15 if gate else 0.06, linewidth=0)
     ax.set_xlabel("tokens per run (mean)")
     ax.set_ylabel("key-point recall (mean; bands: 95% CI over queries)")
