@@ -188,6 +188,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     seen: dict[str, str] = {}
     kinds: Counter = Counter()
     problems: Counter = Counter()
+    deferral: Counter = Counter()  # deferred / dropped-by-budget candidates (``RunDecisions.deferral``)
     kp_stats: Counter = Counter()
     partial = {"action": partial_runs, "runs": 0, "reasons": Counter(), "list": []}
     pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
@@ -252,6 +253,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
                         report.skip(run.file, None, f"partial run {run.run_id!r}: {why} (--partial-runs skip)")
                         continue
                 problems.update(rd.problems)
+                deferral.update(rd.deferral)
                 _count_keypoints(kp_stats, run, rd)
                 split = split_of(rd.run_id)
                 n_runs[split] += 1
@@ -288,6 +290,8 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     manifest["partial_runs"] = partial_section
+    manifest["deferral"] = {k: int(deferral[k]) for k in ("deferred", "deferred_expanded", "deferred_never_expanded",
+                                                          "dropped_by_budget")}
     from branchgate.models.onnx_encoder import describe
 
     manifest["embedder"] = describe(loaded["encoder"])

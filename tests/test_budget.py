@@ -460,6 +460,7 @@ def test_traces_with_defer_and_budget_round_trip_through_dataset_build(gate, enc
                          for c in never)
     assert len(rows) == sum(len(f.candidates) for f in rd.frames)
     assert manifest["n_expanded"] == sum(c.expanded for c in by_id.values())
+    assert manifest["deferral"] == rd.deferral  # the build counts the run's deferrals
 
 
 def test_revisit_with_costs_prefers_the_cheap_deferred_candidate(gate):
