@@ -148,7 +148,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
 
 
 def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str, sim: dict, real_sets: dict,
-                  closed_loop, loop_inputs: dict, boot: int, progress: bool, eval_set: dict | None = None) -> dict:
+                  closed_loop, loop_inputs: dict, boot: int, progress: bool, eval_set: dict) -> dict:
     """One label source's steps, under OUT/<source>/: dataset → train → export → the gate's closed-loop points
     → offline metrics (its own test split and labels) → offline_eval (the eval queries' unpruned runs,
     ``eval_data``, by their key points) → real decisions."""
@@ -223,7 +223,7 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
         return {"offline_eval": stats.scorer_metrics(rows, boot, ref="gate"),
                 "offline_eval_by_depth": stats.by_depth(rows, boot, ref="gate")}
 
-    oe = ({"offline_eval": {}, "offline_eval_by_depth": {}} if not (eval_set or {}).get("dataset") else
+    oe = ({"offline_eval": {}, "offline_eval_by_depth": {}} if not eval_set.get("dataset") else
           steps.run(f"{key}/offline_eval", {"upstream": steps.fingerprints[f"{key}/train"], "bootstrap": boot,
                                             "eval_data": steps.fingerprints["eval_data"]}, offline_eval_step))
 

@@ -270,9 +270,12 @@ def plot(report: dict, path: Path) -> None:
         fams.setdefault(p["family"], []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
-    strong = list(plt.get_cmap("tab10").colors[:4]) + list(plt.get_cmap("tab10").colors[6:])
-    muted = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("tab20").colors[1::2])
-    colours = {fam: (strong if fam.startswith("gate") else muted).pop(0) for fam in fams if fam != "none"}
+    strong = plt.get_cmap("tab10").colors[:4] + plt.get_cmap("tab10").colors[6:]
+    muted = plt.get_cmap("Dark2").colors + plt.get_cmap("tab20").colors[1::2]
+    gates = [f for f in fams if f.startswith("gate")]
+    others = [f for f in fams if f != "none" and not f.startswith("gate")]
+    colours = {**{f: muted[i % len(muted)] for i, f in enumerate(others)},
+               **{f: strong[i % len(strong)] for i, f in enumerate(gates)}}
     for fam, pts in fams.items():
         pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
         x = [p["tokens"]["mean"] for p in pts]

@@ -1,5 +1,4 @@
 """Build the decision dataset from trace files: read → decision points → embed → label → write.
-(About 440 lines: the steps share one manifest, one report of what was skipped and one atomic write.)
 
 Outcomes for bad input (each tested):
 
@@ -37,7 +36,7 @@ memory-mapped for the write. Embedding (``--embed``): ``onnx`` (default) through
 tower in ``--workers`` processes, checked against the torch encoder before the first text
 (``models/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
 
-(About 470 lines, a third of them this docstring: the read → label → manifest flow and its counting of what
+(About 480 lines, a third of them this docstring: the read → label → manifest flow and its counting of what
 was skipped are one job; the rows' storage and write are ``row_store.py``.)
 """
 
@@ -54,7 +53,7 @@ from branchgate import __version__
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
-from branchgate.logs_to_dataset.decisions import partial_reason, run_decisions, split_of
+from branchgate.logs_to_dataset.decisions import DEFERRAL_COUNTS, partial_reason, run_decisions, split_of
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
@@ -290,8 +289,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     manifest["partial_runs"] = partial_section
-    manifest["deferral"] = {k: int(deferral[k]) for k in ("deferred", "deferred_expanded", "deferred_never_expanded",
-                                                          "dropped_by_budget")}
+    manifest["deferral"] = {k: int(deferral[k]) for k in DEFERRAL_COUNTS}
     from branchgate.models.onnx_encoder import describe
 
     manifest["embedder"] = describe(loaded["encoder"])

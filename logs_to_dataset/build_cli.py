@@ -46,7 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "--positive-rate)")
     parser.add_argument("--positive-rate", type=float, default=0.1, metavar="R",
                         help="without --label-threshold, a teacher's threshold is the level at which a fraction R "
-                             "of the train split's realized utilities is positive (validation and test are not looked "
+                             "of the train split's realized utilities is positive, lowered at any depth where fewer than R "
+                             "would pass (a set gain shrinks as the context grows; validation and test are not looked "
                              "at). A teacher's set gain has no fixed scale across logs: every realized SC gain of the "
                              "drgym dev runs without key points is below SC's operating point 0.05 (at most 0.017), "
                              "an all-negative dataset. Default 0.1, about the key-point labels' positive rate there (9%%); the "

@@ -93,13 +93,16 @@ class RunDecisions:
         return sum(len(f.candidates) for f in self.frames)
 
     @property
-    def deferral(self) -> dict[str, int]:
+    def deferral(self) -> dict[str, int]:  # keys: DEFERRAL_COUNTS
         """Candidates deferred (then expanded, or never), and pruned by the budget."""
         cands = [c for f in self.frames for c in f.candidates]
         return {"deferred": sum(c.deferred for c in cands),
                 "deferred_expanded": sum(c.deferred and c.expanded for c in cands),
                 "deferred_never_expanded": sum(c.deferred and not c.expanded for c in cands),
                 "dropped_by_budget": sum(c.dropped_by_budget and not c.expanded for c in cands)}
+
+
+DEFERRAL_COUNTS = ("deferred", "deferred_expanded", "deferred_never_expanded", "dropped_by_budget")  # RunDecisions.deferral
 
 
 def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:

@@ -219,3 +219,18 @@ def test_readme_results_are_the_stored_bench_report():
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", inner)
     assert images and all((root / img).read_bytes()[:4] == b"\x89PNG" for img in images)
     assert mod.replace_block(readme, mod.block(report)) == readme  # rerunning the script changes nothing
+
+
+def test_plot_gives_every_curve_a_colour_however_many_gates(tmp_path):
+    """More gate curves than the strong palette holds (several label sources and variants) must still plot."""
+    from branchgate.bench.report import plot
+
+    def point(fam, t, k):
+        return {"family": fam, "tokens": {"mean": t}, "kpr": {"mean": k, "ci95": [k - 0.01, k + 0.01]}}
+
+    fams = [f"gate[s{i}]" for i in range(12)] + [f"t{i}" for i in range(20)]
+    policies = {f"{f}@{j}": point(f, 1000 * (j + 1), 0.1 * (j + 1)) for f in fams for j in range(2)}
+    policies["none"] = point("none", 5000, 0.5)
+    report = {"policies": policies, "labels": {"source": "keypoints"}, "queries": {"eval": 3}}
+    plot(report, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
