@@ -22,6 +22,7 @@ Label sources (``--labels``; ``logs_to_dataset/label_sources.py`` defines them):
 |---|---|---|
 | ``auto`` (default) | ``keypoints`` when the run's evidence has key-point labels, else ``teacher:<teacher>`` | as below |
 | ``keypoints`` | new ground-truth key points its evidence covers | 1 |
+| ``returns[:γ]`` | the same, plus γ^k × those its expanded descendants k levels below first cover (γ = 0.5) | 1 |
 | ``citations`` | its new evidence items the final ``report`` cites (``cited_ids``) | 1 |
 | ``teacher:NAME`` | the teacher's set gain of its evidence given C_t | ``positive_rate`` (0.1) of the train split's utilities positive |
 | ``judge`` | key points an LLM judge finds new (``logs_to_dataset/judge.py``) | the judge's |
@@ -96,8 +97,8 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
           runs=None) -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
 
-    ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, citations, judge,
-    teacher:NAME). A teacher's threshold, without ``label_threshold``, is set so that ``positive_rate`` of the
+    ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, returns[:γ], citations,
+    judge, teacher:NAME). A teacher's threshold, without ``label_threshold``, is set so that ``positive_rate`` of the
     train split's realized utilities are positive. ``label_options`` go to the source (judge: llm_url,
     llm_model, ...). The manifest records each kind's ``label_threshold``, ``label_threshold_rule`` and its
     positive rate per split, and counts the runs a source could not label (``label_missing``).

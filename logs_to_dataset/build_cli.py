@@ -25,9 +25,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", nargs="+", required=True, metavar="PATH",
                         help="trace files or directories (searched recursively)")
     parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
-    parser.add_argument("--labels", default="auto", metavar="auto|keypoints|citations|judge|teacher:NAME",
+    parser.add_argument("--labels", default="auto", metavar="auto|keypoints|returns[:G]|citations|judge|teacher:NAME",
                         help="label source (default auto: key points when a run's evidence has them, else "
                              "teacher:<--teacher>). keypoints: new ground-truth key points a branch's evidence covers; "
+                             "returns[:G]: those plus G^k times the ones its expanded descendants k levels below first "
+                             "cover (G = 0.5; the value of expanding the branch, not only its own gain); "
                              "citations: its new evidence items the final report cites; teacher:NAME: the teacher's "
                              "post-retrieval set gain of its evidence; judge: key points an LLM judge finds new "
                              "(needs --llm-url/--llm-model). A run without what the source needs (no key-point "

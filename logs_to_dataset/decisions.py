@@ -74,6 +74,7 @@ class FrameInfo:
     depth: int
     frame_query: str
     parent_goal: str
+    parent_candidate: str | None = None  # the expanded candidate this frame follows up (None: the root)
     candidates: list[CandidateInfo] = field(default_factory=list)
     retained: list[str] = field(default_factory=list)
     context_ids: list[str] = field(default_factory=list)
@@ -124,7 +125,8 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
             if e.frame_id in frames:
                 problems.append(f"frame {e.frame_id!r} opened twice (second ignored)")
                 continue
-            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal)
+            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal,
+                                           getattr(e, "parent_candidate", None))
         elif t == "candidate":
             if e.frame_id not in frames:
                 problems.append(f"candidate {e.candidate_id!r} names unknown frame {e.frame_id!r} (ignored)")

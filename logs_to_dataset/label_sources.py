@@ -6,10 +6,15 @@ A source turns one run into ``{candidate_id: g}`` for its expanded candidates wi
 | ``--labels`` | kind | g | needs (else the run is excluded and counted) | default threshold |
 |---|---|---|---|---|
 | ``keypoints`` | ``keypoints`` | ground-truth key points covered by E(c) and not by C_t | evidence with key-point ``labels`` | 1 key point |
+| ``returns[:γ]`` | ``returns:γ`` | the discounted return of expanding c: key points new to C_t that c's evidence covers, plus γ^k times those first covered by its expanded descendants k levels below (the frames whose ``parent_candidate`` is c, and theirs); γ = 0.5 by default, γ = 0 is ``keypoints`` | as ``keypoints`` | 1 key point |
 | ``citations`` | ``citations`` | evidence items of E(c) \\ C_t that the final report cites | a ``report`` with ``cited_ids`` naming some evidence | 1 citation |
 | ``teacher:NAME`` | ``teacher:NAME`` | ``set_gain(teacher, E(c), state)`` given C_t | nothing (evidence text) | rate rule (below) |
 | ``judge`` | ``judge`` | key points an LLM judge finds new in E(c) (``logs_to_dataset/judge.py``) | ``--llm-url``, ``--llm-model`` | the judge's |
 | ``auto`` | per run | ``keypoints`` when the run has them, else ``teacher:<--teacher>`` | — | as above |
+
+``returns`` counts only descendants the run expanded: in unpruned runs (the bench's training runs) that is the
+whole subtree; in pruned runs it is a lower bound. Each key point counts once, at the shallowest level (then the
+earliest branch) that finds it.
 
 Rate rule: a teacher's set gains have no scale a fixed threshold fits across logs (on drgym dev runs without
 key points every SC gain is below its 0.05 operating point), so with no ``--label-threshold`` the threshold
@@ -33,6 +38,7 @@ from branchgate.errors import InputError
 
 EXCLUDED = "excluded"
 DEFAULT_POSITIVE_RATE = 0.1
+DEFAULT_DISCOUNT = 0.5  # returns: weight of key points one level below (γ), fixed before any measurement
 
 
 @dataclass
@@ -68,18 +74,40 @@ class _CountSource:
 
 
 class KeypointSource(_CountSource):
-    kind = "keypoints"
+    """Key points new to the frame's context C_t: the branch's own (``discount`` 0, ``keypoints``), plus its
+    expanded descendants', γ^k for those first found k levels below (``returns:γ``)."""
+
+    def __init__(self, discount: float = 0.0):
+        if not 0.0 <= discount <= 1.0:
+            raise InputError(f"the returns discount must be in [0, 1]; got {discount}", "--labels")
+        self.discount = float(discount)
+        self.kind = "keypoints" if discount == 0 else f"returns:{self.discount:g}"
 
     def missing(self, rd, info) -> str | None:
         return None if rd.has_labels else "no evidence carries key-point labels"
 
     def utilities(self, rd, info, tools) -> dict[str, float]:
+        def kps(ids):
+            return {kp for i in ids for kp in (rd.evidence[i].labels or [])}
+
+        children: dict[str, list] = {}
+        for f in rd.frames:
+            if f.parent_candidate is not None:
+                children.setdefault(f.parent_candidate, []).append(f)
         out = {}
         for f in rd.frames:
-            covered = {kp for i in f.context_ids for kp in (rd.evidence[i].labels or [])}
+            covered = kps(f.context_ids)
             for c in _known(f):
-                out[c.candidate_id] = float(len({kp for i in c.evidence_ids for kp in (rd.evidence[i].labels or [])}
-                                                - covered))
+                seen, g, weight, level = set(covered), 0.0, 1.0, [c]
+                while level and weight > 0:
+                    below = []
+                    for b in level:
+                        new = kps(b.evidence_ids) - seen
+                        g += weight * len(new)
+                        seen |= new
+                        below += [k for fr in children.get(b.candidate_id, ()) for k in _known(fr)]
+                    level, weight = below, weight * self.discount
+                out[c.candidate_id] = g
         return out
 
 
@@ -151,6 +179,7 @@ def _judge(teacher_source, options: dict):
 
 SOURCES = {
     "keypoints": lambda teacher, options: KeypointSource(),
+    "returns": lambda teacher, options: KeypointSource(options.get("discount", DEFAULT_DISCOUNT)),
     "citations": lambda teacher, options: CitationSource(),
     "teacher": lambda teacher, options: teacher,
     "judge": _judge,
@@ -159,15 +188,24 @@ SOURCES = {
 
 
 def parse_spec(spec: str | None) -> tuple[str, str]:
-    """``(source, teacher name or "")`` of a ``--labels`` value; InputError for an unknown one."""
+    """``(source, argument or "")`` of a ``--labels`` value (``teacher:NAME``, ``returns:γ``); InputError for
+    an unknown one."""
     from branchgate.models import teachers as T
 
     spec = (spec or "auto").strip()
     name, _, arg = spec.partition(":")
-    if name not in SOURCES or (arg and name != "teacher"):
-        raise InputError(f"--labels must be one of auto, keypoints, citations, judge, teacher:NAME; got {spec!r}")
-    if arg and arg not in T.NAMES:
+    if name not in SOURCES or (arg and name not in ("teacher", "returns")):
+        raise InputError("--labels must be one of auto, keypoints, returns[:DISCOUNT], citations, judge, "
+                         f"teacher:NAME; got {spec!r}")
+    if name == "teacher" and arg and arg not in T.NAMES:
         raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
+    if name == "returns" and arg:
+        try:
+            ok = 0.0 <= float(arg) <= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise InputError(f"--labels returns:DISCOUNT needs a number in [0, 1]; got {arg!r}")
     return name, arg
 
 
@@ -176,9 +214,12 @@ def make(spec: str, teacher_name: str, teacher_model, options: dict | None = Non
     from branchgate.models import teachers as T
 
     name, arg = parse_spec(spec)
-    if arg:
+    options = dict(options or {})
+    if name == "teacher" and arg:
         teacher_name, teacher_model = arg, T.get(arg)
-    return SOURCES[name](TeacherSource(teacher_name, teacher_model), dict(options or {}))
+    elif name == "returns" and arg:
+        options["discount"] = float(arg)
+    return SOURCES[name](TeacherSource(teacher_name, teacher_model), options)
 
 
 def rate_threshold(values, rate: float, higher_is_better: bool = True) -> tuple[float, float] | None:

@@ -1,4 +1,4 @@
-"""Label sources (``dataset build --labels``): keypoints, citations, teacher with the rate rule, judge's entry;
+"""Label sources (``dataset build --labels``): keypoints, returns (descendants' key points), citations, teacher with the rate rule, judge's entry;
 runs lacking what a source needs are counted and excluded; the reference pipeline's and GPT-Researcher's
 report citations."""
 
@@ -77,6 +77,45 @@ def test_make_parses_specs_and_judge_needs_options():
             make(bad, "sc", sc)
     with pytest.raises(InputError, match="--labels judge needs --llm-url/--llm-model"):
         make("judge", "sc", sc, {"llm_url": "http://127.0.0.1:9"})
+
+
+def test_returns_add_discounted_key_points_of_expanded_descendants(tmp_path):
+    """f0: c0 finds a, c1 finds nothing but its follow-ups do (f1: c3 finds b and c, c4 finds a again; f2 under
+    c3: c5 finds d), c2 finds nothing. returns:γ = own key points + γ × the next level's first finds + γ² × ..."""
+    from branchgate.logs_to_dataset.decisions import run_decisions
+
+    with TraceWriter(tmp_path / "t.jsonl") as w:
+        W = lambda type_, **f: w.write(type=type_, run_id="r", **f)  # noqa: E731
+        W("run_start", root_query="why do bees collapse")
+        W("frame_open", frame_id="f0", frame_query="why do bees collapse")
+        for eid, kps in (("e0", ["a"]), ("e1", []), ("e2", []), ("e3", ["b", "c"]), ("e4", ["a"]), ("e5", ["d"])):
+            W("evidence", evidence_id=eid, text=f"passage {eid}", tokens=3, labels=kps)
+        for k in range(3):
+            W("candidate", frame_id="f0", candidate_id=f"c{k}", order=k, query=f"q{k}")
+            W("retrieval", candidate_id=f"c{k}", query=f"q{k}", evidence_ids=[f"e{k}"])
+        W("frame_open", frame_id="f1", depth=1, frame_query="q1", parent_frame="f0", parent_candidate="c1")
+        for k in (3, 4):
+            W("candidate", frame_id="f1", candidate_id=f"c{k}", order=k - 3, query=f"q{k}")
+            W("retrieval", candidate_id=f"c{k}", query=f"q{k}", evidence_ids=[f"e{k}"])
+        W("frame_open", frame_id="f2", depth=2, frame_query="q3", parent_frame="f1", parent_candidate="c3")
+        W("candidate", frame_id="f2", candidate_id="c5", order=0, query="q5")
+        W("retrieval", candidate_id="c5", query="q5", evidence_ids=["e5"])
+        W("run_end")
+    run = next(iter(read_runs([tmp_path / "t.jsonl"])))
+    rd = run_decisions(run.run_id, run.events)
+    assert [f.parent_candidate for f in rd.frames] == [None, "c1", "c3"]
+    sc = get("sc")
+    own = make("keypoints", "sc", sc).utilities(rd, None, None)
+    half = make("returns", "sc", sc)
+    assert half.kind == "returns:0.5" and make("returns:0", "sc", sc).kind == "keypoints"
+    ret, full = half.utilities(rd, None, None), make("returns:1", "sc", sc).utilities(rd, None, None)
+    assert own == {"c0": 1, "c1": 0, "c2": 0, "c3": 2, "c4": 0, "c5": 1}  # f1's context already covers a
+    # c1: b, c, a (its own context lacks a: c0 is a sibling, measured against the same C_t) one level down, d two
+    assert ret == {"c0": 1, "c1": 0.5 * 3 + 0.25 * 1, "c2": 0, "c3": 2 + 0.5, "c4": 0, "c5": 1}
+    assert full["c1"] == 4 and full["c3"] == 3
+    for bad in ("returns:2", "returns:x", "returns:-0.1"):
+        with pytest.raises(InputError, match="returns:DISCOUNT"):
+            make(bad, "sc", sc)
 
 
 def _write_cited_runs(path: Path) -> None:
