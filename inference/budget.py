@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.inference.inputs import as_tau
 
 BUDGET_STATE_VERSION = 1
 DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the caller reports real ones
@@ -83,10 +84,6 @@ def _amount(value, where: str) -> int:
     return 0 if value is None else value
 
 
-def _unit(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
-        raise InputError(f"must be a number in [0, 1], got {value!r}", where)
-    return float(value)
 
 
 class Budget:
@@ -224,15 +221,15 @@ class RunGate:
         self.run_id = run_id
         self.tau = None if tau is None else as_tau(tau)
         self.max_keep = as_max_keep(max_keep)
-        self.price_start = None if price_start is None else _unit(price_start, "price_start")
-        self.price_end = _unit(price_end, "price_end")
+        self.price_start = None if price_start is None else as_tau(price_start, "price_start")
+        self.price_end = as_tau(price_end, "price_end")
         if isinstance(price_exponent, bool) or not isinstance(price_exponent, numbers.Real) or not price_exponent > 0:
             raise InputError(f"must be a number > 0, got {price_exponent!r}", "price_exponent")
         self.price_exponent = float(price_exponent)
-        self.defer_margin = _unit(defer_margin, "defer_margin")
-        self.revisit_floor = None if revisit_floor is None else _unit(revisit_floor, "revisit_floor")
+        self.defer_margin = as_tau(defer_margin, "defer_margin")
+        self.revisit_floor = None if revisit_floor is None else as_tau(revisit_floor, "revisit_floor")
         self.tokens_per_node = DEFAULT_TOKENS_PER_NODE if tokens_per_node is None else _amount(tokens_per_node, "tokens_per_node")
-        self.max_share = None if max_share is None else _unit(max_share, "max_share")
+        self.max_share = None if max_share is None else as_tau(max_share, "max_share")
         self.max_spend = 0  # the largest actual spend of one expansion reported so far
         self.pending: list[int] = []  # token reservations of admitted expansions not yet reported (oldest first)
         self.decisions = 0  # decisions made (select + revisit); the id of the next one

@@ -90,12 +90,8 @@ def parse_decision(obj, where: str = "input") -> dict:
         for key in ("query", "goal"):
             if c.get(key) is not None and not isinstance(c[key], str):
                 raise InputError(f"field 'candidates[{i}].{key}' must be a string", where)
-    tau = obj.get("tau")
-    if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0.0 <= tau <= 1.0):
-        raise InputError("field 'tau' must be a number in [0, 1]", where)
-    max_keep = obj.get("max_keep")
-    if max_keep is not None and (isinstance(max_keep, bool) or not isinstance(max_keep, int) or max_keep < 1):
-        raise InputError("field 'max_keep' must be an integer ≥ 1", where)
+    tau = None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'")
+    max_keep = as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'")
     return {"state": dict(state), "candidates": list(cands), "tau": tau, "max_keep": max_keep,
             **_run_fields(obj, len(cands), where)}
 

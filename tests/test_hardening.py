@@ -276,6 +276,18 @@ def test_crafted_file_claiming_a_huge_metadata_entry_is_refused_quickly(tmp_path
 
 
 # -- the Python API and the gate CLI's flags ---------------------------------------------------------------------
+@pytest.mark.parametrize("extra,field", [({"tau": 2}, "tau"), ({"tau": True}, "tau"), ({"tau": float("nan")}, "tau"),
+                                         ({"max_keep": 0}, "max_keep"), ({"max_keep": 1.5}, "max_keep")])
+def test_gate_cli_decisions_refuse_bad_tau_and_max_keep_naming_line_and_field(extra, field):
+    """A decision line's tau/max_keep go through the Gate's own checks (inference/inputs.py), named by line."""
+    from branchgate.inference.gate_cli import parse_decision
+
+    with pytest.raises(InputError, match=f"^in.jsonl:3: field '{field}': must be"):
+        parse_decision({"state": {"root_query": "q"}, "candidates": [{"query": "a"}], **extra}, "in.jsonl:3")
+    ok = parse_decision({"state": {"root_query": "q"}, "candidates": [{"query": "a"}], "tau": 1, "max_keep": 2}, "x")
+    assert (ok["tau"], ok["max_keep"]) == (1.0, 2)
+
+
 @pytest.mark.parametrize("state,cands,kw,field", [
     ({"root_query": "q"}, {"query": "a"}, {}, "candidates"),
     ({"root_query": "q"}, "abc", {}, "candidates"),
