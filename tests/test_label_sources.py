@@ -225,6 +225,45 @@ def test_sample_runs_under_every_offline_source(sample_runs, tmp_path, encoder):
     assert fixed["label_threshold_rule"] == "--label-threshold" and fixed["label_threshold"] == 0.05
 
 
+def test_returns_on_simulated_runs_add_to_branches_with_follow_ups_only(sample_runs):
+    """On the reference pipeline's unpruned runs: returns ≥ own key points everywhere, equal where a branch has
+    no follow-up frame, larger for some branch that has one."""
+    from branchgate.logs_to_dataset.decisions import run_decisions
+
+    sc = get("sc")
+    own_src, ret_src = make("keypoints", "sc", sc), make("returns", "sc", sc)
+    grew = 0
+    for run in read_runs([sample_runs]):
+        rd = run_decisions(run.run_id, run.events)
+        parents = {f.parent_candidate for f in rd.frames}
+        own, ret = own_src.utilities(rd, None, None), ret_src.utilities(rd, None, None)
+        assert own.keys() == ret.keys() and own
+        for c, g in own.items():
+            assert ret[c] >= g
+            if c not in parents:
+                assert ret[c] == g
+        grew += sum(ret[c] > own[c] for c in own)
+    assert grew > 0
+
+
+def test_replay_of_keeping_everything_reproduces_the_unpruned_run(sample_runs):
+    """benchmarks/replay_frontier.py: its cost model and KPR match the runs' own totals exactly, and keeping
+    only the root frame costs less and finds no more."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_frontier.py"
+    spec = importlib.util.spec_from_file_location("replay_frontier", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    trees = [mod.Tree(r) for r in read_runs([sample_runs])]
+    assert len(trees) == 4
+    for t in trees:
+        nodes, tokens, kpr = t.replay(lambda frame, ids: ids)
+        assert nodes == len(t.ev) and tokens == t.tokens and abs(kpr - t.kpr) < 1e-6
+        n_root, t_root, k_root = t.replay(lambda frame, ids: ids if frame.depth == 0 else [])
+        assert n_root < nodes and t_root < tokens and k_root <= kpr
+
+
 def test_gptr_report_citations_map_to_source_evidence():
     report = ReadReport()
     (run,) = read_runs([FIX / "gptr_cited"], report=report)

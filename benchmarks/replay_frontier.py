@@ -1,0 +1,204 @@
+"""How good must the gate's ranking below the root be? Replay threshold policies on unpruned runs (issue 22).
+
+In an unpruned run every branch was expanded, so any pre-retrieval policy can be replayed on it offline: walk
+the tree from the root frame, keep what the policy keeps, follow the kept branches' child frames
+(``frame_open.parent_candidate``), and add up what the kept branches cost and found. Costs are the run's own
+LLM calls: the plan, each kept branch's process call and, when it has follow-ups, its follow-ups call, and
+the synthesis call's input as its fixed part plus the tokens of the kept evidence. KPR is the share of the
+query's key points the kept evidence covers. Keeping everything reproduces the run exactly (printed).
+
+The gate's scores (``--checkpoint`` on ``--dataset``, the decision dataset of the same runs, e.g. a bench's
+OUT/eval_data/dataset) are then mixed with the truth below the root, logit(p) + β·(2y − 1), y = the candidate's
+own key-point label (``own``) or "its subtree finds a key point" (``subtree``), for each β of ``--mix``: how
+far the frontier moves as the depth ≥ 1 AUROC rises. Two rules: the Gate's (keep p ≥ τ, else the top-1) and
+``fallback=root`` (the top-1 at the root only). For each: the best KPR share within ``--budget`` of the
+unpruned tokens and the least token share reaching ``--target`` of unpruned KPR, over the τ grid.
+
+    python benchmarks/replay_frontier.py --runs OUT/closed_loop/seed0/none/traces --dataset OUT/eval_data/dataset
+        --checkpoint OUT/keypoints/train/run/controller.safetensors [--mix 0,0.5,1,2] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+
+class Tree:
+    """One unpruned run: its frames (by id: depth, candidate ids), child frames, per-branch costs and evidence."""
+
+    def __init__(self, run):
+        from branchgate.logs_to_dataset.decisions import run_decisions
+
+        rd = run_decisions(run.run_id, run.events)
+        self.run_id, self.evidence = run.run_id, rd.evidence
+        self.frames = {f.frame_id: f for f in rd.frames}
+        self.root = next(f.frame_id for f in rd.frames if f.parent_candidate is None)
+        self.child = {f.parent_candidate: f.frame_id for f in rd.frames if f.parent_candidate is not None}
+        self.ev = {c.candidate_id: list(c.evidence_ids or []) for f in rd.frames for c in f.candidates}
+        self.process, self.followups, self.plan, synth_in, synth_out, last = {}, {}, 0, 0, 0, None
+        for e in sorted(run.events, key=lambda e: e.seq):
+            if e.type == "retrieval":
+                last = e.candidate_id
+            elif e.type == "llm_call":
+                tokens = e.in_tokens + e.out_tokens
+                if e.purpose == "plan":
+                    self.plan += tokens
+                elif e.purpose in ("process", "followups") and last is not None:
+                    book = self.process if e.purpose == "process" else self.followups
+                    book[last] = book.get(last, 0) + tokens
+                elif e.purpose == "synthesis":
+                    synth_in, synth_out = e.in_tokens, e.out_tokens
+            elif e.type == "run_end":
+                self.n_key_points = int(e.totals.get("n_key_points") or 0)
+                self.tokens, self.kpr = float(e.totals.get("tokens") or 0), float(e.totals.get("kpr") or 0)
+        every = {i for ids in self.ev.values() for i in ids}
+        self.synth_fixed = synth_in + synth_out - sum(self.evidence[i].tokens for i in every)
+
+    def replay(self, keep) -> tuple[int, float, float]:
+        """``keep(frame, candidate_ids) → kept ids``: (nodes, tokens, KPR) of the replayed run."""
+        nodes, found, tokens, todo = 0, set(), self.plan + self.synth_fixed, [self.root]
+        while todo:
+            frame = self.frames[todo.pop(0)]
+            for c in keep(frame, [x.candidate_id for x in frame.candidates]):
+                nodes += 1
+                found.update(self.ev[c])
+                tokens += self.process.get(c, 0)
+                if c in self.child:
+                    tokens += self.followups.get(c, 0)
+                    todo.append(self.child[c])
+        tokens += sum(self.evidence[i].tokens for i in found)
+        kps = {k for i in found for k in (self.evidence[i].labels or [])}
+        return nodes, tokens, len(kps) / self.n_key_points if self.n_key_points else 0.0
+
+
+def gate_scores(checkpoint: str, dataset: str) -> dict:
+    """``{(run_id, candidate_id): (p_keep, label, depth)}`` over every split of the dataset."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.training.checkpoint import load_controller
+    from branchgate.training.evaluate import predict
+
+    net, meta = load_controller(checkpoint)
+    dm = DecisionDataModule(dataset, encoder=meta["encoder"])
+    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
+    dm.setup("test")
+    out = {}
+    for split in dm.splits:
+        part = dm.splits[split]
+        p, _ = predict(net, dm.sets[split], dm.table)
+        out.update({(r, c): (float(x), int(y), int(d)) for r, c, x, y, d in
+                    zip(part["run_id"], part["candidate_id"], p, part["label"], part["depth"])})
+    return out
+
+
+def subtree_positive(tree: Tree, labels: dict) -> dict:
+    """candidate id → whether it or any branch below it has a positive own label."""
+    out: dict[str, bool] = {}
+
+    def visit(c):
+        if c not in out:
+            below = tree.frames[tree.child[c]].candidates if c in tree.child else []
+            out[c] = labels.get(c, 0) == 1 or any([visit(k.candidate_id) for k in below])
+        return out[c]
+
+    for f in tree.frames.values():
+        for c in f.candidates:
+            visit(c.candidate_id)
+    return out
+
+
+def frontier(trees, score, root_only: bool) -> list[tuple[float, float]]:
+    """(token share, KPR share) of the unpruned runs' means, per τ."""
+    base_t, base_k = np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees])
+    pts = []
+    for tau in TAUS:
+        def keep(frame, ids, tree):
+            s = [score[(tree.run_id, c)] for c in ids]
+            kept = [c for c, x in zip(ids, s) if x >= tau]
+            if not kept and ids and (frame.depth == 0 or not root_only):
+                kept = [ids[int(np.argmax(s))]]
+            return kept
+        r = np.array([t.replay(lambda f, ids, t=t: keep(f, ids, t)) for t in trees]).mean(0)
+        pts.append((r[1] / base_t, r[2] / base_k))
+    return pts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", required=True, help="traces of unpruned runs (a file or folder)")
+    ap.add_argument("--dataset", required=True, help="the decision dataset built from those traces")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--mix", default="0,0.5,1,2", help="β values: logit(p) + β·(2y − 1) below the root")
+    ap.add_argument("--budget", type=float, default=0.35)
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--plot", default=None, help="write the frontiers (subtree truth) to this PNG")
+    args = ap.parse_args()
+
+    from branchgate.logs_to_dataset.readers import read_runs
+    from branchgate.training.metrics import safe_auroc
+
+    trees = [Tree(r) for r in read_runs([args.runs])]
+    keep_all = np.array([t.replay(lambda f, ids: ids) for t in trees]).mean(0)
+    print(f"{len(trees)} runs; keeping everything replays {keep_all[1]:.0f} tokens, KPR {keep_all[2]:.4f} "
+          f"(the runs: {np.mean([t.tokens for t in trees]):.0f}, {np.mean([t.kpr for t in trees]):.4f})")
+    scores = gate_scores(args.checkpoint, args.dataset)
+    missing = sum((t.run_id, c) not in scores for t in trees for c in t.ev)
+    if missing:
+        raise SystemExit(f"{missing} candidates of --runs have no row in --dataset (built from other runs?)")
+    curves = {}
+    for truth in ("own", "subtree"):
+        for beta in [float(b) for b in args.mix.split(",")]:
+            score, ys, ps = {}, [], []
+            for t in trees:
+                own = {c: scores[(t.run_id, c)][1] for c in t.ev}
+                y = own if truth == "own" else {c: int(v) for c, v in subtree_positive(t, own).items()}
+                for c in t.ev:
+                    p, label, depth = scores[(t.run_id, c)]
+                    z = np.log(max(p, 1e-6) / max(1 - p, 1e-6)) + beta * (2 * y[c] - 1) * (depth > 0)
+                    score[(t.run_id, c)] = 1 / (1 + np.exp(-z))
+                    if depth > 0 and label >= 0:
+                        ys.append(label)
+                        ps.append(score[(t.run_id, c)])
+            auroc = safe_auroc(np.array(ys), np.array(ps))
+            parts = []
+            for root_only in (False, True):
+                pts = frontier(trees, score, root_only)
+                best = max([k for s, k in pts if s <= args.budget], default=float("nan"))
+                need = min([s for s, k in pts if k >= args.target], default=float("nan"))
+                parts.append(f"{'fallback=root' if root_only else 'top-1 fallback'}: KPR ≤{args.budget:.0%} tokens "
+                             f"{best:.1%}, {args.target:.0%} KPR at {need:.1%} tokens")
+                if truth == "subtree" and not root_only:
+                    curves[beta] = (auroc, pts)
+            print(f"{truth:7s} β={beta:<4g} depth≥1 AUROC {auroc:.3f} | " + " | ".join(parts), flush=True)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for beta, (auroc, pts) in curves.items():
+            ax.plot([100 * s for s, _ in pts], [100 * k for _, k in pts], marker="o", ms=3,
+                    label=f"β={beta:g} (depth ≥ 1 AUROC {auroc:.3f})" + (" — the gate" if beta == 0 else ""))
+        ax.axvline(100 * args.budget, color="grey", ls="--", lw=1)
+        ax.axhline(100 * args.target, color="grey", ls="--", lw=1)
+        ax.set_xlabel("tokens, % of unpruned")
+        ax.set_ylabel("key-point recall, % of unpruned")
+        ax.set_title("replayed on unpruned eval runs: gate scores mixed with the subtree truth below the root")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=110)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
