@@ -6,7 +6,9 @@
 - each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``,
   and, for the first label source's gate, its variants (``VARIANTS``), each its own curve: set-aware
   ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus`` (curve ``gate+greedy``) and the top-1 fallback at the
-  root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``);
+  root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``), and the root
+  frame at its own threshold, ``gate:PATH,tau=T,root_tau=R`` for T in ``root_taus``, R = ``root_tau``
+  (curve ``gate+root``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate);
 - run budgets (``budget_points``, the bench's ``budgets`` step): for each fraction F of ``budget_fractions``, the
@@ -65,6 +67,7 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
 VARIANTS = {  # a gate variant: (its τ list in ``policies``, the gate spec keys it adds)
     "greedy": ("greedy_taus", "greedy=1"),  # set-aware selection
     "stop": ("stop_taus", "fallback=root"),  # below the root a frame may keep none
+    "root": ("root_taus", "root_tau={root_tau}"),  # the root frame at policies.root_tau, the τ of the sweep below it
 }
 
 
@@ -78,9 +81,12 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: b
         out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
     for variant, (key, keys) in VARIANTS.items() if variants else ():
         curve = variant_family(family, variant)
-        for tau in section.get(key) or []:
-            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{keys}",
-                                   budget=float(tau)))
+        taus = section.get(key) or []
+        if taus and "{root_tau}" in keys and section.get("root_tau") is None:
+            raise InputError(f"{key} needs policies.root_tau (the root frame's τ)", "policies.root_tau")
+        for tau in taus:
+            spec = f"gate:{gate_path},tau={tau:g}," + keys.format(root_tau=f"{section.get('root_tau', 0):g}")
+            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, spec, budget=float(tau)))
     out += _stages(section, gate_path, family)
     return _unique(out)
 

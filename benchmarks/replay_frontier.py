@@ -16,6 +16,11 @@ unpruned tokens and the least token share reaching ``--target`` of unpruned KPR,
 
     python benchmarks/replay_frontier.py --runs OUT/closed_loop/seed0/none/traces --dataset OUT/eval_data/dataset
         --checkpoint OUT/keypoints/train/run/controller.safetensors [--mix 0,0.5,1,2] [--plot FILE.png]
+
+``--two-tau`` instead replays the gate's own scores with one τ at the root frame and another below it (the
+``root_tau`` gate option), on the runs of ``--split`` only: the way to choose ``policies.root_tau`` on the
+training queries' held-out validation runs (OUT/simulate/seed0/traces with OUT/keypoints/dataset/dataset,
+``--split validation``), never on the eval queries.
 """
 
 from __future__ import annotations
@@ -128,6 +133,28 @@ def frontier(trees, score, root_only: bool) -> list[tuple[float, float]]:
     return pts
 
 
+def two_tau(trees, scores, budget: float, target: float) -> None:
+    """Per root τ, the frontier over the τ below the root (Gate rule, top-1 fallback); the best point within
+    ``budget`` of the unpruned tokens, against the best with one τ everywhere."""
+    base_t, base_k = np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees])
+    points = []
+    for root_tau in TAUS:
+        for tau in TAUS:
+            def keep(frame, ids, tree):
+                s = [scores[(tree.run_id, c)][0] for c in ids]
+                bar = root_tau if frame.depth == 0 else tau
+                return [c for c, x in zip(ids, s) if x >= bar] or ([ids[int(np.argmax(s))]] if ids else [])
+            r = np.array([t.replay(lambda f, ids, t=t: keep(f, ids, t)) for t in trees]).mean(0)
+            points.append((root_tau, tau, r[1] / base_t, r[2] / base_k))
+        row = sorted([p for p in points if p[0] == root_tau], key=lambda p: p[2])
+        print(f"root τ {root_tau:<6g}" + " ".join(f"{100 * s:.0f}%/{100 * k:.1f}%" for _, _, s, k in row), flush=True)
+    for name, pts in (("one τ", [p for p in points if p[0] == p[1]]), ("root τ + τ", points)):
+        best = max([p for p in pts if p[2] <= budget], key=lambda p: p[3], default=None)
+        need = min([p[2] for p in pts if p[3] >= target], default=float("nan"))
+        print(f"{name}: best within {budget:.0%} of tokens: " + (f"{best[3]:.1%} (root τ {best[0]:g}, τ {best[1]:g}, "
+              f"{best[2]:.1%} tokens)" if best else "none") + f"; {target:.0%} of KPR at {need:.1%} of tokens")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", required=True, help="traces of unpruned runs (a file or folder)")
@@ -137,12 +164,16 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.35)
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--plot", default=None, help="write the frontiers (subtree truth) to this PNG")
+    ap.add_argument("--two-tau", action="store_true", help="replay a root τ and a deeper τ (see above)")
+    ap.add_argument("--split", default=None, choices=("train", "validation", "test"),
+                    help="only the runs of this split (logs_to_dataset.decisions.split_of)")
     args = ap.parse_args()
 
+    from branchgate.logs_to_dataset.decisions import split_of
     from branchgate.logs_to_dataset.readers import read_runs
     from branchgate.training.metrics import safe_auroc
 
-    trees = [Tree(r) for r in read_runs([args.runs])]
+    trees = [Tree(r) for r in read_runs([args.runs]) if args.split is None or split_of(r.run_id) == args.split]
     keep_all = np.array([t.replay(lambda f, ids: ids) for t in trees]).mean(0)
     print(f"{len(trees)} runs; keeping everything replays {keep_all[1]:.0f} tokens, KPR {keep_all[2]:.4f} "
           f"(the runs: {np.mean([t.tokens for t in trees]):.0f}, {np.mean([t.kpr for t in trees]):.4f})")
@@ -150,6 +181,9 @@ def main() -> int:
     missing = sum((t.run_id, c) not in scores for t in trees for c in t.ev)
     if missing:
         raise SystemExit(f"{missing} candidates of --runs have no row in --dataset (built from other runs?)")
+    if args.two_tau:
+        two_tau(trees, scores, args.budget, args.target)
+        return 0
     curves = {}
     for truth in ("own", "subtree"):
         for beta in [float(b) for b in args.mix.split(",")]:

@@ -12,14 +12,16 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 frame's oversampled candidates, greedily; its threshold applies there only
                                 when the spec sets ``threshold`` explicitly.
 - ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
-- ``gate:PATH[,tau=T][,greedy=1][,fallback=root]`` the learned controller
+- ``gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root]`` the learned controller
                                 ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on first use),
                                 thresholded at its τ (or ``T``) with the top-1 fallback; with
                                 ``greedy=1`` set-aware: keep the best candidate, re-score the rest as if it were
                                 already expanded (appended to the retained context), repeat while the best
                                 p_keep ≥ τ; ``fallback=root`` keeps the top-1 fallback at the root frame only
                                 (a deeper frame whose candidates all fall below τ expands none: the branch
-                                stops), an ablation of what the fallback costs below the root
+                                stops), an ablation of what the fallback costs below the root; ``root_tau=R``
+                                thresholds the root frame at R instead (a root branch costs its whole subtree,
+                                so it may need a higher bar than the deeper ones)
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``); ``NODES`` may be left out
@@ -182,6 +184,7 @@ class GatePolicy(Policy):
     tau: float | None = None  # overrides the controller's τ
     greedy: bool = False  # set-aware selection (see the module docstring)
     fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
+    root_tau: float | None = None  # root_tau=R: the root frame's τ (else the same τ at every depth)
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -214,6 +217,8 @@ class GatePolicy(Policy):
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
         tau = model.threshold if self.tau is None else self.tau
+        if self.root_tau is not None and int(state.depth or 0) == 0:
+            tau = self.root_tau
         fallback = stage != "post_retrieval" and not (self.fallback_root_only and int(state.depth or 0) > 0)
         if self.greedy:
             kept = self._greedy(model, x, state, p, tau, fallback=fallback)
@@ -309,6 +314,19 @@ def shallow_levels(expansions: int, candidates_per_level: list[int]) -> list[int
     return best[2]
 
 
+def _unit_option(opts: dict, key: str, flag: str, spec: str) -> float | None:
+    """A threshold option of a spec (``tau``, ``root_tau``): None when absent, else a number in [0, 1]."""
+    if not opts.get(key):
+        return None
+    try:
+        value = float(opts[key])
+    except ValueError:
+        raise BranchgateError(f"{flag} {spec}: {key} must be a number, got {opts[key]!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise BranchgateError(f"{flag} {spec}: {key} must be in [0, 1]")
+    return value
+
+
 def parse(spec: str | None, stage: str) -> Policy:
     """A stage policy from its spec (see the module docstring)."""
     if stage not in STAGES:
@@ -319,7 +337,7 @@ def parse(spec: str | None, stage: str) -> Policy:
     flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
     trailing_only = name == "gate"  # a controller path may hold commas: only its trailing key=value pieces count
     try:
-        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
+        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "root_tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
                                 trailing_only)
     except BranchgateError as exc:
         raise BranchgateError(f"{flag} {spec}: {exc}") from None
@@ -409,14 +427,12 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     if name == "gate":
         path = arg
         if not path:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
+            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
                                   "[,defer=1] (a controller.onnx or its folder)")
-        try:
-            tau = float(opts["tau"]) if opts.get("tau") else None
-        except ValueError:
-            raise BranchgateError(f"{flag} {spec}: tau must be a number, got {opts['tau']!r}") from None
-        if tau is not None and not 0.0 <= tau <= 1.0:
-            raise BranchgateError(f"{flag} {spec}: tau must be in [0, 1]")
+        tau, root_tau = (_unit_option(opts, key, flag, spec) for key in ("tau", "root_tau"))
+        if budget is not None and root_tau is not None:
+            raise BranchgateError(f"{flag} {spec}: root_tau and a run budget do not combine (the run-scoped gate "
+                                  "sets its own price)")
         if opts.get("greedy", "0") not in ("0", "1"):
             raise BranchgateError(f"{flag} {spec}: greedy must be 0 or 1, got {opts['greedy']!r}")
         if opts.get("fallback", "all") not in ("all", "root"):
@@ -442,7 +458,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
                 raise BranchgateError(f"{flag} {spec}: {key} must be " + ("a number > 0" if key == "price_exponent"
                                                                           else "in [0, 1]") + f", got {opts[key]!r}")
             run_options[key] = value
-        return GatePolicy(path=path, spec=spec, tau=tau, greedy=opts.get("greedy") == "1",
+        return GatePolicy(path=path, spec=spec, tau=tau, root_tau=root_tau, greedy=opts.get("greedy") == "1",
                           fallback_root_only=opts.get("fallback") == "root", run_options=run_options)
     if name == "shallow":
         if stage != "pre_retrieval":

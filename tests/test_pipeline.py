@@ -223,7 +223,13 @@ def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
     assert stop.choose(x, deep, "pre_retrieval", None).kept == []  # below the root the branch stops
     stop.tau = 0.5
     assert stop.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # what passes τ is kept at any depth
-    for bad, msg in [("gate:m.onnx,fallback=deep", "all or root"), ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine")]:
+    root = policies.parse("gate:m.onnx,tau=0.5,root_tau=0.85", "pre_retrieval")  # the root frame has its own bar
+    root._gate = Model()
+    assert (root.root_tau, root.tau) == (0.85, 0.5)
+    assert root.choose(x, state, "pre_retrieval", None).kept == [0]  # root: only 0.9 passes 0.85
+    assert root.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # below it: τ 0.5
+    for bad, msg in [("gate:m.onnx,fallback=deep", "all or root"), ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine"),
+                     ("gate:m.onnx,root_tau=1.5", "root_tau must be in"), ("gate:m.onnx,root_tau=0.5,budget_nodes=3", "do not combine")]:
         with pytest.raises(BranchgateError, match=msg):
             policies.parse(bad, "pre_retrieval")
 
