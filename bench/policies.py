@@ -82,13 +82,21 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: b
     for variant, (key, keys) in VARIANTS.items() if variants else ():
         curve = variant_family(family, variant)
         taus = section.get(key) or []
-        if taus and "{root_tau}" in keys and section.get("root_tau") is None:
-            raise InputError(f"{key} needs policies.root_tau (the root frame's τ)", "policies.root_tau")
+        extra = _variant_keys(keys, section, key) if taus else ""
         for tau in taus:
-            spec = f"gate:{gate_path},tau={tau:g}," + keys.format(root_tau=f"{section.get('root_tau', 0):g}")
-            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, spec, budget=float(tau)))
+            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{extra}",
+                                   budget=float(tau)))
     out += _stages(section, gate_path, family)
     return _unique(out)
+
+
+def _variant_keys(keys: str, section: dict, key: str) -> str:
+    """A variant's spec keys with the ``policies`` settings they name filled in (``{root_tau}``)."""
+    try:
+        return keys.format_map({k: f"{v:g}" if isinstance(v, (int, float)) else v for k, v in section.items()
+                                if v is not None})
+    except KeyError as exc:
+        raise InputError(f"{key} needs policies.{exc.args[0]}", f"policies.{exc.args[0]}") from None
 
 
 def variant_family(family: str, variant: str) -> str:

@@ -116,8 +116,9 @@ def by_depth(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None
     return {k: scorer_metrics(rows.subset(f(rows.depth)), boot, seed, ref) for k, f in DEPTH_STRATA.items()}
 
 
-def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
-    """The controller (``gate``, by the training path) and every ``teacher_*`` column on ``splits`` of a dataset."""
+def controller_predictions(checkpoint, dataset, splits=("test",), cache=None):
+    """``(split, rows, p_keep)`` for each of ``splits`` of a dataset: the controller's keep probabilities by the
+    training path, in the split's row order."""
     from branchgate.data.datamodule import DecisionDataModule
     from branchgate.models.encoder import recorded_spec
     from branchgate.training.checkpoint import load_controller
@@ -127,11 +128,16 @@ def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
     dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
     dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
     dm.setup("test")
+    for split in splits:
+        p, _ = predict(net, dm.sets[split], dm.table)
+        yield split, dm.splits[split], p
+
+
+def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
+    """The controller (``gate``, by the training path) and every ``teacher_*`` column on ``splits`` of a dataset."""
     cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth")}
     scorers: dict[str, list] = {}
-    for split in splits:
-        part = dm.splits[split]
-        p, _ = predict(net, dm.sets[split], dm.table)
+    for _, part, p in controller_predictions(checkpoint, dataset, splits, cache):
         cols["label"].append(np.asarray(part["label"], np.int64))
         cols["utility"].append(np.asarray([np.nan if v is None else v for v in part["utility"]], np.float64))
         cols["run"].append(np.asarray(part["run_id"]))

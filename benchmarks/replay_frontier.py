@@ -83,22 +83,23 @@ class Tree:
 
 def gate_scores(checkpoint: str, dataset: str) -> dict:
     """``{(run_id, candidate_id): (p_keep, label, depth)}`` over every split of the dataset."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.models.encoder import recorded_spec
-    from branchgate.training.checkpoint import load_controller
-    from branchgate.training.evaluate import predict
+    from branchgate.bench.stats import controller_predictions
 
-    net, meta = load_controller(checkpoint)
-    dm = DecisionDataModule(dataset, encoder=meta["encoder"])
-    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
-    dm.setup("test")
-    out = {}
-    for split in dm.splits:
-        part = dm.splits[split]
-        p, _ = predict(net, dm.sets[split], dm.table)
-        out.update({(r, c): (float(x), int(y), int(d)) for r, c, x, y, d in
-                    zip(part["run_id"], part["candidate_id"], p, part["label"], part["depth"])})
-    return out
+    return {(r, c): (float(x), int(y), int(d))
+            for _, part, p in controller_predictions(checkpoint, dataset, ("train", "validation", "test"))
+            for r, c, x, y, d in zip(part["run_id"], part["candidate_id"], p, part["label"], part["depth"])}
+
+
+def gate_rule(score: dict, run_id: str, root_tau: float, tau: float, root_only: bool = False):
+    """The Gate's keep rule (``decide``) for one run's frames: ``root_tau`` at the root, ``tau`` below it, the
+    top-1 fallback everywhere, or at the root only (``root_only``, the ``fallback=root`` option)."""
+    from branchgate.decide import decide
+
+    def keep(frame, ids):
+        s = [score[(run_id, c)] for c in ids]
+        kept = decide(s, root_tau if frame.depth == 0 else tau, fallback=frame.depth == 0 or not root_only).kept
+        return [ids[i] for i in kept]
+    return keep
 
 
 def subtree_positive(tree: Tree, labels: dict) -> dict:
@@ -122,13 +123,7 @@ def frontier(trees, score, root_only: bool) -> list[tuple[float, float]]:
     base_t, base_k = np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees])
     pts = []
     for tau in TAUS:
-        def keep(frame, ids, tree):
-            s = [score[(tree.run_id, c)] for c in ids]
-            kept = [c for c, x in zip(ids, s) if x >= tau]
-            if not kept and ids and (frame.depth == 0 or not root_only):
-                kept = [ids[int(np.argmax(s))]]
-            return kept
-        r = np.array([t.replay(lambda f, ids, t=t: keep(f, ids, t)) for t in trees]).mean(0)
+        r = np.array([t.replay(gate_rule(score, t.run_id, tau, tau, root_only)) for t in trees]).mean(0)
         pts.append((r[1] / base_t, r[2] / base_k))
     return pts
 
@@ -137,14 +132,11 @@ def two_tau(trees, scores, budget: float, target: float) -> None:
     """Per root τ, the frontier over the τ below the root (Gate rule, top-1 fallback); the best point within
     ``budget`` of the unpruned tokens, against the best with one τ everywhere."""
     base_t, base_k = np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees])
+    p_keep = {k: v[0] for k, v in scores.items()}
     points = []
     for root_tau in TAUS:
         for tau in TAUS:
-            def keep(frame, ids, tree):
-                s = [scores[(tree.run_id, c)][0] for c in ids]
-                bar = root_tau if frame.depth == 0 else tau
-                return [c for c, x in zip(ids, s) if x >= bar] or ([ids[int(np.argmax(s))]] if ids else [])
-            r = np.array([t.replay(lambda f, ids, t=t: keep(f, ids, t)) for t in trees]).mean(0)
+            r = np.array([t.replay(gate_rule(p_keep, t.run_id, root_tau, tau)) for t in trees]).mean(0)
             points.append((root_tau, tau, r[1] / base_t, r[2] / base_k))
         row = sorted([p for p in points if p[0] == root_tau], key=lambda p: p[2])
         print(f"root τ {root_tau:<6g}" + " ".join(f"{100 * s:.0f}%/{100 * k:.1f}%" for _, _, s, k in row), flush=True)

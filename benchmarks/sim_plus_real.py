@@ -19,7 +19,6 @@ gate minus it [paired 95% CI]; writes DIR/report.json.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -62,6 +61,7 @@ def main() -> int:
 
     from branchgate.bench import stats
     from branchgate.data.decisions import load_decision_dataset
+    from branchgate.fileio import atomic_write_json
     from branchgate.training.cli import resolve_config_names
     from branchgate.training.fit import train
 
@@ -94,7 +94,7 @@ def main() -> int:
         d = m.get("delta_vs_gate")
         extra = f"  gate − it {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]" if d else ""
         print(f"{name:10s} {m['auroc']:.3f} [{m['ci95_auroc'][0]:.3f}, {m['ci95_auroc'][1]:.3f}]{extra}")
-    (out / "report.json").write_text(json.dumps({"args": vars(args), "n_runs": len(runs), "metrics": table}, indent=1))
+    atomic_write_json(out / "report.json", {"args": vars(args), "n_runs": len(runs), "metrics": table})
     return 0
 
 

@@ -58,7 +58,6 @@ from typing import Any
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
-from branchgate.inference.inputs import as_tau
 
 BUDGET_STATE_VERSION = 1
 DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the caller reports real ones
@@ -82,8 +81,6 @@ def _limit(value, where: str) -> int | None:
 def _amount(value, where: str) -> int:
     value = _limit(value, where)
     return 0 if value is None else value
-
-
 
 
 class Budget:

@@ -78,10 +78,8 @@ class KeypointSource(_CountSource):
     expanded descendants', γ^k for those first found k levels below (``returns:γ``)."""
 
     def __init__(self, discount: float = 0.0):
-        if not 0.0 <= discount <= 1.0:
-            raise InputError(f"the returns discount must be in [0, 1]; got {discount}", "--labels")
-        self.discount = float(discount)
-        self.kind = "keypoints" if discount == 0 else f"returns:{self.discount:g}"
+        self.discount = discount_of(discount)
+        self.kind = "keypoints" if self.discount == 0 else f"returns:{self.discount:g}"
 
     def missing(self, rd, info) -> str | None:
         return None if rd.has_labels else "no evidence carries key-point labels"
@@ -187,6 +185,17 @@ SOURCES = {
 }
 
 
+def discount_of(value) -> float:
+    """The ``returns`` discount γ (``returns:γ`` or ``label_options.discount``): a number in [0, 1]."""
+    try:
+        g = float(value)
+    except (TypeError, ValueError):
+        g = float("nan")
+    if not 0.0 <= g <= 1.0:
+        raise InputError(f"--labels returns:DISCOUNT needs a number in [0, 1]; got {value!r}")
+    return g
+
+
 def parse_spec(spec: str | None) -> tuple[str, str]:
     """``(source, argument or "")`` of a ``--labels`` value (``teacher:NAME``, ``returns:γ``); InputError for
     an unknown one."""
@@ -200,12 +209,7 @@ def parse_spec(spec: str | None) -> tuple[str, str]:
     if name == "teacher" and arg and arg not in T.NAMES:
         raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
     if name == "returns" and arg:
-        try:
-            ok = 0.0 <= float(arg) <= 1.0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise InputError(f"--labels returns:DISCOUNT needs a number in [0, 1]; got {arg!r}")
+        discount_of(arg)
     return name, arg
 
 
@@ -218,7 +222,7 @@ def make(spec: str, teacher_name: str, teacher_model, options: dict | None = Non
     if name == "teacher" and arg:
         teacher_name, teacher_model = arg, T.get(arg)
     elif name == "returns" and arg:
-        options["discount"] = float(arg)
+        options["discount"] = arg
     return SOURCES[name](TeacherSource(teacher_name, teacher_model), options)
 
 

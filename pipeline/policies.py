@@ -216,10 +216,11 @@ class GatePolicy(Policy):
             return Choice([], [], [])
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
+        depth = int(state.depth or 0)
         tau = model.threshold if self.tau is None else self.tau
-        if self.root_tau is not None and int(state.depth or 0) == 0:
+        if self.root_tau is not None and depth == 0:
             tau = self.root_tau
-        fallback = stage != "post_retrieval" and not (self.fallback_root_only and int(state.depth or 0) > 0)
+        fallback = stage != "post_retrieval" and not (self.fallback_root_only and depth > 0)
         if self.greedy:
             kept = self._greedy(model, x, state, p, tau, fallback=fallback)
         else:
@@ -314,16 +315,15 @@ def shallow_levels(expansions: int, candidates_per_level: list[int]) -> list[int
     return best[2]
 
 
-def _unit_option(opts: dict, key: str, flag: str, spec: str) -> float | None:
-    """A threshold option of a spec (``tau``, ``root_tau``): None when absent, else a number in [0, 1]."""
-    if not opts.get(key):
-        return None
+def _number_option(opts: dict, key: str, flag: str, spec: str, positive: bool = False) -> float:
+    """A spec's numeric option ``key``: a finite number in [0, 1] (``positive``: any finite number > 0)."""
     try:
         value = float(opts[key])
     except ValueError:
-        raise BranchgateError(f"{flag} {spec}: {key} must be a number, got {opts[key]!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise BranchgateError(f"{flag} {spec}: {key} must be in [0, 1]")
+        value = math.nan
+    if not (math.isfinite(value) and (value > 0 if positive else 0.0 <= value <= 1.0)):
+        need = "a number > 0" if positive else "in [0, 1]" if value == value else "a number"
+        raise BranchgateError(f"{flag} {spec}: {key} must be {need}, got {opts[key]!r}")
     return value
 
 
@@ -429,7 +429,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         if not path:
             raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
                                   "[,defer=1] (a controller.onnx or its folder)")
-        tau, root_tau = (_unit_option(opts, key, flag, spec) for key in ("tau", "root_tau"))
+        tau, root_tau = (_number_option(opts, key, flag, spec) if opts.get(key) else None for key in ("tau", "root_tau"))
         if budget is not None and root_tau is not None:
             raise BranchgateError(f"{flag} {spec}: root_tau and a run budget do not combine (the run-scoped gate "
                                   "sets its own price)")
@@ -449,15 +449,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
                 continue
             if budget is None:
                 raise BranchgateError(f"{flag} {spec}: {key} is a run-budget setting (give budget_nodes or budget_tokens)")
-            try:
-                value = float(opts[key])
-            except ValueError:
-                value = float("nan")
-            ok = value > 0 if key == "price_exponent" else 0.0 <= value <= 1.0
-            if not (math.isfinite(value) and ok):
-                raise BranchgateError(f"{flag} {spec}: {key} must be " + ("a number > 0" if key == "price_exponent"
-                                                                          else "in [0, 1]") + f", got {opts[key]!r}")
-            run_options[key] = value
+            run_options[key] = _number_option(opts, key, flag, spec, positive=key == "price_exponent")
         return GatePolicy(path=path, spec=spec, tau=tau, root_tau=root_tau, greedy=opts.get("greedy") == "1",
                           fallback_root_only=opts.get("fallback") == "root", run_options=run_options)
     if name == "shallow":
