@@ -2,7 +2,8 @@
 first); when none passes, keep the best one anyway. Core-safe (numpy only).
 
 The Gate (``inference.gate``), the teachers' thresholded gate (``models.teachers.base.gate``), the
-reference pipeline's policies and the training metrics all decide through ``decide``.
+reference pipeline's policies and the training metrics all decide through ``decide``; a controller with a root
+threshold of its own picks each decision's threshold through ``threshold_at``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ import numpy as np
 class Decision:
     kept: list[int]  # candidate indices, ascending (their original order)
     fallback: bool  # nothing passed the threshold and the best candidate was kept anyway
+
+
+def threshold_at(depth: int | None, tau: float, root_tau: float | None = None) -> float:
+    """The threshold of a decision at ``depth``: ``root_tau`` at the root frame (depth 0) when one is set, else
+    ``tau``. A root branch costs its whole subtree, so the root may deserve a higher bar than the frames below."""
+    return float(root_tau) if root_tau is not None and int(depth or 0) == 0 else float(tau)
 
 
 def decide(scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None,

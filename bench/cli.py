@@ -9,7 +9,7 @@ queries) → ``closed_loop`` (every policy of ``bench/policies.py`` that needs n
 unpruned runs as a decision dataset labelled by their key points); then per label source, under
 OUT/<source>/: ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (the gate's
 τ sweep) → ``offline`` (its test split) → ``offline_eval`` (``eval_data``, by depth) → ``real`` (each
-``--real`` dataset); then ``budgets`` (run budgets at
+``--real`` dataset) → ``real_by_depth`` (the same decisions by depth: first searches, later ones); then ``budgets`` (run budgets at
 ``policies.budget_fractions`` of each query's unpruned tokens: the first source's gate with and without
 deferral, ``budget_baselines`` given the same budget, and the check that no run exceeded its budget). Writes OUT/report.json,
 OUT/report.md, OUT/kpr_vs_tokens.png and, with ``--real``, OUT/real_auroc.png.

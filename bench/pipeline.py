@@ -131,7 +131,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     report = {"policies": closed_loop_mod.summarize(pts, runs, boot), "gate_vs": first["gate_vs"],
               "offline": first["offline"], "offline_by_depth": first["offline_by_depth"],
               "offline_eval_by_depth": first["offline_eval_by_depth"], "real": first["real"],
-              "labels": first["labels"], "by_labels": per_source, "encoder": enc_id,
+              "real_by_depth": first["real_by_depth"], "labels": first["labels"], "by_labels": per_source, "encoder": enc_id,
               "timings": {**steps.timings, "total": round(time.perf_counter() - started, 2)},
               "queries": {"train": len(train_ids), "eval": len(eval_ids)}, "tau": first["tau"],
               "steps_run": list(steps.ran), "fingerprints": dict(steps.fingerprints)}
@@ -207,16 +207,18 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
     off = steps.run(f"{key}/offline", {"upstream": steps.fingerprints[f"{key}/train"], "bootstrap": boot},
                     offline_step)
 
-    def real_step(folder: Path) -> dict:
-        result = {}
+    def real_rows():
         for name, path in real_sets["datasets"].items():
-            rows = stats.controller_rows(tr["checkpoint"], path, ("train", "validation", "test"))
-            table = stats.scorer_metrics(rows, boot, ref="gate")
-            result[name] = {
-                k: {"auroc": m["auroc"], "auprc": m["auprc"], "ci95": m["ci95_auroc"],
-                    **({"delta_vs_gate": m["delta_vs_gate"]} if "delta_vs_gate" in m else {})}
-                for k, m in table.items()}
-        return result
+            yield name, stats.controller_rows(tr["checkpoint"], path, ("train", "validation", "test"))
+
+    def real_step(folder: Path) -> dict:
+        return {name: _real_table(stats.scorer_metrics(rows, boot, ref="gate")) for name, rows in real_rows()}
+
+    def real_by_depth_step(folder: Path) -> dict:
+        """The real decisions per depth stratum: depth 0 is a sequential agent's first search (no search state
+        yet), where every relevance scorer ranks alike; depth ≥ 1 has earlier searches to judge against."""
+        return {name: {k: _real_table(t) for k, t in stats.by_depth(rows, boot, ref="gate").items()}
+                for name, rows in real_rows()}
 
     def offline_eval_step(folder: Path) -> dict:
         rows = stats.controller_rows(tr["checkpoint"], eval_set["dataset"], ("train", "validation", "test"))
@@ -227,15 +229,24 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
           steps.run(f"{key}/offline_eval", {"upstream": steps.fingerprints[f"{key}/train"], "bootstrap": boot,
                                             "eval_data": steps.fingerprints["eval_data"]}, offline_eval_step))
 
-    rl = steps.run(f"{key}/real", {"upstream": steps.fingerprints[f"{key}/train"],
-                                   "real": steps.fingerprints["real_data"], "bootstrap": boot}, real_step)
+    real_inputs = {"upstream": steps.fingerprints[f"{key}/train"], "real": steps.fingerprints["real_data"],
+                   "bootstrap": boot}
+    rl = steps.run(f"{key}/real", real_inputs, real_step)
+    rd = steps.run(f"{key}/real_by_depth", real_inputs, real_by_depth_step)
     labels = {"source": source, "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold"),
               "threshold_rule": ds.get("label_threshold_rule"), "positive_rate": ds.get("positive_rate"),
               "counts": ds.get("labels")}
     return {"family": family, "labels": labels, "tau": tr.get("tau"), "train_auroc": tr.get("auroc"),
             "controller": ex["controller"], "export_fp": steps.fingerprints[f"{key}/export"],
             "offline": off["offline"], "offline_by_depth": off["offline_by_depth"], **oe, "real": rl,
-            "points": pts, "runs": gl["runs"]}
+            "real_by_depth": rd, "points": pts, "runs": gl["runs"]}
+
+
+def _real_table(table: dict) -> dict:
+    """A real-decision table as reported: per scorer AUROC, AUPRC, CI and (not the gate) gate − scorer."""
+    return {k: {"auroc": m["auroc"], "auprc": m["auprc"], "ci95": m["ci95_auroc"], "n_rows": m["n_rows"],
+                **({"delta_vs_gate": m["delta_vs_gate"]} if "delta_vs_gate" in m else {})}
+            for k, m in table.items()}
 
 
 def _budget_step(steps: Steps, cfg: dict, first_export: str, export_fp: str, boot: int, loop_inputs: dict,

@@ -12,7 +12,7 @@ from pathlib import Path
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
 from branchgate.bench.policies import VARIANTS
 
-REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "offline_eval_by_depth", "real", "labels",
+REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "offline_eval_by_depth", "real", "real_by_depth", "labels",
                "by_labels", "budgets", "findings", "encoder", "timings")  # "budgets" only when the budgets step ran (policies.budget_fractions)
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
@@ -74,6 +74,14 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
                          f"| {_mc(d, '+.3f') if d else ''} |")
     if report["real"]:
         lines += ["", f"![AUROC on real decisions]({images}{REAL_PLOT})"]
+    for ds, strata in (report.get("real_by_depth") or {}).items():
+        for stratum, table in strata.items():
+            lines += ["", f"{h} Real decisions: {ds}, {stratum} (the first gate; {_rows(table)} decisions; depth 0 is a "
+                      "sequential agent's first search, with no search state yet)", "",
+                      "| scorer | AUROC [95% CI] | gate − scorer [95% CI] |", "|---|---|---|"]
+            for name, m in table.items():
+                d = m.get("delta_vs_gate")
+                lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_mc(d, '+.3f') if d else ''} |")
     sections = [(src, res) for src, res in by.items()] or [(lab["source"], report)]
     for src, res in sections:
         lines += ["", f"{h} Offline (labels `{src}`: the dataset's test split, its own labels; 95% CI over runs)", ""]
@@ -204,6 +212,11 @@ def findings(report: dict) -> list[str]:
 def _curves(res: dict) -> list[tuple[str, dict]]:
     """A label source's gate curves and their ``gate_vs``: the threshold gate, then each variant that ran."""
     return [(res["family"], res["gate_vs"])] + [(res[v]["family"], res[v]["gate_vs"]) for v in VARIANTS if res.get(v)]
+
+
+def _rows(table: dict) -> str:
+    n = (table.get("gate") or {}).get("n_rows")
+    return "–" if n is None else str(n)
 
 
 def real_tables(report: dict) -> dict[str, dict]:

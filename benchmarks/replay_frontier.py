@@ -20,7 +20,9 @@ unpruned tokens and the least token share reaching ``--target`` of unpruned KPR,
 ``--two-tau`` instead replays the gate's own scores with one τ at the root frame and another below it (the
 ``root_tau`` gate option), on the runs of ``--split`` only: the way to choose ``policies.root_tau`` on the
 training queries' held-out validation runs (OUT/simulate/seed0/traces with OUT/keypoints/dataset/dataset,
-``--split validation``), never on the eval queries.
+``--split validation``), never on the eval queries. To ship the pair it chooses (R at the root, T below), train
+with ``--calibration.method fixed --calibration.tau T --calibration.root_tau R``: the controller stores both and
+the Gate applies R at depth 0 (``Gate.thresholds``).
 """
 
 from __future__ import annotations
@@ -93,11 +95,11 @@ def gate_scores(checkpoint: str, dataset: str) -> dict:
 def gate_rule(score: dict, run_id: str, root_tau: float, tau: float, root_only: bool = False):
     """The Gate's keep rule (``decide``) for one run's frames: ``root_tau`` at the root, ``tau`` below it, the
     top-1 fallback everywhere, or at the root only (``root_only``, the ``fallback=root`` option)."""
-    from branchgate.decide import decide
+    from branchgate.decide import decide, threshold_at
 
     def keep(frame, ids):
         s = [score[(run_id, c)] for c in ids]
-        kept = decide(s, root_tau if frame.depth == 0 else tau, fallback=frame.depth == 0 or not root_only).kept
+        kept = decide(s, threshold_at(frame.depth, tau, root_tau), fallback=frame.depth == 0 or not root_only).kept
         return [ids[i] for i in kept]
     return keep
 

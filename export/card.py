@@ -52,6 +52,8 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         "net": props["net"], "feature_names": props["feature_names"],
         "tau": f"{float(props['tau']):.4f}",
         "calibration": f" (calibrated: {calib.get('method')})" if calib else "",
+        "root_tau": (f"; at the root frame (depth 0) τ = {float(props['root_tau']):.4f}, fixed in training "
+                     "(`calibration.root_tau`)" if props.get("root_tau") else ""),
         "p_keep": ("Platt-scaled on the validation split, a calibrated probability" if calib and calib.get("platt")
                    else "the keep head's sigmoid (not recalibrated)"),
         "labels": labels,

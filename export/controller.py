@@ -317,7 +317,15 @@ def metadata(meta: dict, encoder, tau: float, tok_text: str, tok_name: str, net)
         "net": json.dumps(net.config()) if hasattr(net, "config") else "{}",
         "opset": str(OPSET),
         **_feature_range(net),
+        **_root_tau(meta),
     }
+
+
+def _root_tau(meta: dict) -> dict[str, str]:
+    """Metadata ``root_tau``: the root frame's own threshold from the training calibration
+    (``calibration.root_tau``), absent when it has none (then τ applies at every depth)."""
+    root_tau = (meta.get("calibration") or {}).get("root_tau")
+    return {} if root_tau is None else {"root_tau": repr(float(root_tau))}
 
 
 def _feature_range(net) -> dict[str, str]:

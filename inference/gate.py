@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate import __version__
-from branchgate.decide import decide
+from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.features import outside_range, structured_features
 from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, decision_texts
@@ -107,6 +107,7 @@ class Gate:
         self.encoder = meta["encoder"]
         numbers = controller_numbers(meta, str(path))
         self.dim, self.max_length, self.tau = numbers.dim, numbers.max_length, numbers.tau
+        self.root_tau = numbers.root_tau  # the root frame's own threshold, or None (``thresholds``)
         # The train split's range of each structured feature: the graph clamps to it; select reports leaving it.
         self.feature_range = numbers.feature_range
         self._range_warned = False
@@ -200,16 +201,27 @@ class Gate:
         return p
 
     # -- gating ----------------------------------------------------------------------------------------
-    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None) -> Selection:
+    def thresholds(self, tau: float | None = None, root_tau: float | None = None) -> tuple[float, float | None]:
+        """``(τ, root τ)`` of a decision: with neither given, the controller's own (its ``root_tau`` metadata, when
+        it has one, at the root frame); a ``tau`` given alone applies at every depth; a ``root_tau`` given alone
+        keeps the controller's τ below the root."""
+        if tau is None and root_tau is None:
+            return self.tau, self.root_tau
+        return (self.tau if tau is None else as_tau(tau)), (None if root_tau is None else as_tau(root_tau, "root_tau"))
+
+    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None,
+               root_tau: float | None = None) -> Selection:
         """Gate one decision: keep candidates with p_keep ≥ τ (best ``max_keep`` of them), else the top-1.
+        τ is ``root_tau`` at the root frame (depth 0) when there is one (``thresholds``), else ``tau``.
 
         ``state``: a ``DecisionState`` or a mapping with ``root_query, frame_query, parent_goal, retained,
         depth`` (missing keys default to empty). ``candidates``: mappings ``{"query", "goal"}``,
         ``(query, goal)`` pairs or plain strings.
         """
-        tau = self.tau if tau is None else as_tau(tau)
+        tau, root_tau = self.thresholds(tau, root_tau)
         max_keep = as_max_keep(max_keep)
         state, texts = as_decision(state, candidates)
+        tau = threshold_at(state.depth, tau, root_tau)
         p, u = self.predict(state, texts)
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
@@ -218,7 +230,8 @@ class Gate:
             run_id: str | None = None, **options):
         """A run-scoped gate spending at most ``budget_nodes`` expansions / ``budget_tokens`` tokens
         (``inference.budget.RunGate``; ``options``: tau, max_keep, price_start, price_end, price_exponent,
-        defer_margin, revisit_floor, tokens_per_node, max_share)."""
+        defer_margin, revisit_floor, tokens_per_node, max_share). A budgeted run admits by its price, which starts
+        at τ at every depth: the controller's ``root_tau`` does not apply."""
         from branchgate.inference.budget import Budget, RunGate
 
         return RunGate(self, Budget(budget_nodes, budget_tokens), defer=defer, run_id=run_id, **options)

@@ -1,7 +1,8 @@
 """`branchgate gate`: gate one decision read as JSON on stdin with an ONNX controller (no torch needed).
 
 Input:  {"state": {"root_query", "frame_query", "parent_goal", "retained": [...], "depth"},
-         "candidates": [{"query", "goal"}, ...], "tau": optional, "max_keep": optional}
+         "candidates": [{"query", "goal"}, ...], "tau": optional, "root_tau": optional, "max_keep": optional}
+(``tau`` alone applies at every depth, ``root_tau`` at depth 0; neither: the model's own, ``Gate.thresholds``)
 Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool, "out_of_range": [features]}
 (``out_of_range`` only when the decision's structured features lie outside the model's training range).
 With --jsonl, every input line is a decision and every output line its answer.
@@ -39,6 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", default="-", help="read from this file instead of stdin")
     parser.add_argument("--jsonl", action="store_true", help="one decision per input line, one answer per output line")
     parser.add_argument("--tau", type=float, default=None, help="keep threshold (default: the model's calibrated τ)")
+    parser.add_argument("--root-tau", type=float, default=None,
+                        help="keep threshold at the root frame, depth 0 (default: the model's root τ if it has one)")
     parser.add_argument("--max-keep", type=int, default=None, help="keep at most this many candidates")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate (default: all cores)")
     parser.add_argument("--expect-encoder", default=None, help="fail unless the model was built on this encoder id")
@@ -91,9 +94,14 @@ def parse_decision(obj, where: str = "input") -> dict:
             if c.get(key) is not None and not isinstance(c[key], str):
                 raise InputError(f"field 'candidates[{i}].{key}' must be a string", where)
     tau = None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'")
+    root_tau = None if obj.get("root_tau") is None else as_tau(obj["root_tau"], f"{where}: field 'root_tau'")
     max_keep = as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'")
-    return {"state": dict(state), "candidates": list(cands), "tau": tau, "max_keep": max_keep,
-            **_run_fields(obj, len(cands), where)}
+    fields = _run_fields(obj, len(cands), where)
+    if root_tau is not None and fields["run_id"] is not None:
+        raise InputError("root_tau and a budgeted run do not combine (the run admits by its own price)",
+                         f"{where}: field 'root_tau'")
+    return {"state": dict(state), "candidates": list(cands), "tau": tau, "root_tau": root_tau, "max_keep": max_keep,
+            **fields}
 
 
 def _run_fields(obj, k: int, where: str) -> dict:
@@ -143,8 +151,9 @@ def read_decisions(path: str) -> list[dict]:
 
 def _check_flags(args) -> None:
     """The flags' ranges, by the rules of the JSON fields (``inputs.as_tau``, ``as_max_keep``); --threads ≥ 1."""
-    if args.tau is not None:
-        as_tau(args.tau, "--tau")
+    for flag, value in (("--tau", args.tau), ("--root-tau", args.root_tau)):
+        if value is not None:
+            as_tau(value, flag)
     as_max_keep(args.max_keep, "--max-keep")
     if args.threads is not None and args.threads < 1:
         raise InputError(f"must be ≥ 1, got {args.threads}", "--threads")
@@ -167,13 +176,16 @@ def run(args) -> int:
     for n, line in lines:
         where = name if n is None else f"{name}:{n}"
         decisions.append(parse_decision(load_json(line, name, n), where))
+    if args.root_tau is not None and any(d["run_id"] is not None for d in decisions):
+        raise InputError("root_tau and a budgeted run do not combine (the run admits by its own price)", "--root-tau")
     gate = Gate.load(args.model, expected_encoder=args.expect_encoder, threads=args.threads)
     out = sys.stdout
     for d in decisions:
         tau = d["tau"] if d["tau"] is not None else args.tau
         max_keep = d["max_keep"] if d["max_keep"] is not None else args.max_keep
         if d["run_id"] is None:
-            answer = gate.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep).to_json()
+            root_tau = d["root_tau"] if d["root_tau"] is not None else args.root_tau
+            answer = gate.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, root_tau=root_tau).to_json()
         else:
             answer = run_decision(gate, d, tau, max_keep, args.state)
         out.write(json.dumps(answer, ensure_ascii=False) + "\n")

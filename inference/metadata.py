@@ -35,6 +35,7 @@ class ControllerNumbers:
     tau: float
     pad_token_id: int = 0
     feature_range: dict[str, tuple[float, float]] = field(default_factory=dict)  # FEATURE_NAMES → (min, max)
+    root_tau: float | None = None  # the root frame's own threshold (``decide.threshold_at``); None: tau everywhere
 
 
 def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_encoder: str | None = None) -> None:
@@ -69,19 +70,26 @@ def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_
 
 
 def controller_numbers(meta: Mapping[str, str], where: str = "controller") -> ControllerNumbers:
-    """``dim``, ``max_length``, ``tau``, ``pad_token_id`` and the optional ``feature_range`` (JSON
-    ``{feature: [min, max]}`` of the train split; absent in controllers exported before it existed), parsed
-    and range-checked; ``MismatchError`` naming the key otherwise."""
+    """``dim``, ``max_length``, ``tau``, ``pad_token_id``, the optional ``feature_range`` (JSON
+    ``{feature: [min, max]}`` of the train split; absent in controllers exported before it existed) and the
+    optional ``root_tau`` (the root frame's threshold; absent: ``tau`` at every depth), parsed and
+    range-checked; ``MismatchError`` naming the key otherwise."""
     dim = _integer(meta, "dim", where, 1, MAX_DIM)
     max_length = _integer(meta, "max_length", where, 1, MAX_LENGTH)
     pad = _integer(meta, "pad_token_id", where, 0, 1 << 31, default=0)
+    tau = _threshold(meta, "tau", where)
+    root_tau = _threshold(meta, "root_tau", where) if meta.get("root_tau") not in (None, "") else None
+    return ControllerNumbers(dim, max_length, tau, pad, _feature_range(meta.get("feature_range"), where), root_tau)
+
+
+def _threshold(meta, key: str, where: str) -> float:
     try:
-        tau = float(meta["tau"])
+        value = float(meta[key])
     except (TypeError, ValueError):
-        tau = math.nan
-    if not 0.0 <= tau <= 1.0:  # also refuses nan
-        raise MismatchError(f"{where}: metadata tau={meta['tau']!r} is not a number in [0, 1]")
-    return ControllerNumbers(dim, max_length, tau, pad, _feature_range(meta.get("feature_range"), where))
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise MismatchError(f"{where}: metadata {key}={meta[key]!r} is not a number in [0, 1]")
+    return value
 
 
 def _integer(meta, key: str, where: str, lo: int, hi: int, default: int | None = None) -> int:

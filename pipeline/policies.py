@@ -21,7 +21,9 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 (a deeper frame whose candidates all fall below τ expands none: the branch
                                 stops), an ablation of what the fallback costs below the root; ``root_tau=R``
                                 thresholds the root frame at R instead (a root branch costs its whole subtree,
-                                so it may need a higher bar than the deeper ones)
+                                so it may need a higher bar than the deeper ones); with neither ``tau`` nor
+                                ``root_tau`` the controller's own thresholds apply (its τ, and its root τ when
+                                exported with one: ``Gate.thresholds``), ``tau=T`` alone applies T at every depth
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``); ``NODES`` may be left out
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from branchgate.decide import decide
+from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError
 
 STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
@@ -181,10 +183,10 @@ class RandomPolicy(Policy):
 class GatePolicy(Policy):
     path: str = ""
     spec: str = ""
-    tau: float | None = None  # overrides the controller's τ
+    tau: float | None = None  # overrides the controller's τ (at every depth, unless root_tau is given too)
     greedy: bool = False  # set-aware selection (see the module docstring)
     fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
-    root_tau: float | None = None  # root_tau=R: the root frame's τ (else the same τ at every depth)
+    root_tau: float | None = None  # root_tau=R: the root frame's τ (neither given: the controller's own, Gate.thresholds)
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -217,9 +219,7 @@ class GatePolicy(Policy):
         model = self.model
         p = np.asarray(model.score(x, state), dtype=np.float64)
         depth = int(state.depth or 0)
-        tau = model.threshold if self.tau is None else self.tau
-        if self.root_tau is not None and depth == 0:
-            tau = self.root_tau
+        tau = threshold_at(depth, *model.thresholds(self.tau, self.root_tau))
         fallback = stage != "post_retrieval" and not (self.fallback_root_only and depth > 0)
         if self.greedy:
             kept = self._greedy(model, x, state, p, tau, fallback=fallback)

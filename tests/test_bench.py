@@ -14,7 +14,7 @@ from branchgate.cli import main
 from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
 
-SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real")
+SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real", "real_by_depth")
 STEPS = ("simulate", "closed_loop", "real_data", "eval_data", *(f"keypoints/{s}" for s in SOURCE_STEPS), "budgets")
 TINY = """breadth: 2
 depth: 2
@@ -93,10 +93,16 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert set(real) == {"gate", *NAMES} and "delta_vs_gate" not in real["gate"]
     assert all(_contains(m["delta_vs_gate"]) for k, m in real.items() if k != "gate")
     assert rep["real"]["traces"] == real  # the traces, built into a dataset, give the same decisions
+    strata = rep["real_by_depth"]["dataset"]  # the same decisions by depth: rows add up, each stratum its own AUROC
+    assert set(strata) == {"depth0", "depth1+"} and set(strata["depth0"]) == {"gate", *NAMES}
+    assert sum(t["gate"]["n_rows"] for t in strata.values()) == real["gate"]["n_rows"]
+    assert all(_contains(m["delta_vs_gate"]) for t in strata.values() for k, m in t.items() if k != "gate"
+               and m["delta_vs_gate"]["mean"] is not None)
     assert (d / "out" / "real_auroc.png").read_bytes()[:4] == b"\x89PNG"
     assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
     assert set(STEPS) | {"total"} == set(rep["timings"]) and rep["timings"]["total"] > 0
     md = (d / "out" / "report.md").read_text()
+    assert "## Real decisions: dataset, depth0" in md
     assert "| gate@tau=0.5 |" in md and "## Offline" in md and "## Offline on the eval queries' unpruned runs, depth1+" in md
     assert any(f.startswith("Within depth ≥ 1 on the eval queries' unpruned runs") for f in rep["findings"])
     b = rep["budgets"]  # run budgets at 30% of each query's unpruned tokens: never exceeded

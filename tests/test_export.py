@@ -108,6 +108,20 @@ def test_export_refuses_failed_parity_and_force_writes_anyway(encoder, tmp_path,
     assert "WARNING" in capsys.readouterr().err
 
 
+def test_a_trained_root_tau_reaches_the_onnx_metadata_the_card_and_the_gate(encoder, tmp_path):
+    from branchgate.training.checkpoint import load_controller, save_controller
+
+    net, meta = load_controller(exported(encoder)["checkpoint"])
+    assert "root_tau" not in read_metadata(exported(encoder)["files"]["fp32"])  # trained without one
+    meta["calibration"] = dict(meta.get("calibration") or {}, root_tau=0.7)
+    ckpt = save_controller(tmp_path / "controller.safetensors", net, meta)
+    out = tmp_path / "m" / "controller.onnx"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out), "--max-decisions", "2"]) == 0
+    assert float(read_metadata(out)["root_tau"]) == 0.7
+    assert "at the root frame (depth 0) τ = 0.7000" in out.with_name("controller.md").read_text()
+    assert Gate.load(out, threads=1).root_tau == 0.7
+
+
 def test_export_refuses_a_tower_that_does_not_reproduce_the_encoder(encoder, tmp_path):
     import copy
 

@@ -87,6 +87,28 @@ def test_default_tau_is_the_models(gate, model):
     assert gate.select(STATE, CANDS).kept == decide(p, gate.tau).kept
 
 
+def test_a_root_tau_in_the_controller_applies_at_the_root_only(fp32_model, tmp_path):
+    from branchgate.decide import threshold_at
+
+    assert (threshold_at(0, 0.2, 0.7), threshold_at(1, 0.2, 0.7), threshold_at(0, 0.2)) == (0.7, 0.2, 0.2)
+    assert Gate.load(fp32_model, threads=1).root_tau is None  # exported without one: τ at every depth
+    props = dict(read_metadata(fp32_model), root_tau="1.0")
+    gate = Gate.load(relabelled(fp32_model, tmp_path, props), threads=1)
+    assert (gate.tau, gate.root_tau) == (float(props["tau"]), 1.0)
+    root = gate.select(STATE, CANDS)
+    assert root.tau == 1.0 and root.fallback and len(root.kept) == 1  # nothing passes 1.0: the top-1
+    deep = gate.select(dict(STATE, depth=1), CANDS)
+    assert deep.tau == gate.tau and deep.kept == decide(deep.p_keep, gate.tau).kept and len(deep.kept) > 1
+    assert gate.select(STATE, CANDS, tau=0.0).kept == [0, 1, 2]  # tau alone applies at every depth
+    assert gate.select(STATE, CANDS, root_tau=0.0).kept == [0, 1, 2]  # root_tau alone: the root's
+    assert gate.select(dict(STATE, depth=1), CANDS, root_tau=0.0).tau == gate.tau  # ... and the file's τ below
+    with pytest.raises(InputError, match="root_tau"):
+        gate.select(STATE, CANDS, root_tau=1.5)
+    props["root_tau"] = "1.5"
+    with pytest.raises(MismatchError, match="metadata root_tau"):
+        Gate.load(relabelled(fp32_model, tmp_path, props), threads=1)
+
+
 def test_state_forms_agree(gate):
     as_dict = gate.select(STATE, CANDS)
     as_obj = gate.select(DecisionState(STATE["root_query"], STATE["frame_query"]), CANDS)

@@ -215,7 +215,8 @@ GOOD_META = {"branchgate_version": "0.1.0", "schema_version": "1", "graph_io_ver
 @pytest.mark.parametrize("key,value", [("tau", "abc"), ("tau", "nan"), ("tau", "inf"), ("tau", "2"), ("dim", "x"),
                                        ("dim", "0"), ("max_length", "-3"), ("max_length", "abc"), ("pad_token_id", "abc"),
                                        ("feature_range", "[1, 2]"), ("feature_range", '{"depth": [3, 1]}'),
-                                       ("feature_range", '{"depth": [0, NaN]}'), ("feature_range", '{"nope": [0, 1]}')])
+                                       ("feature_range", '{"depth": [0, NaN]}'), ("feature_range", '{"nope": [0, 1]}'),
+                                       ("root_tau", "1.5"), ("root_tau", "abc")])
 def test_bad_controller_metadata_is_a_mismatch_error_naming_the_key(key, value):
     from branchgate.inference.metadata import check_metadata, controller_numbers
 
@@ -223,6 +224,7 @@ def test_bad_controller_metadata_is_a_mismatch_error_naming_the_key(key, value):
     with pytest.raises(MismatchError, match=f"m.onnx: metadata {key}"):
         check_metadata({**GOOD_META, key: value}, "m.onnx")
     assert controller_numbers({**GOOD_META, "feature_range": '{"depth": [0, 2]}'}).feature_range == {"depth": (0.0, 2.0)}
+    assert controller_numbers(GOOD_META).root_tau is None and controller_numbers({**GOOD_META, "root_tau": "0.7"}).root_tau == 0.7
 
 
 def _args(shapes: dict) -> list:
@@ -305,7 +307,7 @@ def test_select_refuses_bad_arguments_with_a_named_input_error(state, cands, kw,
     from branchgate.inference.gate import Gate
 
     gate = Gate.__new__(Gate)  # the checks run before any graph work
-    gate.tau, gate.feature_range = 0.5, {}
+    gate.tau, gate.root_tau, gate.feature_range = 0.5, None, {}
     with pytest.raises(InputError, match=f"^{field}: "):
         gate.select(state, cands, **kw)
 
@@ -524,6 +526,21 @@ def test_gate_cli_json_carries_out_of_range(exported_model, monkeypatch, capsys)
     assert rc == 0
     ans = json.loads(out.out)
     assert {"depth", "n_candidates"} <= set(ans["out_of_range"]) and len(ans["kept"]) >= 1
+
+
+def test_gate_cli_root_tau_field_and_flag(exported_model, monkeypatch, capsys):
+    decision = {"state": {"root_query": "q", "depth": 0}, "candidates": ["a", "b", "c"]}
+    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, root_tau=0.0)), "--threads", "1",
+                       model=exported_model["fp32"])
+    assert rc == 0 and json.loads(out.out)["kept"] == [0, 1, 2]
+    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, state={"root_query": "q", "depth": 1})), "--threads",
+                       "1", "--root-tau", "0.0", "--tau", "1.0", model=exported_model["fp32"])
+    assert rc == 0 and len(json.loads(out.out)["kept"]) == 1  # below the root: --tau 1.0, the top-1 fallback
+    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, root_tau=0.5, run_id="r1", budget_nodes=3)),
+                       model=exported_model["fp32"])
+    assert rc == 2 and "root_tau" in out.err and "budgeted run" in out.err
+    rc, out = gate_cli(monkeypatch, capsys, json.dumps(decision), "--root-tau", "2", model=exported_model["fp32"])
+    assert rc == 2 and "--root-tau" in out.err
 
 
 @pytest.mark.parametrize("body", ["[" * 5000 + "]" * 5000, "9" * 5000], ids=["deep", "huge-int"])

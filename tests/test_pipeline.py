@@ -188,8 +188,12 @@ def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
 
     first = {"alpha one": 0.9, "alpha two": 0.8, "beta three": 0.6}
 
+    from branchgate.inference.gate import Gate
+
     class Model:  # p_keep falls to 0.1 for a candidate whose first word a retained text already has
-        threshold = 0.5
+        threshold = tau = 0.5
+        root_tau = None
+        thresholds = Gate.thresholds  # the Gate's own rule for which τ applies
         seen: list = []
 
         def predict(self, st, texts):
@@ -228,6 +232,15 @@ def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
     assert (root.root_tau, root.tau) == (0.85, 0.5)
     assert root.choose(x, state, "pre_retrieval", None).kept == [0]  # root: only 0.9 passes 0.85
     assert root.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # below it: τ 0.5
+    stored = Model()
+    stored.root_tau = 0.85  # a controller exported with calibration.root_tau
+    own = policies.parse("gate:m.onnx", "pre_retrieval")
+    own._gate = stored
+    assert own.choose(x, state, "pre_retrieval", None).kept == [0]  # the file's root τ at the root
+    assert own.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # its τ below
+    flat = policies.parse("gate:m.onnx,tau=0.5", "pre_retrieval")
+    flat._gate = stored
+    assert flat.choose(x, state, "pre_retrieval", None).kept == [0, 1, 2]  # tau=T alone: T at every depth
     for bad, msg in [("gate:m.onnx,fallback=deep", "all or root"), ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine"),
                      ("gate:m.onnx,root_tau=1.5", "root_tau must be in"), ("gate:m.onnx,root_tau=0.5,budget_nodes=3", "do not combine")]:
         with pytest.raises(BranchgateError, match=msg):

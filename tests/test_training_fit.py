@@ -21,7 +21,7 @@ def trained(tmp_path_factory, encoder):
     warm_cache(ds, cache, encoder)  # warm: training itself never loads the encoder
     out = root / "run"
     rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
-               "--out", str(out), "--wandb.mode", "disabled", "--trainer.max_epochs", "15", "--model.hidden", "32", "--model.lr", "0.003", "--model.dropout", "0.1",
+               "--out", str(out), "--wandb.mode", "disabled", "--calibration.root_tau", "0.8", "--trainer.max_epochs", "15", "--model.hidden", "32", "--model.lr", "0.003", "--model.dropout", "0.1",
                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
     assert rc == 0
     return ds, cache, out
@@ -54,6 +54,7 @@ def test_final_checkpoint_holds_tau_and_standardisation(trained):
     net, meta = load_controller(out / "controller.safetensors")
     assert set(META_KEYS) <= set(meta)
     assert meta["tau"] == pytest.approx(m["tau"]) and meta["calibration"]["method"] == "f1"
+    assert meta["calibration"]["root_tau"] == 0.8  # the root frame's own τ, exported as metadata root_tau
     assert meta["encoder"] == m["encoder"] and meta["dim"] == 384
     assert any(abs(v - 1.0) > 1e-3 for v in meta["standardisation"]["scalar_std"])  # fitted, not defaults
     assert float(net.scalar_std[0]) == pytest.approx(meta["standardisation"]["scalar_std"][0])
@@ -104,6 +105,9 @@ def test_cli_encoder_errors(trained, tmp_path, capsys):
                "--data.encoder", "no-such-org/no-such-encoder", "--out", str(tmp_path / "x"), "--wandb.mode", "disabled"])
     assert rc == 2
     assert "--encoder packaged" in capsys.readouterr().err
+    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
+               "--calibration.root_tau", "1.5", "--out", str(tmp_path / "y"), "--wandb.mode", "disabled"])
+    assert rc == 2 and "--calibration.root_tau" in capsys.readouterr().err
     import shutil
 
     bge = tmp_path / "bge"

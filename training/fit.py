@@ -36,6 +36,9 @@ class Calibration:
     method: Literal["f1", "keep_rate", "fixed"] = "f1"
     keep_rate: float | None = None  # target fraction kept, for method keep_rate
     tau: float | None = None  # the threshold, for method fixed
+    # The root frame's own threshold (depth 0), stored in the controller and applied by the Gate there; None:
+    # τ at every depth. A fixed value: choose it on held-out unpruned runs (benchmarks/replay_frontier.py --two-tau).
+    root_tau: float | None = None
     probabilities: bool = True  # Platt-scale p_keep on validation first, so p_keep is a calibrated probability
 
 
@@ -103,6 +106,7 @@ def train(argv: list[str] | None = None) -> dict:
 
     from branchgate.errors import InputError
     from branchgate.fileio import atomic_write_text
+    from branchgate.inference.inputs import as_tau
     from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
     from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
 
@@ -130,6 +134,8 @@ def train(argv: list[str] | None = None) -> dict:
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts
     calib = cli.config_init["calibration"]
+    if calib.root_tau is not None:
+        as_tau(calib.root_tau, "--calibration.root_tau")
     started = time.perf_counter()
     trainer.fit(model, datamodule=dm, ckpt_path=cli.config.get("ckpt_path"))
     fit_s = time.perf_counter() - started
