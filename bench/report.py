@@ -17,6 +17,8 @@ REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "offline_ev
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
 ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
+REAL_STRATA = {"depth0": "the root frame: a sequential agent's first search, before any search state",
+               "depth1+": "below the root: each judged against the searches before it"}
 PLOT = "kpr_vs_tokens.png"
 REAL_PLOT = "real_auroc.png"
 
@@ -76,8 +78,8 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
         lines += ["", f"![AUROC on real decisions]({images}{REAL_PLOT})"]
     for ds, strata in (report.get("real_by_depth") or {}).items():
         for stratum, table in strata.items():
-            lines += ["", f"{h} Real decisions: {ds}, {stratum} (the first gate; {_rows(table)} decisions; depth 0 is a "
-                      "sequential agent's first search, with no search state yet)", "",
+            lines += ["", f"{h} Real decisions: {ds}, {stratum} (the first gate; {_rows(table)} decisions; "
+                      f"{REAL_STRATA.get(stratum, stratum)})", "",
                       "| scorer | AUROC [95% CI] | gate − scorer [95% CI] |", "|---|---|---|"]
             for name, m in table.items():
                 d = m.get("delta_vs_gate")

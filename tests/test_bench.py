@@ -242,3 +242,25 @@ def test_plot_gives_every_curve_a_colour_however_many_gates(tmp_path):
     report = {"policies": policies, "labels": {"source": "keypoints"}, "queries": {"eval": 3}}
     plot(report, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones():
+    """benchmarks/real_strata.py: the perfect-below-the-root bound reassigns only the deep rows' own values."""
+    import importlib.util
+    from pathlib import Path
+
+    from branchgate.training.metrics import safe_auroc
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "real_strata.py"
+    spec = importlib.util.spec_from_file_location("real_strata", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    labels = np.array([1, 0, 1, 0, 1, 0])
+    score = np.array([0.9, 0.85, 0.2, 0.8, 0.3, 0.5])
+    deep = np.array([0, 0, 1, 1, 1, 1], np.float64)
+    perfect = mod.perfect_below_root(labels, score, deep)
+    assert perfect[:2].tolist() == [0.9, 0.85] and sorted(perfect[2:]) == sorted(score[2:])
+    assert min(perfect[[2, 4]]) > max(perfect[[3, 5]])  # every deep positive above every deep negative
+    assert safe_auroc(labels, perfect) < 1.0  # the root negative still outranks the deep positives
+    auroc, shift = mod.best_shift(labels, perfect, deep)
+    assert auroc == 1.0 and shift > 0  # lifting the deep rows above it separates everything
