@@ -16,6 +16,7 @@ from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.policies import VARIANTS, baseline_points, gate_points, variant_family
 from branchgate.bench.report import write
 from branchgate.bench.steps import Steps, keeps_folder
+from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_text
 
 SIM_KEYS = ("breadth", "depth", "oversample", "top_k")
@@ -27,7 +28,6 @@ def _sim(cfg: dict, seed: int, encoder: str) -> dict:
 
 def label_sources(value) -> list[str]:
     """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
-    from branchgate.errors import InputError
     from branchgate.logs_to_dataset.label_sources import parse_spec
 
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
@@ -65,6 +65,9 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     enc = cfg["encoder"]
     enc_id = resolve(enc).id
     seeds = [int(s) for s in cfg["seeds"]]
+    train_seeds = [int(s) for s in (cfg["seeds"] if cfg.get("train_seeds") is None else cfg["train_seeds"])]
+    if not seeds or not train_seeds:
+        raise InputError("seeds and train_seeds need at least one seed each", "bench config")
     boot = int(cfg["bootstrap"])
     workers = max(1, int(cfg.get("workers") or os.cpu_count() or 1))
     sim_cfg = {k: cfg[k] for k in SIM_KEYS}
@@ -81,13 +84,13 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
 
         qf = write_ids(folder, train_ids)
         runs = 0
-        for seed in seeds:
+        for seed in train_seeds:
             s = simulate(env_path, Config(**_sim(cfg, seed, enc), pre="none"), folder / f"seed{seed}", queries_file=qf,
                          progress=progress, workers=workers)
             runs += s["n_runs"]
-        return {"runs": runs, "traces": [str(folder / f"seed{s}" / "traces") for s in seeds]}
+        return {"runs": runs, "traces": [str(folder / f"seed{s}" / "traces") for s in train_seeds]}
 
-    sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": seeds, "queries": train_ids}, simulate_step)
+    sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": train_seeds, "queries": train_ids}, simulate_step)
 
     def closed_loop(folder: Path, pts, upstream: str) -> dict:
         from branchgate.models.encoder import Encoder
@@ -270,8 +273,6 @@ def _budget_step(steps: Steps, cfg: dict, first_export: str, export_fp: str, boo
         none = closed_loop_mod.per_query(none_dir)
         missing = [q for q in ids if q not in none]
         if missing:
-            from branchgate.errors import InputError
-
             raise InputError(f"{len(missing)} eval queries have no unpruned run to size their budget "
                              f"(e.g. {missing[0]!r})", str(none_dir))
         references[seed] = {q: none[q] for q in ids}
@@ -343,8 +344,6 @@ def _manifest_hash(path) -> str:
     if m.is_file():
         return fingerprint(json.loads(m.read_text()))
     if not path.exists():
-        from branchgate.errors import InputError
-
         raise InputError("not found (--real takes decision datasets or trace folders)", str(path))
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     return fingerprint([(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
