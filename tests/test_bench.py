@@ -168,6 +168,28 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert "AUROC on dataset" in md
 
 
+def test_train_seeds_add_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
+    import shutil
+
+    d, argv, _ = bench
+    out = tmp_path / "out"
+    shutil.copytree(d / "out", out)
+    (tmp_path / "seeds.yaml").write_text(TINY.replace("RATES", "0.5") + "train_seeds: [0, 1]\n")
+    argv = [str(tmp_path / "seeds.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
+            for a in argv]
+    assert main(argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
+    assert "eval_data" not in rep["steps_run"]  # the eval queries' unpruned runs are untouched
+    assert json.loads((out / "closed_loop" / "done.json").read_text())["inputs"]["seeds"] == [0]
+    assert len(list((out / "simulate" / "seed1" / "traces").glob("*.jsonl"))) == 12  # 12 train queries × 2 seeds
+    assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
+    (tmp_path / "none.yaml").write_text(TINY.replace("RATES", "0.5") + "train_seeds: []\n")
+    argv = [str(tmp_path / "none.yaml") if a == str(tmp_path / "seeds.yaml") else a for a in argv]
+    capsys.readouterr()
+    assert main(argv) == 2 and "train_seeds" in capsys.readouterr().err
+
+
 def test_overlapping_or_unknown_query_ids_exit_2(tmp_path, capsys):
     ids = _ids()
     (tmp_path / "a.txt").write_text("\n".join(ids[:3]) + "\n")
