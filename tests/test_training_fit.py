@@ -44,6 +44,8 @@ def test_learns_planted_signal_and_beats_baselines(trained):
     for name in PLOTS:
         assert (out / name).stat().st_size > 1000
     assert (out / "config.yaml").is_file() and (out / "logs" / "metrics.csv").is_file()
+    header = (out / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"val_auroc", "val_auroc_deep"} <= set(header)  # the pooled and the below-the-root monitors
 
 
 def test_final_checkpoint_holds_tau_and_standardisation(trained):

@@ -2,7 +2,9 @@
 
 Loss = w_bce · BCE(keep logit, y) with positive-class weight (class balancing; ``pos_weight: null`` =
 n_neg / n_pos on train) over rows with label != -1, plus w_reg · Huber(ĝ, g) on standardised utility over
-rows with a finite g. Validation logs ``val_auroc`` (early stopping / checkpoint selection) and ``val_loss``.
+rows with a finite g. Validation logs ``val_auroc`` (early stopping / checkpoint selection by default),
+``val_auroc_deep`` (the rows below the root frame, depth ≥ 1: a monitor that the root frame's easy positives do
+not dominate) and ``val_loss``.
 """
 
 from __future__ import annotations
@@ -121,18 +123,19 @@ class ControllerModule(L.LightningModule):
         self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()), sync_dist=True)
         lab = batch["label"] >= 0
         self._val.append((torch.sigmoid(logit[lab]).detach().cpu().numpy(), batch["label"][lab].cpu().numpy(),
-                          batch["rows"][lab].cpu().numpy()))
+                          batch["rows"][lab].cpu().numpy(), batch["features"][lab][:, 0].cpu().numpy()))
 
     def on_validation_epoch_end(self):
         from branchgate.training.metrics import safe_auroc
 
-        p, y, rows = (np.concatenate([v[i] for v in self._val]) if self._val else np.zeros(0) for i in range(3))
+        p, y, rows, depth = (np.concatenate([v[i] for v in self._val]) if self._val else np.zeros(0) for i in range(4))
         self._val.clear()
         if self.trainer.world_size > 1:  # DDP: each rank saw its share of the split; score the whole split
-            p, y = _whole_split(p, y, rows, self.trainer.world_size)
-        auroc = safe_auroc(y, p)
-        # every rank now holds the same value (the checkpoint's file name and early stopping depend on it)
+            p, y, depth = _whole_split((p, y, depth), rows, self.trainer.world_size)
+        auroc, deep = safe_auroc(y, p), safe_auroc(y[depth >= 1], p[depth >= 1])
+        # every rank now holds the same values (the checkpoint's file name and early stopping depend on them)
         self.log("val_auroc", 0.5 if auroc is None else auroc, prog_bar=True, sync_dist=True)
+        self.log("val_auroc_deep", 0.5 if deep is None else deep, sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.net.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
@@ -150,16 +153,16 @@ class ControllerModule(L.LightningModule):
             self.tau = self.meta.get("tau")
 
 
-def _whole_split(p: np.ndarray, y: np.ndarray, rows: np.ndarray, world_size: int):
-    """Every rank's validation predictions, each split row once (DistributedSampler repeats a few decision
-    points to even out the ranks' shares), in row order."""
+def _whole_split(columns: tuple[np.ndarray, ...], rows: np.ndarray, world_size: int) -> tuple[np.ndarray, ...]:
+    """Every rank's validation ``columns`` (one value per row), each split row once (DistributedSampler repeats a
+    few decision points to even out the ranks' shares), in row order."""
     import torch.distributed as dist
 
     parts = [None] * world_size
-    dist.all_gather_object(parts, (p, y, rows))
-    p, y, rows = (np.concatenate([part[i] for part in parts]) for i in range(3))
-    _, first = np.unique(rows, return_index=True)
-    return p[first], y[first]
+    dist.all_gather_object(parts, (*columns, rows))
+    gathered = [np.concatenate([part[i] for part in parts]) for i in range(len(columns) + 1)]
+    _, first = np.unique(gathered[-1], return_index=True)
+    return tuple(c[first] for c in gathered[:-1])
 
 
 def listwise_loss(logit: torch.Tensor, label: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
