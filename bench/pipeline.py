@@ -68,6 +68,9 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     train_seeds = [int(s) for s in (cfg["seeds"] if cfg.get("train_seeds") is None else cfg["train_seeds"])]
     if not seeds or not train_seeds:
         raise InputError("seeds and train_seeds need at least one seed each", "bench config")
+    from branchgate.logs_to_dataset.decisions import split_key
+
+    split_key("", "", str(cfg.get("split_by") or "run"))  # an unknown split_by fails before any work
     boot = int(cfg["bootstrap"])
     workers = max(1, int(cfg.get("workers") or os.cpu_count() or 1))
     sim_cfg = {k: cfg[k] for k in SIM_KEYS}
@@ -157,13 +160,14 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
     ``eval_data``, by their key points) → real decisions."""
     enc = cfg["encoder"]
     key = safe_name(source)
+    split_by = str(cfg.get("split_by") or "run")  # the default leaves the step's fingerprint as it was
 
     def dataset_step(folder: Path) -> dict:
         from branchgate.logs_to_dataset.build import build
 
         m = build(sim["traces"], folder / "dataset", encoder=enc, labels=source,
                   positive_rate=float(cfg["positive_rate"]), label_options=dict(cfg.get("label_options") or {}),
-                  progress=progress)
+                  progress=progress, split_by=split_by)
         return {"dataset": str(folder / "dataset"), "n_runs": m.get("n_runs"), "n_rows": m.get("n_rows"),
                 "label_kind": m.get("label_kind"), "label_threshold": m.get("label_threshold"),
                 "label_threshold_rule": m.get("label_threshold_rule"),
@@ -172,7 +176,8 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
 
     ds = steps.run(f"{key}/dataset", {"upstream": steps.fingerprints["simulate"], "labels": source,
                                       "positive_rate": cfg["positive_rate"], "label_options": cfg.get("label_options"),
-                                      "encoder": enc_id}, dataset_step)
+                                      "encoder": enc_id, **({"split_by": split_by} if split_by != "run" else {})},
+                   dataset_step)
 
     def train_step(folder: Path) -> dict:
         from branchgate.training.cli import resolve_config_names

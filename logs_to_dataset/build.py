@@ -54,7 +54,7 @@ from branchgate import __version__
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
-from branchgate.logs_to_dataset.decisions import DEFERRAL_COUNTS, partial_reason, run_decisions, split_of
+from branchgate.logs_to_dataset.decisions import DEFERRAL_COUNTS, partial_reason, run_decisions, split_key, split_of
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
@@ -94,7 +94,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
           encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto", labels: str = "auto",
           positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None,
           partial_runs: str = "keep", engine=None, embed: str = "onnx", workers: int | None = None,
-          runs=None) -> dict:
+          runs=None, split_by: str = "run") -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
 
     ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, returns[:γ], citations,
@@ -119,6 +119,9 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     is used as it is (and left open: an ``OnnxEncoder``'s workers are the caller's to ``close``). The
     manifest's ``embedder`` says which ran.
 
+    ``split_by``: "run" (default: ``split_of(run_id)``) or "question" (every run of one root question in one
+    split: ``decisions.split_key``); recorded in the manifest's ``split_by``.
+
     ``runs``: canonical runs (``readers.Run``) from any iterable, read after ``traces`` and consumed lazily:
     like files, one run at a time; the rows built from them go to disk as they are built.
 
@@ -127,19 +130,20 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
+    split_key("", "", split_by)  # an unknown --split-by fails before any work
     spill = RowSpill(out)  # the rows on disk until the write; removed however the build ends
     try:
         with use_keypoints(keypoints):
             return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
                           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs,
-                          engine, embed, workers, runs, spill)
+                          engine, embed, workers, runs, spill, split_by)
     finally:
         spill.remove()
 
 
 def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
            encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
-           embed="onnx", workers=None, extra_runs=None, spill=None) -> dict:
+           embed="onnx", workers=None, extra_runs=None, spill=None, split_by="run") -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.data.embedding_cache import EmbeddingCache
@@ -255,7 +259,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
                 problems.update(rd.problems)
                 deferral.update(rd.deferral)
                 _count_keypoints(kp_stats, run, rd)
-                split = split_of(rd.run_id)
+                split = split_of(split_key(rd.run_id, rd.root_query, split_by))
                 n_runs[split] += 1
                 n_frames[split] += sum(1 for f in rd.frames if f.candidates)
                 if rd.n_decisions:
@@ -290,6 +294,7 @@ def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, p
     manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
                              **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
     manifest["partial_runs"] = partial_section
+    manifest["split_by"] = split_by
     manifest["deferral"] = {k: int(deferral[k]) for k in DEFERRAL_COUNTS}
     from branchgate.models.onnx_encoder import describe
 

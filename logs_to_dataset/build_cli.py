@@ -19,6 +19,7 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from branchgate.logs_to_dataset.decisions import SPLIT_BY
     from branchgate.logs_to_dataset.labels import PRUNED_LABELS
     from branchgate.logs_to_dataset.readers import READERS
 
@@ -64,6 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keypoints", default="auto", metavar="DIR|auto|none",
                         help="DeepResearchGym key_point/ folder giving Search-o1 evidence its key-point labels "
                              "(auto: the key_point/ folder beside the traces' folder, if any; none: no labels)")
+    parser.add_argument("--split-by", choices=SPLIT_BY, default="run",
+                        help="what the train/validation/test split hashes: the run id (default), or the run's root "
+                             "question, so that repeated runs of one question (seeds, retries) share a split")
     parser.add_argument("--partial-runs", choices=("keep", "skip"), default="keep",
                         help="runs without a normal run_end (crashed, truncated, incomplete): keep them (default; "
                              "counted in the manifest's partial_runs, with a warning) or skip them (counted and listed "
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                          keypoints=args.keypoints, labels=args.labels, positive_rate=args.positive_rate,
                          label_options={k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model))
                                         if v is not None},
-                         partial_runs=args.partial_runs, embed=args.embed, workers=args.workers)
+                         partial_runs=args.partial_runs, embed=args.embed, workers=args.workers,
+                         split_by=args.split_by)
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

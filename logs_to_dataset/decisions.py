@@ -44,10 +44,22 @@ def partial_reason(events: list) -> str | None:
     return None if status == "ok" else f"run_end status {str(status)[:40]!r}"
 
 
+SPLIT_BY = ("run", "question")  # dataset build --split-by
+
+
 def split_of(run_id: str) -> str:
     """Stable split by run: sha256(run_id) mod 100 → <80 train, <90 validation, else test."""
     bucket = int(hashlib.sha256(run_id.encode("utf-8")).hexdigest(), 16) % 100
     return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
+
+
+def split_key(run_id: str, root_query: str, split_by: str = "run") -> str:
+    """What ``split_of`` hashes: the run id, or with ``question`` the run's root question, so that repeated
+    runs of one question (several simulation seeds, retries) share a split and never leak it into validation
+    or test. Either way a run lies wholly in one split."""
+    if split_by not in SPLIT_BY:
+        raise InputError(f"must be one of {list(SPLIT_BY)}, got {split_by!r}", "--split-by")
+    return run_id if split_by == "run" else "question:" + " ".join(str(root_query).split()).lower()
 
 
 @dataclass
