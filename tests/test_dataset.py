@@ -33,11 +33,12 @@ def _run(run_id, path=FIX / "canonical"):
     return next(r for r in read_runs([path]) if r.run_id == run_id)
 
 
-def _write_split_traces(path: Path) -> None:
-    """Small runs whose ids land in all three splits (train/validation/test)."""
+def _write_split_traces(path: Path, question: str | None = None) -> None:
+    """Small runs whose ids land in all three splits (train/validation/test); with ``question``, all of them
+    runs of that one root question."""
     with TraceWriter(path) as w:
         for run_id in SPLIT_RUNS:
-            w.write(type="run_start", run_id=run_id, root_query=f"question {run_id}")
+            w.write(type="run_start", run_id=run_id, root_query=question or f"question {run_id}")
             w.write(type="frame_open", run_id=run_id, frame_id="f0", frame_query=f"question {run_id}")
             for k in range(2):
                 w.write(type="candidate", run_id=run_id, frame_id="f0", candidate_id=f"c{k}", order=k,
@@ -183,6 +184,26 @@ def test_rows_columns_and_types_follow_the_contract(built):
     assert all(f[f"teacher_{n}"].dtype == "float32" for n in NAMES)
     assert manifest["columns"] == columns(NAMES)
     assert json.loads((out / "manifest.json").read_text()) == manifest
+
+
+def test_split_by_question_keeps_every_run_of_a_question_in_one_split(tmp_path, encoder):
+    from branchgate.logs_to_dataset.decisions import split_key
+
+    assert split_key("r1", "Why  is the sky blue?") == "r1"
+    assert split_key("r1", "Why  is the sky blue?", "question") == split_key("r2", "why is the sky BLUE?", "question")
+    with pytest.raises(InputError, match="--split-by"):
+        split_key("r1", "q", "query")
+    (tmp_path / "t").mkdir()
+    _write_split_traces(tmp_path / "t" / "splits.jsonl", question="one question asked again and again")
+    by_run = build([tmp_path / "t"], tmp_path / "a", encoder_obj=encoder, cache=tmp_path / "c.sqlite", progress=False)
+    by_question = build([tmp_path / "t"], tmp_path / "b", encoder_obj=encoder, cache=tmp_path / "c.sqlite",
+                        progress=False, split_by="question")
+    assert by_run["split_by"] == "run" and min(by_run["n_runs"][s] for s in ("train", "validation", "test")) > 0
+    assert by_question["split_by"] == "question"
+    assert sorted(by_question["n_runs"][s] for s in ("train", "validation", "test")) == [0, 0, len(SPLIT_RUNS)]
+    with pytest.raises(InputError, match="--split-by"):
+        build([tmp_path / "t"], tmp_path / "c", encoder_obj=encoder, progress=False, split_by="query")
+    assert not (tmp_path / "c").exists()
 
 
 def test_no_run_in_two_splits_and_split_matches_hash(built):
