@@ -68,9 +68,9 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     train_seeds = [int(s) for s in (cfg["seeds"] if cfg.get("train_seeds") is None else cfg["train_seeds"])]
     if not seeds or not train_seeds:
         raise InputError("seeds and train_seeds need at least one seed each", "bench config")
-    from branchgate.logs_to_dataset.decisions import split_key
+    from branchgate.logs_to_dataset.decisions import check_split_by
 
-    split_key("", "", str(cfg.get("split_by") or "run"))  # an unknown split_by fails before any work
+    cfg = {**cfg, "split_by": check_split_by(str(cfg.get("split_by") or "run"))}  # fails before any work
     boot = int(cfg["bootstrap"])
     workers = max(1, int(cfg.get("workers") or os.cpu_count() or 1))
     sim_cfg = {k: cfg[k] for k in SIM_KEYS}
@@ -160,7 +160,7 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
     ``eval_data``, by their key points) → real decisions."""
     enc = cfg["encoder"]
     key = safe_name(source)
-    split_by = str(cfg.get("split_by") or "run")  # the default leaves the step's fingerprint as it was
+    split_by = cfg["split_by"]  # run_bench's checked value; the default leaves the step's fingerprint as it was
 
     def dataset_step(folder: Path) -> dict:
         from branchgate.logs_to_dataset.build import build

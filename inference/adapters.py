@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from branchgate.inference.gate import Selection
+from branchgate.inference.selection import Selection
 from branchgate.inference.inputs import DecisionState, as_state
 from branchgate.texts import candidate_text
 

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.inference.selection import Selection
 
 BUDGET_STATE_VERSION = 1
 DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the caller reports real ones
@@ -266,7 +267,6 @@ class RunGate:
         """Gate one decision under the budget (the module docstring's admission rule). For the ``Deferred``
         entries: ``keys`` name the candidates (e.g. trace candidate ids), ``objects`` are what ``candidate``
         holds (default: the candidates as given)."""
-        from branchgate.inference.gate import Selection
         from branchgate.inference.inputs import as_decision, as_max_keep, as_tau
 
         tau = None if tau is None else as_tau(tau)
@@ -314,7 +314,6 @@ class RunGate:
         indices refer to ``deferred`` as it was before the call; ``selection.revisited`` holds the admitted
         ``Deferred`` entries (in ``kept`` order). ``costs``: one token estimate per pending entry (ranked then
         by p_keep · ĝ / cost, as in ``select``); default the running estimate."""
-        from branchgate.inference.gate import Selection
         from branchgate.inference.inputs import as_max_keep, as_state
 
         max_keep = as_max_keep(max_keep)

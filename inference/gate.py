@@ -32,7 +32,6 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 
@@ -46,43 +45,11 @@ from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep,
 from branchgate.inference.metadata import PARTS, check_graph, check_metadata, controller_numbers
 from branchgate.inference.model_file import read_metadata
 from branchgate.inference.schedule import balanced_groups, group_threads, length_buckets
+from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
 from branchgate.inference.wordpiece import checked_wordpiece
 
 CHARS_PER_TOKEN_LIMIT = 64  # texts are cut to max_length * this many characters before tokenising
 BUCKET_OVERHEAD_TOKENS = 16  # one extra graph run costs about as much as this many padded tokens
-
-
-@dataclass
-class Selection:
-    """The Gate's answer for one decision. ``kept`` are candidate indices in their original order."""
-
-    kept: list[int]
-    p_keep: np.ndarray  # [K] for every candidate
-    utility: np.ndarray  # [K] predicted marginal utility ĝ
-    fallback: bool  # True when no candidate passed τ and the top-1 was kept anyway
-    tau: float = 0.5
-    out_of_range: list[str] = field(default_factory=list)  # features outside the training range (clamped)
-    # A budgeted run's decision (``Gate.run``, ``inference.budget``); empty for a plain ``select``:
-    deferred: list[int] = field(default_factory=list)  # set aside for ``RunGate.revisit``
-    dropped_by_budget: list[int] = field(default_factory=list)  # the budget could not afford them
-    budget: dict | None = None  # spent / reserved / remaining / price at this decision
-    exhausted: bool = False  # no candidate was affordable: nothing kept
-    revisited: list = field(default_factory=list, repr=False)  # RunGate.revisit: the admitted Deferred entries
-
-    def to_json(self) -> dict:
-        out = {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
-               "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
-        if self.out_of_range:  # only when the decision lay outside what the model saw in training
-            out["out_of_range"] = list(self.out_of_range)
-        if self.deferred:
-            out["deferred"] = [int(i) for i in self.deferred]
-        if self.dropped_by_budget:
-            out["dropped_by_budget"] = [int(i) for i in self.dropped_by_budget]
-        if self.budget is not None:
-            out["budget"] = dict(self.budget)
-        if self.exhausted:
-            out["exhausted"] = True
-        return out
 
 
 class Gate:

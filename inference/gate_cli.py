@@ -34,6 +34,8 @@ from branchgate.fileio import atomic_write_json, default_cache_dir, load_json
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 from branchgate.inference.inputs import as_max_keep, as_tau
 
+NO_ROOT_TAU_IN_RUNS = "root_tau and a budgeted run do not combine (the run admits by its own price)"
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="controller.onnx (or controller.int8.onnx, or their directory)")
@@ -98,8 +100,7 @@ def parse_decision(obj, where: str = "input") -> dict:
     max_keep = as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'")
     fields = _run_fields(obj, len(cands), where)
     if root_tau is not None and fields["run_id"] is not None:
-        raise InputError("root_tau and a budgeted run do not combine (the run admits by its own price)",
-                         f"{where}: field 'root_tau'")
+        raise InputError(NO_ROOT_TAU_IN_RUNS, f"{where}: field 'root_tau'")
     return {"state": dict(state), "candidates": list(cands), "tau": tau, "root_tau": root_tau, "max_keep": max_keep,
             **fields}
 
@@ -177,7 +178,7 @@ def run(args) -> int:
         where = name if n is None else f"{name}:{n}"
         decisions.append(parse_decision(load_json(line, name, n), where))
     if args.root_tau is not None and any(d["run_id"] is not None for d in decisions):
-        raise InputError("root_tau and a budgeted run do not combine (the run admits by its own price)", "--root-tau")
+        raise InputError(NO_ROOT_TAU_IN_RUNS, "--root-tau")
     gate = Gate.load(args.model, expected_encoder=args.expect_encoder, threads=args.threads)
     out = sys.stdout
     for d in decisions:

@@ -54,7 +54,8 @@ from branchgate import __version__
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json
 from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns, features
-from branchgate.logs_to_dataset.decisions import DEFERRAL_COUNTS, partial_reason, run_decisions, split_key, split_of
+from branchgate.logs_to_dataset.decisions import (DEFERRAL_COUNTS, check_split_by, partial_reason, run_decisions,
+                                                  split_key, split_of)
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
@@ -130,7 +131,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     """
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
-    split_key("", "", split_by)  # an unknown --split-by fails before any work
+    check_split_by(split_by)  # an unknown --split-by fails before any work
     spill = RowSpill(out)  # the rows on disk until the write; removed however the build ends
     try:
         with use_keypoints(keypoints):

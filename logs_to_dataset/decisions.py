@@ -53,13 +53,18 @@ def split_of(run_id: str) -> str:
     return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
+def check_split_by(split_by: str) -> str:
+    """``split_by`` when it is one of ``SPLIT_BY``, else an ``InputError`` naming ``--split-by``."""
+    if split_by not in SPLIT_BY:
+        raise InputError(f"must be one of {list(SPLIT_BY)}, got {split_by!r}", "--split-by")
+    return split_by
+
+
 def split_key(run_id: str, root_query: str, split_by: str = "run") -> str:
     """What ``split_of`` hashes: the run id, or with ``question`` the run's root question, so that repeated
     runs of one question (several simulation seeds, retries) share a split and never leak it into validation
     or test. Either way a run lies wholly in one split."""
-    if split_by not in SPLIT_BY:
-        raise InputError(f"must be one of {list(SPLIT_BY)}, got {split_by!r}", "--split-by")
-    return run_id if split_by == "run" else "question:" + " ".join(str(root_query).split()).lower()
+    return run_id if check_split_by(split_by) == "run" else "question:" + " ".join(str(root_query).split()).lower()
 
 
 @dataclass

@@ -30,6 +30,23 @@ def shared():
     return shared_path
 
 
+def benchmark_script(name: str):
+    """The module ``benchmarks/<name>.py`` (a developer harness, not installed), loaded from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def harness():
+    """``harness("real_strata")``: a benchmarks/ script as a module (``benchmark_script``; not named
+    ``benchmark``, which is pytest-benchmark's fixture)."""
+    return benchmark_script
+
+
 @pytest.fixture(scope="session")
 def encoder():
     """The packaged all-MiniLM-L6-v2 encoder (real weights, offline)."""

@@ -182,7 +182,7 @@ def test_train_seeds_add_training_runs_and_leave_the_eval_steps_cached(bench, tm
     assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
     assert "eval_data" not in rep["steps_run"]  # the eval queries' unpruned runs are untouched
     assert json.loads((out / "closed_loop" / "done.json").read_text())["inputs"]["seeds"] == [0]
-    assert len(list((out / "simulate" / "seed1" / "traces").glob("*.jsonl"))) == 12  # 12 train queries × 2 seeds
+    assert len(list((out / "simulate" / "seed1" / "traces").glob("*.jsonl"))) == 12  # seed 1's run of each train query
     assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
     (tmp_path / "none.yaml").write_text(TINY.replace("RATES", "0.5") + "train_seeds: []\n")
     argv = [str(tmp_path / "none.yaml") if a == str(tmp_path / "seeds.yaml") else a for a in argv]
@@ -231,16 +231,13 @@ def test_steps_resume_an_interrupted_step_and_rerun_a_changed_one(tmp_path):
     assert again.run("s", {"a": 2}, lambda f: 1 / 0) == {"n": 2} and again.ran == []  # finished: reused
 
 
-def test_readme_results_are_the_stored_bench_report():
+def test_readme_results_are_the_stored_bench_report(harness):
     """The README's results block is exactly the rendering of the stored report (no number typed by hand)."""
-    import importlib.util
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("readme_results", root / "benchmarks" / "readme_results.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = harness("readme_results")
     readme = (root / "README.md").read_text(encoding="utf-8")
     assert readme.count(mod.BEGIN) == 1 and readme.count(mod.END) == 1
     inner = readme.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0]
@@ -266,17 +263,11 @@ def test_plot_gives_every_curve_a_colour_however_many_gates(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones():
+def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones(harness):
     """benchmarks/real_strata.py: the perfect-below-the-root bound reassigns only the deep rows' own values."""
-    import importlib.util
-    from pathlib import Path
-
     from branchgate.training.metrics import safe_auroc
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "real_strata.py"
-    spec = importlib.util.spec_from_file_location("real_strata", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = harness("real_strata")
     labels = np.array([1, 0, 1, 0, 1, 0])
     score = np.array([0.9, 0.85, 0.2, 0.8, 0.3, 0.5])
     deep = np.array([0, 0, 1, 1, 1, 1], np.float64)

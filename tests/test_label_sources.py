@@ -246,15 +246,10 @@ def test_returns_on_simulated_runs_add_to_branches_with_follow_ups_only(sample_r
     assert grew > 0
 
 
-def test_replay_of_keeping_everything_reproduces_the_unpruned_run(sample_runs):
+def test_replay_of_keeping_everything_reproduces_the_unpruned_run(sample_runs, harness):
     """benchmarks/replay_frontier.py: its cost model and KPR match the runs' own totals exactly, and keeping
     only the root frame costs less and finds no more."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "replay_frontier.py"
-    spec = importlib.util.spec_from_file_location("replay_frontier", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = harness("replay_frontier")
     trees = [mod.Tree(r) for r in read_runs([sample_runs])]
     assert len(trees) == 4
     for t in trees:
