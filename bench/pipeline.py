@@ -26,6 +26,20 @@ def _sim(cfg: dict, seed: int, encoder: str) -> dict:
     return {**{k: cfg[k] for k in SIM_KEYS}, "seed": int(seed), "encoder": encoder}
 
 
+def train_shapes(cfg: dict) -> list[str]:
+    """The config's ``train_shapes`` (the training runs' shapes: tree, chain or both), checked."""
+    from branchgate.pipeline.run import SHAPES
+
+    value = cfg.get("train_shapes") or ["tree"]
+    out = [str(s).strip() for s in (value if isinstance(value, (list, tuple)) else str(value).split(","))]
+    bad = [s for s in out if s not in SHAPES]
+    if bad or len(set(out)) != len(out):
+        raise InputError(f"train_shapes must list distinct shapes of {', '.join(SHAPES)}, got {value!r}", "train_shapes")
+    if "chain" in out and int(cfg.get("chain_depth") or 0) < 1:
+        raise InputError("chain_depth must be ≥ 1", "chain_depth")
+    return out
+
+
 def label_sources(value) -> list[str]:
     """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
     from branchgate.logs_to_dataset.label_sources import parse_spec
@@ -55,6 +69,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
 
     started = time.perf_counter()
     sources = label_sources(cfg["labels"])
+    shapes = train_shapes(cfg)  # fails before any work
     env = envmod.load(env_path)
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
@@ -86,14 +101,20 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         from branchgate.pipeline.simulate import simulate
 
         qf = write_ids(folder, train_ids)
-        runs = 0
-        for seed in train_seeds:
-            s = simulate(env_path, Config(**_sim(cfg, seed, enc), pre="none"), folder / f"seed{seed}", queries_file=qf,
-                         progress=progress, workers=workers)
-            runs += s["n_runs"]
-        return {"runs": runs, "traces": [str(folder / f"seed{s}" / "traces") for s in train_seeds]}
+        runs, traces = 0, []
+        for shape in shapes:
+            sub = folder if shape == "tree" else folder / shape
+            extra = {} if shape == "tree" else {"shape": shape, "depth": int(cfg["chain_depth"])}
+            for seed in train_seeds:
+                s = simulate(env_path, Config(**{**_sim(cfg, seed, enc), **extra}, pre="none"), sub / f"seed{seed}",
+                             queries_file=qf, progress=progress, workers=workers)
+                runs += s["n_runs"]
+                traces.append(str(sub / f"seed{seed}" / "traces"))
+        return {"runs": runs, "traces": traces}
 
-    sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": train_seeds, "queries": train_ids}, simulate_step)
+    shape_inputs = {} if shapes == ["tree"] else {"shapes": shapes, "chain_depth": int(cfg["chain_depth"])}
+    sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": train_seeds, "queries": train_ids, **shape_inputs},
+                    simulate_step)
 
     def closed_loop(folder: Path, pts, upstream: str) -> dict:
         from branchgate.models.encoder import Encoder

@@ -60,9 +60,13 @@ class Config:
     encoder: str = "auto"
     budget_reference: str = ""  # JSON {query id: {"nodes", "tokens"}}: the reference runs of ``budget_*=P%`` specs
     protect: str = "none"  # "plan": the root's plan-search passages join C_0 as protected context (never pruned)
+    shape: str = "tree"  # "chain": one candidate per decision, each search's follow-up the next (a sequential agent)
 
     def breadths(self) -> list[int]:
-        """GPT-Researcher's breadth per level: halves per level, floor 2 (4, 2, 2 for breadth 4)."""
+        """GPT-Researcher's breadth per level: halves per level, floor 2 (4, 2, 2 for breadth 4); 1 per level in
+        a chain."""
+        if self.shape == "chain":
+            return [1] * self.depth
         out, b = [], self.breadth
         for _ in range(self.depth):
             out.append(b)
@@ -70,6 +74,8 @@ class Config:
         return out
 
     def candidates_per_level(self) -> list[int]:
+        if self.shape == "chain":  # a sequential agent writes one search at a time: nothing to oversample
+            return [1] * self.depth
         return [max(1, math.ceil(b * self.oversample)) for b in self.breadths()]
 
     def record(self) -> dict:
@@ -92,8 +98,9 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
-LATER_DEFAULTS = {"budget_reference": "", "protect": "none"}
+LATER_DEFAULTS = {"budget_reference": "", "protect": "none", "shape": "tree"}
 PROTECT = ("none", "plan")
+SHAPES = ("tree", "chain")
 
 
 @dataclass
@@ -152,6 +159,8 @@ class Runner:
         self.score_log: list[tuple[str, float]] | None = None  # (stage, score) of every scored item, when a list
         if cfg.protect not in PROTECT:
             raise BranchgateError(f"protect must be one of {', '.join(PROTECT)}, got {cfg.protect!r}")
+        if cfg.shape not in SHAPES:
+            raise BranchgateError(f"shape must be one of {', '.join(SHAPES)}, got {cfg.shape!r}")
         self.reference = _reference(cfg.budget_reference) if self.pre.budget is not None and self.pre.budget.relative \
             else {}
         if self.pre.budget is not None and getattr(generator, "name", "offline") != "offline":

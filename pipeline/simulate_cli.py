@@ -41,6 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protect", choices=["none", "plan"], default="none",
                         help="plan: the root question's plan-search passages join the context as protected items, "
                              "never removed by post-retrieval or pre-synthesis pruning (default none)")
+    parser.add_argument("--shape", choices=["tree", "chain"], default="tree",
+                        help="tree (default: breadth halving per level) or chain: one candidate per decision and its "
+                             "follow-up the next, as a sequential agent (Search-o1, ReAct) searches; --depth searches")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -50,7 +53,8 @@ def run(args) -> int:
 
     cfg = Config(breadth=args.breadth, depth=args.depth, oversample=args.oversample, top_k=args.top_k, seed=args.seed,
                  pre=args.pre, post=args.post, synth=args.synth, generator=args.generator, retriever=args.retriever,
-                 encoder=args.encoder, budget_reference=args.budget_reference, protect=args.protect)
+                 encoder=args.encoder, budget_reference=args.budget_reference, protect=args.protect,
+                 shape=args.shape)
     gen_kw = {"base_url": args.llm_url, "model": args.llm_model, "api_key": os.environ.get("OPENAI_API_KEY")} \
         if args.generator == "chat" else {}
     s = simulate(args.env, cfg, args.out, runs=args.runs, queries_file=args.queries, workers=args.workers,

@@ -277,3 +277,24 @@ def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones(
     assert safe_auroc(labels, perfect) < 1.0  # the root negative still outranks the deep positives
     auroc, shift = mod.best_shift(labels, perfect, deep)
     assert auroc == 1.0 and shift > 0  # lifting the deep rows above it separates everything
+
+
+def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
+    import shutil
+
+    d, argv, _ = bench
+    out = tmp_path / "out"
+    shutil.copytree(d / "out", out)
+    (tmp_path / "chain.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, chain]\nchain_depth: 3\n")
+    argv = [str(tmp_path / "chain.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
+            for a in argv]
+    assert main(argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
+    assert "closed_loop" not in rep["steps_run"] and "eval_data" not in rep["steps_run"]
+    assert len(list((out / "simulate" / "chain" / "seed0" / "traces").glob("*.jsonl"))) == 12
+    assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
+    (tmp_path / "bad.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, star]\n")
+    argv = [str(tmp_path / "bad.yaml") if a == str(tmp_path / "chain.yaml") else a for a in argv]
+    capsys.readouterr()
+    assert main(argv) == 2 and "train_shapes" in capsys.readouterr().err

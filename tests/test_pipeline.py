@@ -289,3 +289,21 @@ def test_workers_give_the_same_traces(none_runs, tmp_path):
     simulate("sample", Config(depth=2), tmp_path, runs=3, workers=2, progress=False)
     a, b = events_of(none_runs), events_of(tmp_path)
     assert a.keys() == b.keys() and all(stable(a[k]) == stable(b[k]) for k in a)
+
+
+def test_chain_shape_has_one_candidate_per_decision_and_keeps_tree_run_ids(tmp_path):
+    assert "shape" not in Config().record()  # a setting added later: tree run ids (and cached bench steps) stay valid
+    assert Config(shape="chain").tag() != Config().tag()
+    assert main(["simulate", "--env", "sample", "--runs", "4", "--shape", "chain", "--depth", "4", "--no-progress",
+                 "--out", str(tmp_path / "c")]) == 0
+    frames, depths = {}, []
+    for path in sorted((tmp_path / "c" / "traces").glob("*.jsonl")):
+        for e in read_events(path, strict=True):
+            if e.type == "candidate":
+                frames[(path.stem, e.frame_id)] = frames.get((path.stem, e.frame_id), 0) + 1
+            elif e.type == "frame_open":
+                depths.append(e.depth)
+    assert frames and set(frames.values()) == {1}  # one search per decision, as a sequential agent writes them
+    assert max(depths) >= 2 and max(depths) <= 3  # a chain, depth-limited, the root's follow-up the next frame
+    with pytest.raises(BranchgateError, match="shape"):
+        simulate("sample", Config(shape="star"), tmp_path / "bad", runs=1, progress=False)
