@@ -26,12 +26,18 @@ def _sim(cfg: dict, seed: int, encoder: str) -> dict:
     return {**{k: cfg[k] for k in SIM_KEYS}, "seed": int(seed), "encoder": encoder}
 
 
+def listed(value) -> list[str]:
+    """A config list given as a YAML list or a comma-separated string, each item stripped."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(s).strip() for s in items]
+
+
 def train_shapes(cfg: dict) -> list[str]:
     """The config's ``train_shapes`` (the training runs' shapes: tree, chain or both), checked."""
     from branchgate.pipeline.run import SHAPES
 
     value = cfg.get("train_shapes") or ["tree"]
-    out = [str(s).strip() for s in (value if isinstance(value, (list, tuple)) else str(value).split(","))]
+    out = listed(value)
     bad = [s for s in out if s not in SHAPES]
     if bad or len(set(out)) != len(out):
         raise InputError(f"train_shapes must list distinct shapes of {', '.join(SHAPES)}, got {value!r}", "train_shapes")
@@ -44,8 +50,7 @@ def label_sources(value) -> list[str]:
     """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
     from branchgate.logs_to_dataset.label_sources import parse_spec
 
-    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
-    out = [str(s).strip() for s in items if str(s).strip()]
+    out = [s for s in listed(value) if s]
     if not out:
         raise InputError("no label source given", "labels")
     if len(set(out)) != len(out):
