@@ -289,7 +289,8 @@ class RunGate:
             if k == 0:
                 return Selection([], p, u, False, price, oor, budget=self._status(price, did))
             order = self._rank(p, u, costs, explicit=explicit)
-            kept, deferred, dropped = self._decide(order, p, costs, tau, max_keep)
+            kept, deferred, dropped = self._decide(order, p, costs, max_keep, lambda: self.price(tau), self.defer,
+                                                   self._cap())
             fallback = False
             if not kept:
                 best = next((i for i in order if self._fits(costs[i])), None)
@@ -330,8 +331,7 @@ class RunGate:
             explicit = costs is not None
             costs = self._costs(costs, len(items))
             order = self._rank(p, u, costs, explicit=explicit)
-            passing = [i for i in order if p[i] >= floor]
-            kept, dropped = self._admit(passing, costs, max_keep)
+            kept, _, dropped = self._decide(order, p, costs, max_keep, lambda: floor, defer=False, cap=None)
             exhausted = bool(items) and not kept and not any(self._fits(c) for c in costs)
             taken = {id(items[i]) for i in kept}
             self.deferred = [d for d in self.deferred if id(d) not in taken]
@@ -376,23 +376,29 @@ class RunGate:
     def _fits(self, cost: int) -> bool:
         return self.budget.can_afford(1, cost if self.budget.tokens is not None else 0)
 
-    def _decide(self, order, p, costs, tau, max_keep):
-        """Walk the candidates best first; the price is recomputed after every admission (what this decision
-        already took counts as spent). → (kept, deferred, dropped_by_budget)."""
-        kept, deferred, dropped = [], [], []
+    def _cap(self) -> int | None:
+        """``max_share`` of the nodes left: the most one decision may admit (None: no cap)."""
         left = self.budget.remaining()["nodes"]
-        cap = None if self.max_share is None or left is None else max(1, int(np.ceil(self.max_share * left)))
+        return None if self.max_share is None or left is None else max(1, int(np.ceil(self.max_share * left)))
+
+    def _decide(self, order, p, costs, max_keep, price, defer: bool, cap: int | None):
+        """Walk the candidates best first against ``price()`` (recomputed after every admission: what this
+        decision already took counts as spent): those at or above it are admitted while they fit and ``cap``
+        allows (else dropped by the budget); with ``defer`` those within ``defer_margin`` below it are
+        deferred; the rest are plain prunes, as is everything beyond ``max_keep``.
+        → (kept, deferred, dropped_by_budget)."""
+        kept, deferred, dropped = [], [], []
         for i in order:
             if max_keep is not None and len(kept) >= max_keep:
-                break  # beyond max_keep: plain prunes, as in the Gate
-            price = self.price(tau)
-            if p[i] >= price:
+                break
+            now = price()
+            if p[i] >= now:
                 if (cap is not None and len(kept) >= cap) or not self._fits(costs[i]):
                     dropped.append(i)
                 else:
                     self._take(i, costs[i])
                     kept.append(i)
-            elif self.defer and p[i] >= price - self.defer_margin:
+            elif defer and p[i] >= now - self.defer_margin:
                 deferred.append(i)
         return kept, deferred, dropped
 
@@ -402,20 +408,6 @@ class RunGate:
         if self.budget.tokens is not None:
             self.budget.reserve(cost)
             self.pending.append(int(cost))
-
-    def _admit(self, order: list[int], costs: list[int], max_keep: int | None) -> tuple[list[int], list[int]]:
-        """Admit ``order`` best first while they fit (charging a node and reserving their tokens); the rest
-        that did not fit are dropped by the budget. Stops at ``max_keep`` (those beyond it are plain prunes)."""
-        kept, dropped = [], []
-        for i in order:
-            if max_keep is not None and len(kept) >= max_keep:
-                break
-            if not self._fits(costs[i]):
-                dropped.append(i)
-                continue
-            self._take(i, costs[i])
-            kept.append(i)
-        return kept, dropped
 
     def _status(self, price: float, decision: int, tau: float | None = None) -> dict:
         """What a decision records: its id, the price it began at and the price after it, spent / reserved /
