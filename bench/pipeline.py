@@ -46,6 +46,36 @@ def train_shapes(cfg: dict) -> list[str]:
     return out
 
 
+TREE_KEYS = ("breadth", "depth", "oversample")
+
+
+def train_trees(cfg: dict) -> list[dict]:
+    """The config's ``train_trees``: extra tree-shaped training runs, each a mapping of ``breadth``, ``depth`` and
+    ``oversample`` that overrides the top-level keys (wider or narrower sibling sets than the eval's), checked."""
+    value = cfg.get("train_trees") or []
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"must be a list of {{breadth, depth, oversample}} mappings, got {value!r}",
+                         "train_trees")
+    out = []
+    for i, item in enumerate(value):
+        where = f"train_trees[{i}]"
+        if not isinstance(item, dict) or not item:
+            raise InputError(f"must be a non-empty mapping of {', '.join(TREE_KEYS)}, got {item!r}", where)
+        bad = sorted(set(item) - set(TREE_KEYS))
+        if bad:
+            raise InputError(f"unknown keys {bad} (known: {', '.join(TREE_KEYS)})", where)
+        try:
+            tree = {k: (float(v) if k == "oversample" else int(v)) for k, v in item.items()}
+        except (TypeError, ValueError) as e:
+            raise InputError(str(e), where) from None
+        if any(v < 1 for v in tree.values()):
+            raise InputError(f"breadth and depth must be ≥ 1 and oversample ≥ 1, got {item!r}", where)
+        out.append(tree)
+    if len({json.dumps(t, sort_keys=True) for t in out}) != len(out):
+        raise InputError("the same tree is listed twice", "train_trees")
+    return out
+
+
 def label_sources(value) -> list[str]:
     """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
     from branchgate.logs_to_dataset.label_sources import parse_spec
@@ -75,6 +105,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     started = time.perf_counter()
     sources = label_sources(cfg["labels"])
     shapes = train_shapes(cfg)  # fails before any work
+    trees = train_trees(cfg)
     env = envmod.load(env_path)
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
@@ -115,9 +146,18 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
                              queries_file=qf, progress=progress, workers=workers)
                 runs += s["n_runs"]
                 traces.append(str(sub / f"seed{seed}" / "traces"))
+        for i, tree in enumerate(trees):
+            for seed in train_seeds:
+                sub = folder / f"tree{i}" / f"seed{seed}"
+                s = simulate(env_path, Config(**{**_sim(cfg, seed, enc), **tree}, pre="none"), sub,
+                             queries_file=qf, progress=progress, workers=workers)
+                runs += s["n_runs"]
+                traces.append(str(sub / "traces"))
         return {"runs": runs, "traces": traces}
 
     shape_inputs = {} if shapes == ["tree"] else {"shapes": shapes, "chain_depth": int(cfg["chain_depth"])}
+    if trees:
+        shape_inputs["trees"] = trees
     sim = steps.run("simulate", {**base, "sim": sim_cfg, "seeds": train_seeds, "queries": train_ids, **shape_inputs},
                     simulate_step)
 
@@ -194,7 +234,8 @@ def _source_steps(steps: Steps, source: str, family: str, cfg: dict, enc_id: str
         m = build(sim["traces"], folder / "dataset", encoder=enc, labels=source,
                   positive_rate=float(cfg["positive_rate"]), label_options=dict(cfg.get("label_options") or {}),
                   progress=progress, split_by=split_by)
-        return {"dataset": str(folder / "dataset"), "n_runs": m.get("n_runs"), "n_rows": m.get("n_rows"),
+        return {"dataset": str(folder / "dataset"), "n_runs": m.get("n_runs"),
+                "n_rows": (m.get("n_decisions") or {}).get("total"),
                 "label_kind": m.get("label_kind"), "label_threshold": m.get("label_threshold"),
                 "label_threshold_rule": m.get("label_threshold_rule"),
                 "positive_rate": (m.get("positive_rate") or {}).get(m.get("label_kind")),

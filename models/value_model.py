@@ -37,6 +37,10 @@ Design:
   tower, the state tower and their product; ``interaction`` only the product, so no path reads the candidate
   (or the state) alone — a candidate's phrasing counts only through how it relates to the state;
   ``none`` no towers (the scalar features only: a learned re-weighting of the teachers' quantities).
+- ``order``: whether the candidate's position in its list (``order``, ``order_frac``) is an input. Every other
+  feature, the towers and the listwise loss are symmetric in the siblings, so with ``order=False`` a decision's
+  scores do not depend on the order its candidates are listed in. The simulator shuffles its candidates, so
+  there the position carries no signal; ``True`` (the default of files written before the option) keeps it.
 
 ``forward`` is ONNX-friendly: no Python control flow on tensor values, masks come from row norms, ranks
 from summed pairwise comparisons, and only K and R vary.
@@ -204,14 +208,14 @@ class ValueNet(nn.Module):
     """Two-tower value network; see the module docstring. Pure torch, ONNX-exportable."""
 
     def __init__(self, dim: int, hidden: int = 128, dropout: float = 0.1, mmr_lambda: float = MMR_LAMBDA,
-                 n_features: int = len(FEATURE_NAMES), towers: str = "full"):
+                 n_features: int = len(FEATURE_NAMES), towers: str = "full", order: bool = True):
         super().__init__()
         if n_features != len(FEATURE_NAMES):
             raise ValueError(f"expected {len(FEATURE_NAMES)} structured features {FEATURE_NAMES}, got {n_features}")
         if towers not in TOWERS:
             raise ValueError(f"towers must be one of {', '.join(TOWERS)}; got {towers!r}")
         self.dim, self.hidden, self.dropout_p, self.mmr_lambda = int(dim), int(hidden), float(dropout), float(mmr_lambda)
-        self.towers = towers
+        self.towers, self.order = towers, bool(order)
         n_scalar = len(SCALAR_NAMES)
         if towers != "none":
             self.state_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(4 * dim, hidden), nn.GELU())
@@ -237,13 +241,15 @@ class ValueNet(nn.Module):
     def config(self) -> dict:
         """Constructor arguments (stored in checkpoints)."""
         return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda,
-                "towers": self.towers}
+                "towers": self.towers, "order": self.order}
 
     def scalars(self, root, frame, goal, retained, cand, features) -> torch.Tensor:
         """Raw (unstandardised) scalar features, batched [B,K,S], from the structured features clamped to the
         train split's range (``set_feature_range``): the network is never asked about values it has not seen."""
         features = features.to(cand.dtype)
         features = torch.minimum(torch.maximum(features, self.feature_min.to(cand.dtype)), self.feature_max.to(cand.dtype))
+        if not self.order:  # the position in the list reads as 0 (order, order_frac): the scores ignore the order
+            features = torch.cat([features[..., :1], torch.zeros_like(features[..., 1:2]), features[..., 2:]], dim=-1)
         return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
 
     @torch.no_grad()

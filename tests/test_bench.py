@@ -279,16 +279,23 @@ def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones(
     assert auroc == 1.0 and shift > 0  # lifting the deep rows above it separates everything
 
 
-def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
+def _own_bench(bench, tmp_path, config: str):
+    """A copy of the shared bench's output run once with the tiny config at ``tmp_path/config``: the tree-only state
+    a test starts from (other tests change the shared bench's). Returns ``(out, argv)``."""
     import shutil
 
     d, argv, _ = bench
     out = tmp_path / "out"
     shutil.copytree(d / "out", out)
-    (tmp_path / "chain.yaml").write_text(TINY.replace("RATES", "0.5"))
-    argv = [str(tmp_path / "chain.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
+    (tmp_path / config).write_text(TINY.replace("RATES", "0.5"))
+    argv = [str(tmp_path / config) if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
             for a in argv]
-    assert main(argv) == 0  # the tree-only state this test starts from (other tests change the shared bench's)
+    assert main(argv) == 0
+    return out, argv
+
+
+def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
+    out, argv = _own_bench(bench, tmp_path, "chain.yaml")
     (tmp_path / "chain.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, chain]\nchain_depth: 3\n")
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
@@ -300,3 +307,32 @@ def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(
     argv = [str(tmp_path / "bad.yaml") if a == str(tmp_path / "chain.yaml") else a for a in argv]
     capsys.readouterr()
     assert main(argv) == 2 and "train_shapes" in capsys.readouterr().err
+
+
+def test_train_trees_are_checked_before_any_work():
+    from branchgate.bench.pipeline import train_trees
+    from branchgate.errors import InputError
+
+    assert train_trees({}) == []
+    assert train_trees({"train_trees": [{"breadth": 8, "depth": "2"}, {"breadth": 2, "oversample": 1}]}) == [
+        {"breadth": 8, "depth": 2}, {"breadth": 2, "oversample": 1.0}]
+    for bad, field in ((["wide"], "train_trees[0]"), ([{"width": 3}], "train_trees[0]"),
+                       ([{"breadth": 2}, {"breadth": 0}], "train_trees[1]"), ([{"depth": "x"}], "train_trees[0]"),
+                       ([{"breadth": 2}, {"breadth": 2}], "train_trees"), ({"breadth": 2}, "train_trees")):
+        with pytest.raises(InputError) as e:
+            train_trees({"train_trees": bad})
+        assert e.value.file == field and str(e.value).startswith(field + ": "), bad
+
+
+def test_train_trees_add_wider_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path):
+    out, argv = _own_bench(bench, tmp_path, "trees.yaml")
+    rows = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
+    (tmp_path / "trees.yaml").write_text(TINY.replace("RATES", "0.5") + "train_trees: [{breadth: 4, depth: 1}]\n")
+    assert main(argv) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
+    assert "closed_loop" not in rep["steps_run"] and "eval_data" not in rep["steps_run"]
+    assert len(list((out / "simulate" / "tree0" / "seed0" / "traces").glob("*.jsonl"))) == 12
+    assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
+    wide = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
+    assert wide == rows + 12 * 6  # each one-level run adds one frame of ceil(4 × 1.5) = 6 candidates

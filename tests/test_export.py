@@ -210,3 +210,27 @@ def test_fp32_gate_scores_what_evaluate_scores(encoder, tmp_path):
     p = np.concatenate([gate.predict(s, c)[0] for s, c, _ in decisions.items])
     labels = np.concatenate([lab for _, _, lab in decisions.items])
     assert len(p) == metrics["n_rows"]["test"] and auroc(labels, p) == pytest.approx(metrics["auroc"], abs=1e-9)
+
+
+def test_an_order_free_controller_scores_a_relisted_decision_alike_in_the_gate(encoder, tmp_path):
+    """``order=False`` reaches the exported graph: the ONNX Gate gives each candidate the same p_keep whatever its
+    place in the list, where the position-reading controller it was made from does not."""
+    from branchgate.export.samples import sample_decisions
+    from branchgate.models.value_model import ValueNet
+    from branchgate.training.checkpoint import load_controller, save_controller
+
+    net, meta = load_controller(exported(encoder)["checkpoint"])
+    free = ValueNet(**{**net.config(), "order": False})
+    free.load_state_dict(net.state_dict())
+    out = tmp_path / "m" / "controller.onnx"
+    ckpt = save_controller(tmp_path / "free.safetensors", free.eval(), meta)
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(out), "--max-decisions", "2"]) == 0
+    state, cands = next((s, c) for s, c in sample_decisions() if len(c) >= 4)
+    perm = list(range(len(cands)))[::-1]
+    moved = {}
+    for name, path in (("free", out), ("ordered", exported(encoder)["files"]["fp32"])):
+        gate = Gate.load(path, threads=1)
+        p = gate.select(state, cands).p_keep
+        q = gate.select(state, [cands[i] for i in perm]).p_keep
+        moved[name] = float(np.abs(p[perm] - q).max())
+    assert moved["free"] < 1e-5 < moved["ordered"]

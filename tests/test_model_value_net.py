@@ -155,3 +155,19 @@ def test_towers_option_limits_what_the_text_can_do(towers):
 def test_unknown_towers_is_refused():
     with pytest.raises(ValueError, match="towers must be one of"):
         ValueNet(D, towers="candidate")
+
+
+def test_order_option_makes_scores_independent_of_the_listing_order():
+    """Listing the same candidates in another order (positions stay 0..K-1): with ``order=False`` each candidate
+    keeps its score; with the position as an input (the default) the scores move."""
+    root, frame, goal, ret, cand, feats = decision(k=5, r=3)
+    perm = torch.tensor([4, 2, 0, 3, 1])
+    for order in (False, True):
+        torch.manual_seed(0)
+        n = ValueNet(D, hidden=16, dropout=0.0, order=order)
+        n.set_standardisation(torch.zeros(len(SCALAR_NAMES)), torch.full((len(SCALAR_NAMES),), 0.5))
+        n.eval()
+        assert n.config()["order"] is order
+        base = n(root, frame, goal, ret, cand, feats)[0]
+        relisted = n(root, frame, goal, ret, cand[perm], feats)[0]  # same positions, candidates moved
+        assert torch.allclose(base[perm], relisted, atol=1e-5) is (not order)

@@ -336,3 +336,18 @@ def test_towers_round_trip_and_files_without_the_key(tmp_path):
     entry["net"]["towers"] = 3
     with pytest.raises(InputError, match="towers"):
         load_controller(_rewrite(old, entry=entry))
+
+
+def test_order_option_round_trips_and_files_without_it_keep_the_position(tmp_path):
+    torch.manual_seed(3)
+    net = ValueNet(16, hidden=8, dropout=0.0, order=False).eval()
+    tmp = save_controller(tmp_path / "c.safetensors", net, _meta())
+    loaded, _ = load_controller(tmp)
+    assert loaded.order is False
+    _same_outputs(net, loaded)
+    entry = _entry(tmp)
+    del entry["net"]["order"]  # a file written before the option: the position is an input
+    assert load_controller(_rewrite(tmp, entry=entry))[0].order is True
+    entry["net"]["order"] = "no"
+    with pytest.raises(InputError, match="order"):
+        load_controller(_rewrite(tmp, entry=entry))

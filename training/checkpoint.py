@@ -37,8 +37,8 @@ META_KEYS = ["encoder", "encoder_path", "dim", "max_length", "tau", "feature_nam
              "data_sha256", "branchgate_version"]
 _NUMBER = (int, float)
 # Field → allowed JSON types (bool is rejected separately where a number is meant).
-_NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER, "towers": str}
-_NET_OPTIONAL = ("towers",)  # files written before the option have the full towers (ValueNet's default)
+_NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER, "towers": str, "order": bool}
+_NET_OPTIONAL = ("towers", "order")  # files written before these options: full towers, order an input (the defaults)
 _META_TYPES = {"encoder": str, "encoder_path": (str, type(None)), "dim": int, "max_length": int,
                "tau": (*_NUMBER, type(None)), "feature_names": list, "schema_version": int,
                "data_sha256": (str, type(None)), "branchgate_version": str,

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 class ControllerModule(L.LightningModule):
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
                  w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
-                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full"):
+                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full", order: bool = True):
         """
         Args:
             hidden: width of the towers and the MLP.
@@ -41,6 +41,8 @@ class ControllerModule(L.LightningModule):
                 against the decision's positive candidates); it targets top-1 accuracy directly.
             towers: the text the network sees besides the scalar features: full | interaction | none
                 (models/value_model.py).
+            order: whether a candidate's position in its list is an input; false makes every decision's scores
+                independent of the order its candidates are listed in.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -55,7 +57,7 @@ class ControllerModule(L.LightningModule):
     def build(self, dim: int) -> ValueNet:
         hp = self.hparams
         self.net = ValueNet(dim, hidden=hp.hidden, dropout=hp.dropout, mmr_lambda=hp.mmr_lambda,
-                            towers=hp.get("towers", "full"))
+                            towers=hp.get("towers", "full"), order=hp.get("order", True))
         return self.net
 
     def setup(self, stage: str) -> None:
