@@ -137,22 +137,16 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         from branchgate.pipeline.simulate import simulate
 
         qf = write_ids(folder, train_ids)
+        # (folder, settings over the top-level ones) of each kind of training run: the shapes, then train_trees
+        kinds = [(folder, {}) if shape == "tree" else (folder / shape, {"shape": shape, "depth": int(cfg["chain_depth"])})
+                 for shape in shapes] + [(folder / f"tree{i}", tree) for i, tree in enumerate(trees)]
         runs, traces = 0, []
-        for shape in shapes:
-            sub = folder if shape == "tree" else folder / shape
-            extra = {} if shape == "tree" else {"shape": shape, "depth": int(cfg["chain_depth"])}
+        for sub, extra in kinds:
             for seed in train_seeds:
                 s = simulate(env_path, Config(**{**_sim(cfg, seed, enc), **extra}, pre="none"), sub / f"seed{seed}",
                              queries_file=qf, progress=progress, workers=workers)
                 runs += s["n_runs"]
                 traces.append(str(sub / f"seed{seed}" / "traces"))
-        for i, tree in enumerate(trees):
-            for seed in train_seeds:
-                sub = folder / f"tree{i}" / f"seed{seed}"
-                s = simulate(env_path, Config(**{**_sim(cfg, seed, enc), **tree}, pre="none"), sub,
-                             queries_file=qf, progress=progress, workers=workers)
-                runs += s["n_runs"]
-                traces.append(str(sub / "traces"))
         return {"runs": runs, "traces": traces}
 
     shape_inputs = {} if shapes == ["tree"] else {"shapes": shapes, "chain_depth": int(cfg["chain_depth"])}

@@ -249,7 +249,8 @@ class ValueNet(nn.Module):
         features = features.to(cand.dtype)
         features = torch.minimum(torch.maximum(features, self.feature_min.to(cand.dtype)), self.feature_max.to(cand.dtype))
         if not self.order:  # the position in the list reads as 0 (order, order_frac): the scores ignore the order
-            features = torch.cat([features[..., :1], torch.zeros_like(features[..., 1:2]), features[..., 2:]], dim=-1)
+            j = FEATURE_NAMES.index("order")
+            features = torch.cat([features[..., :j], torch.zeros_like(features[..., j:j + 1]), features[..., j + 1:]], -1)
         return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
 
     @torch.no_grad()
