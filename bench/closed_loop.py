@@ -105,7 +105,7 @@ def _point_job(args) -> str:
 
 
 def _run_point(env, sim: dict, job, queries_file: str, encoder) -> None:
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
     p, folder, fp = job

@@ -34,7 +34,7 @@ def listed(value) -> list[str]:
 
 def train_shapes(cfg: dict) -> list[str]:
     """The config's ``train_shapes`` (the training runs' shapes: tree, chain or both), checked."""
-    from branchgate.pipeline.run import SHAPES
+    from branchgate.pipeline.config import SHAPES
 
     value = cfg.get("train_shapes") or ["tree"]
     out = listed(value)
@@ -133,7 +133,7 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
         return str(path)
 
     def simulate_step(folder: Path) -> dict:
-        from branchgate.pipeline.run import Config
+        from branchgate.pipeline.config import Config
         from branchgate.pipeline.simulate import simulate
 
         qf = write_ids(folder, train_ids)

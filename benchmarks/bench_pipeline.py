@@ -45,7 +45,7 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
 
     from branchgate.models.teachers import get
     from branchgate.pipeline import env as envmod
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import make_runner
 
     env = envmod.load(args.env)
@@ -68,7 +68,7 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
 def main(argv=None) -> int:
     from branchgate.fileio import atomic_write_json, atomic_write_text
     from branchgate.models.teachers import NAMES
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -87,7 +87,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from branchgate.logs_to_dataset.build import NothingParsed, build, summary_line
+    from branchgate.logs_to_dataset.build import NothingParsed, build
+    from branchgate.logs_to_dataset.build_report import summary_line
 
     if getattr(args, "engine", "local") == "ray":
         from branchgate.logs_to_dataset.ray_build import build_ray as build

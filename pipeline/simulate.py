@@ -21,7 +21,8 @@ import numpy as np
 
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.fileio import atomic_path, atomic_write_json
-from branchgate.pipeline.run import Config, Runner
+from branchgate.pipeline.config import Config
+from branchgate.pipeline.run import Runner
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
     cfg = Config(breadth=args.breadth, depth=args.depth, oversample=args.oversample, top_k=args.top_k, seed=args.seed,

@@ -194,7 +194,7 @@ def test_real_drgym_subset_is_reachable_and_length_balanced(tmp_path, shared):
 def test_dense_retriever_over_cached_embeddings(tmp_path, encoder, monkeypatch):
     from branchgate.errors import BranchgateError
     from branchgate.pipeline.retrieve import DenseIndex
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
     monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))

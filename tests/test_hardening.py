@@ -376,7 +376,7 @@ def test_nothing_parsed_names_the_reasons_and_writes_a_manifest(tmp_path, encode
 
 
 def test_keypoint_line_without_a_key_point_count_has_no_slash_zero():
-    from branchgate.logs_to_dataset.build import _keypoint_line
+    from branchgate.logs_to_dataset.build_report import _keypoint_line
 
     line = _keypoint_line({"runs_with_ground_truth": 2, "evidence_labelled": 3, "evidence": 4,
                            "key_points_reachable": 5, "key_points": 0})

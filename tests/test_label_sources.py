@@ -180,7 +180,7 @@ def test_keypoints_source_excludes_runs_without_key_points(tmp_path, encoder):
 
 @pytest.fixture(scope="module")
 def sample_runs(tmp_path_factory):
-    from branchgate.pipeline.run import Config
+    from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
     out = tmp_path_factory.mktemp("sim")

@@ -13,7 +13,7 @@ from branchgate.errors import BranchgateError, MismatchError
 from branchgate.logs_to_dataset.traces import read_events
 from branchgate.pipeline import policies
 from branchgate.pipeline.accounting import count_tokens, kpr
-from branchgate.pipeline.run import Config
+from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
 
 VOLATILE = {"ts"}

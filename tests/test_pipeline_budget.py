@@ -17,7 +17,7 @@ from branchgate.errors import BranchgateError
 from branchgate.inference.budget import Budget, RunGate
 from branchgate.logs_to_dataset.traces import read_events
 from branchgate.pipeline import policies
-from branchgate.pipeline.run import Config
+from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from branchgate.errors import BranchgateError
 from branchgate.logs_to_dataset.traces import read_events
+from branchgate.pipeline.config import Config
 from branchgate.pipeline.generate import parse_candidates
-from branchgate.pipeline.run import Config
 from branchgate.pipeline.simulate import simulate
 
 
