@@ -279,6 +279,30 @@ def test_real_strata_bounds_rank_the_deep_rows_perfectly_and_keep_the_root_ones(
     assert auroc == 1.0 and shift > 0  # lifting the deep rows above it separates everything
 
 
+def test_strip_goals_empties_the_chosen_runs_goals_and_copies_every_other_line(harness, tmp_path):
+    """benchmarks/strip_goals.py (the goals probe): goals go in the chosen runs only, nothing else changes."""
+    mod = harness("strip_goals")
+    ids = [f"q{i}.r0" for i in range(40)]
+    even = next(r for r in ids if mod.chosen(r, "half"))
+    odd = next(r for r in ids if not mod.chosen(r, "half"))
+    src = tmp_path / "src" / "traces"
+    src.mkdir(parents=True)
+    for run in (even, odd):
+        lines = [{"v": 1, "run_id": run, "seq": 0, "type": "run_start"},
+                 {"v": 1, "run_id": run, "seq": 1, "type": "candidate", "query": "a b", "goal": "Find the candidate's facts."},
+                 {"v": 1, "run_id": run, "seq": 2, "type": "evidence", "text": "a \"candidate\" goal"}]
+        (src / f"{run}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    counts = mod.strip(tmp_path / "src", tmp_path / "dst", "half")
+    assert counts == {"files": 2, "runs_changed": 1, "goals_removed": 1}
+    out = {r: (tmp_path / "dst" / "traces" / f"{r}.jsonl").read_text().splitlines() for r in (even, odd)}
+    assert json.loads(out[even][1])["goal"] == "" and json.loads(out[even][1])["query"] == "a b"
+    assert out[odd] == (src / f"{odd}.jsonl").read_text().splitlines()  # the other run byte for byte
+    assert out[even][2] == (src / f"{even}.jsonl").read_text().splitlines()[2]
+    assert mod.strip(tmp_path / "src", tmp_path / "all", "all")["goals_removed"] == 2
+    with pytest.raises(SystemExit, match="another folder"):
+        mod.strip(tmp_path / "src", tmp_path / "src")
+
+
 def _own_bench(bench, tmp_path, config: str):
     """A copy of the shared bench's output run once with the tiny config at ``tmp_path/config``: the tree-only state
     a test starts from (other tests change the shared bench's). Returns ``(out, argv)``."""
