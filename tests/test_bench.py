@@ -318,15 +318,22 @@ def _own_bench(bench, tmp_path, config: str):
     return out, argv
 
 
-def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
-    out, argv = _own_bench(bench, tmp_path, "chain.yaml")
-    (tmp_path / "chain.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, chain]\nchain_depth: 3\n")
+def _rerun_with_more_training_runs(out, argv, config, extra: str, sub: str) -> None:
+    """Rerun ``_own_bench``'s bench with ``extra`` config lines that add a kind of training run: its 12 runs land in
+    ``simulate/SUB`` beside the 12 tree runs, the training steps rerun and the eval steps stay cached."""
+    config.write_text(TINY.replace("RATES", "0.5") + extra)
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
     assert "closed_loop" not in rep["steps_run"] and "eval_data" not in rep["steps_run"]
-    assert len(list((out / "simulate" / "chain" / "seed0" / "traces").glob("*.jsonl"))) == 12
+    assert len(list((out / "simulate" / sub / "seed0" / "traces").glob("*.jsonl"))) == 12
     assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
+
+
+def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
+    out, argv = _own_bench(bench, tmp_path, "chain.yaml")
+    _rerun_with_more_training_runs(out, argv, tmp_path / "chain.yaml", "train_shapes: [tree, chain]\nchain_depth: 3\n",
+                                   "chain")
     (tmp_path / "bad.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, star]\n")
     argv = [str(tmp_path / "bad.yaml") if a == str(tmp_path / "chain.yaml") else a for a in argv]
     capsys.readouterr()
@@ -351,12 +358,6 @@ def test_train_trees_are_checked_before_any_work():
 def test_train_trees_add_wider_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path):
     out, argv = _own_bench(bench, tmp_path, "trees.yaml")
     rows = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
-    (tmp_path / "trees.yaml").write_text(TINY.replace("RATES", "0.5") + "train_trees: [{breadth: 4, depth: 1}]\n")
-    assert main(argv) == 0
-    rep = json.loads((out / "report.json").read_text())
-    assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
-    assert "closed_loop" not in rep["steps_run"] and "eval_data" not in rep["steps_run"]
-    assert len(list((out / "simulate" / "tree0" / "seed0" / "traces").glob("*.jsonl"))) == 12
-    assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
+    _rerun_with_more_training_runs(out, argv, tmp_path / "trees.yaml", "train_trees: [{breadth: 4, depth: 1}]\n", "tree0")
     wide = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
     assert wide == rows + 12 * 6  # each one-level run adds one frame of ceil(4 × 1.5) = 6 candidates
