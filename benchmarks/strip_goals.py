@@ -27,14 +27,16 @@ def chosen(run_id: str, mode: str) -> bool:
     return mode == "all" or hashlib.sha256(run_id.encode()).digest()[0] % 2 == 0
 
 
-def _stripped(line: str, mode: str) -> tuple[str, bool]:
+def _stripped(line: str, mode: str) -> tuple[str, str | None]:
+    """The line, with the goal removed when it is a chosen run's candidate; and that run's id, else None."""
     if '"candidate"' not in line:
-        return line, False
+        return line, None
     event = json.loads(line)
-    if event.get("type") != "candidate" or not event.get("goal") or not chosen(str(event.get("run_id")), mode):
-        return line, False
+    run_id = str(event.get("run_id"))
+    if event.get("type") != "candidate" or not event.get("goal") or not chosen(run_id, mode):
+        return line, None
     event["goal"] = ""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n", True
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n", run_id
 
 
 def strip(src: str | Path, dst: str | Path, mode: str = "all") -> dict:
@@ -53,10 +55,10 @@ def strip(src: str | Path, dst: str | Path, mode: str = "all") -> dict:
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(path, encoding="utf-8") as f, atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as g:
             for line in f:
-                line, changed = _stripped(line, mode)
-                if changed:
+                line, run_id = _stripped(line, mode)
+                if run_id is not None:
                     removed += 1
-                    runs.add(json.loads(line)["run_id"])
+                    runs.add(run_id)
                 g.write(line)
     return {"files": len(files), "runs_changed": len(runs), "goals_removed": removed}
 

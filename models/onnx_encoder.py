@@ -1,5 +1,5 @@
 """The frozen encoder's text tower as an fp32 ONNX graph: the dataset build's fast embedding path.
-(About 470 lines, over the usual 400: the export, its recorded parity reference, the batching and the worker pool share one
+(About 490 lines, over the usual 450: the export, its recorded parity reference, the batching and the worker pool share one
 cache layout and one tokenising path.)
 
     tower = prepare_tower(encoder)         # exported once per encoder, cached; needs torch only then
