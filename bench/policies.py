@@ -8,7 +8,8 @@
   ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus`` (curve ``gate+greedy``) and the top-1 fallback at the
   root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``), and the root
   frame at its own threshold, ``gate:PATH,tau=T,root_tau=R`` for T in ``root_taus``, R = ``root_tau``
-  (curve ``gate+root``);
+  (curve ``gate+root``), and both at once, ``gate:PATH,tau=T,greedy=1,root_tau=R`` for T in ``greedy_root_taus``
+  (curve ``gate+greedy_root``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate);
 - run budgets (``budget_points``, the bench's ``budgets`` step): for each fraction F of ``budget_fractions``, the
@@ -68,6 +69,7 @@ VARIANTS = {  # a gate variant: (its τ list in ``policies``, the gate spec keys
     "greedy": ("greedy_taus", "greedy=1"),  # set-aware selection
     "stop": ("stop_taus", "fallback=root"),  # below the root a frame may keep none
     "root": ("root_taus", "root_tau={root_tau}"),  # the root frame at policies.root_tau, the τ of the sweep below it
+    "greedy_root": ("greedy_root_taus", "greedy=1,root_tau={root_tau}"),  # set-aware below the root's own threshold
 }
 
 

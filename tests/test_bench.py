@@ -140,7 +140,7 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
 def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
     d, argv, first = bench
     out = d / "out"
-    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  stop_taus: [0.5]\n  root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:"))
+    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  stop_taus: [0.5]\n  root_taus: [0.1]\n  greedy_root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:"))
     argv = [a if a != str(d / "tiny.yaml") else str(d / "tiny2.yaml") for a in argv]
     argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
     assert main(argv) == 0
@@ -153,6 +153,8 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert "gate+stop@tau=0.5" in set(rep["policies"]) and rep["by_labels"]["keypoints"]["stop"]["family"] == "gate+stop"
     assert rep["policies"]["gate+root@tau=0.1"]["spec"].endswith(",tau=0.1,root_tau=0.6")
     assert rep["by_labels"]["keypoints"]["root"]["family"] == "gate+root"
+    assert rep["policies"]["gate+greedy_root@tau=0.1"]["spec"].endswith(",tau=0.1,greedy=1,root_tau=0.6")
+    assert rep["by_labels"]["keypoints"]["greedy_root"]["family"] == "gate+greedy_root"
     assert list(rep["by_labels"]) == ["keypoints", "citations"]
     cit = rep["by_labels"]["citations"]
     assert cit["family"] == "gate[citations]" and cit["labels"]["kind"] == "citations"

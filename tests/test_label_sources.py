@@ -259,6 +259,71 @@ def test_replay_of_keeping_everything_reproduces_the_unpruned_run(sample_runs, h
         assert n_root < nodes and t_root < tokens and k_root <= kpr
 
 
+def _random_scores(trees, seed: int = 0) -> dict:
+    """{(run id, candidate id): (p_keep, label, depth)} with random p and labels, as ``gate_scores`` returns."""
+    rng = np.random.default_rng(seed)
+    return {(t.run_id, c.candidate_id): (float(rng.random()), int(rng.random() < 0.3), f.depth)
+            for t in trees for f in t.frames.values() for c in f.candidates}
+
+
+def test_replay_rules_reduce_to_the_gates_rule_at_their_neutral_settings(sample_runs, harness):
+    """benchmarks/replay_rules.py: each family at its neutral setting replays the Gate's rule exactly (and its
+    paired difference from it is 0); diversity below every cosine keeps one branch per frame below the root; a
+    parent bound with a large β keeps a found-something parent's children and only the top-1 of the others;
+    malformed rules are refused."""
+    mod = harness("replay_rules")
+    trees = [mod.Tree(r) for r in read_runs([sample_runs])]
+    texts = sorted({c.query for t in trees for f in t.frames.values() for c in f.candidates})
+    rules = mod.Rules(trees, _random_scores(trees), mod.encoder_embed("packaged", texts))
+    gate = rules.replay("depth", (0.5, 0.3, 0.3))
+    assert 0 < gate[1] < 1
+    for family, x in (("relative", 0.0), ("diverse", 1.0), ("parent", 0.0)):
+        assert rules.replay(family, (0.5, 0.3, x)) == gate, family
+    assert rules.versus_gate("relative", (0.5, 0.3, 0.0), boot=50)[:3] == (0.0, 0.0, 0.0)
+    assert max(f.depth for t in trees for f in t.frames.values()) == 1  # so the τ for depth ≥ 2 is never asked:
+    assert rules.replay("depth", (0.5, 0.3, 0.9)) == gate and rules.replay("depth", (0.5, 0.9, 0.3)) != gate
+    children = parents = 0
+    for t in trees:
+        one = rules.keep_fn(t.run_id, "diverse", (0.5, 0.0, -1.01))
+        told = rules.keep_fn(t.run_id, "parent", (0.5, 0.5, 50.0))
+        for parent, frame_id in t.child.items():
+            frame = t.frames[frame_id]
+            ids = [c.candidate_id for c in frame.candidates]
+            assert len(one(frame, ids)) == 1
+            found = rules.own[(t.run_id, parent)] == 1
+            assert len(told(frame, ids)) == (len(ids) if found else 1)
+            children += len(ids)
+            parents += found
+    assert children and parents
+    for bad in ("depth:0.5,0.1", "nope:1,2,3", "relative:a,b,c"):
+        with pytest.raises(SystemExit, match="--rules"):
+            mod.parse_rule(bad)
+
+
+def test_parent_inputs_rows_hold_what_the_parent_found(sample_runs, harness, encoder):
+    """benchmarks/parent_inputs.py: one row per labelled candidate below the root; the parent flag is its
+    parent's own label; counts are whole and cosines within [−1, 1]."""
+    mod = harness("parent_inputs")
+    runs = list(read_runs([sample_runs]))
+    trees = [mod.Tree(r) for r in runs]
+    scores = _random_scores(trees, seed=1)
+
+    def embed(texts):
+        v = encoder.encode(texts) if texts else np.zeros((0, 384))
+        return v / np.linalg.norm(v, axis=1, keepdims=True).clip(1e-9)
+
+    a, keys = mod.rows_of(runs, scores, embed)
+    below = sum(len(t.frames[f].candidates) for t in trees for f in t.child.values())
+    assert a.shape == (below, 5 + len(mod.INPUTS)) and set(a[:, 1]) == {1} and len(set(keys)) == below
+    assert all(a[i, 3] == scores[k][0] and a[i, 2] == scores[k][1] for i, k in enumerate(keys))
+    assert set(a[:, 4]) <= {0, 1} and (a[:, 5] >= 0).all() and (a[:, 5] == a[:, 5].round()).all()
+    assert (np.abs(a[:, 6:]) <= 1 + 1e-6).all() and a[:, 6:].std(0).min() > 0
+    same = mod.frontier_change(runs, scores, keys, a[:, 3])  # the gate's own scores: no change anywhere
+    assert same and all(row[1:4] == (0.0, 0.0, 0.0) and not row[4] for row in same)
+    flat = mod.frontier_change(runs, scores, keys, np.zeros(len(keys)))  # below the root only the top-1 fallbacks:
+    assert any(row[4] for row in flat)  # one point, so the gate's other points lie outside its sweep
+
+
 def test_gptr_report_citations_map_to_source_evidence():
     report = ReadReport()
     (run,) = read_runs([FIX / "gptr_cited"], report=report)

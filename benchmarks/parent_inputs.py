@@ -1,0 +1,165 @@
+"""Does what a branch's parent retrieved tell the gate anything about the branch? (issue 22; an offline probe)
+
+A candidate below the root is decided after its parent branch was searched and read, so the parent's passages
+and learnings are known then, while the candidate's own are not. On unpruned runs (every branch expanded) this
+prints, for the candidates below the root: their positive rate by whether the parent itself found a key point
+(the truth, which no run-time input has), the AUROC of inputs that can be seen (the parent's count of passages
+new to the run, its passages' and learnings' cosine to the question, the candidate's cosine to them), and
+whether they add to the gate: 5-fold logistic regression over runs on the gate's logit and depth, with and
+without each input; then how far the frontier moves when the gate's scores below the root are replaced by the
+regression's out-of-fold scores with every input (fitted on these runs themselves: a generous probe).
+
+    python benchmarks/parent_inputs.py --runs OUT/closed_loop/seed0/none/traces --dataset OUT/eval_data/dataset
+        --checkpoint OUT/keypoints/train/run/controller.safetensors [--encoder auto] [--max-runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_frontier, beside this file
+from replay_frontier import Tree, gate_scores  # noqa: E402
+
+INPUTS = ("parent's new passages", "parent passages · question (mean)", "parent passages · question (max)",
+          "parent learnings · question (max)", "candidate · parent passages (max)", "candidate · parent learnings (max)")
+
+
+def rows_of(runs, scores: dict, embed) -> np.ndarray:
+    """One row per labelled candidate below the root: run index, depth, label, p_keep, parent found one, INPUTS;
+    and the rows' (run id, candidate id)."""
+    out, keys = [], []
+    for k, run in enumerate(runs):
+        t = Tree(run)
+        text = {e.evidence_id: e.text for e in run.events if e.type == "evidence"}
+        learned: dict[str, list[str]] = {}
+        for e in run.events:
+            if e.type == "learning" and e.candidate_id:
+                learned.setdefault(e.candidate_id, []).append(e.text)
+        question = embed([next(e.root_query for e in run.events if e.type == "run_start")])[0]
+        query = {c.candidate_id: c.query for f in t.frames.values() for c in f.candidates}
+        seen, new = set(), {}
+        for e in sorted(run.events, key=lambda e: e.seq):
+            if e.type == "retrieval" and e.candidate_id in t.ev:
+                ev = t.ev[e.candidate_id]
+                new[e.candidate_id] = sum(i not in seen for i in ev)
+                seen.update(ev)
+        for parent, frame in t.child.items():
+            passages = embed([text[i] for i in t.ev.get(parent, []) if i in text])
+            learnings = embed(learned.get(parent, []))
+            for c in t.frames[frame].candidates:
+                p, y, depth = scores[(t.run_id, c.candidate_id)]
+                if y < 0:
+                    continue
+                me = embed([query[c.candidate_id]])[0]
+                top = lambda m, v: float((m @ v).max()) if len(m) else 0.0  # noqa: E731
+                keys.append((t.run_id, c.candidate_id))
+                out.append((k, depth, y, p, scores[(t.run_id, parent)][1] == 1, new.get(parent, 0),
+                            float((passages @ question).mean()) if len(passages) else 0.0, top(passages, question),
+                            top(learnings, question), top(passages, me), top(learnings, me)))
+    return np.array(out, dtype=np.float64), keys
+
+
+def out_of_fold(x: np.ndarray, y: np.ndarray, groups: np.ndarray, folds: int = 5) -> np.ndarray:
+    """Out-of-fold logistic-regression probabilities, folds by run."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupKFold
+
+    z = np.zeros(len(y))
+    for fit, held in GroupKFold(folds).split(x, y, groups):
+        z[held] = LogisticRegression(max_iter=2000).fit(x[fit], y[fit]).predict_proba(x[held])[:, 1]
+    return z
+
+
+def cv_auroc(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> float:
+    from branchgate.training.metrics import safe_auroc
+
+    return safe_auroc(y, out_of_fold(x, y, groups))
+
+
+def frontier_change(runs, scores: dict, keys: list, p_new: np.ndarray, root_tau: float = 0.5) -> list[tuple]:
+    """Replay the Gate's rule (``root_tau`` at the root, each τ of ``replay_rules.TAU_GRID`` below it) with the
+    gate's scores and with ``p_new`` in place of them below the root: at each gate point, the new scores' KPR
+    (interpolated to the same tokens, paired by run) minus the gate's: ``(token share, mean, 2.5%, 97.5%, whether
+    the tokens lie outside the new scores' sweep)`` per gate point, over 1000 bootstrap resamples of the runs."""
+    from replay_rules import TAU_GRID, Rules
+
+    from branchgate.bench.closed_loop import interpolate
+
+    trees = [Tree(r) for r in runs]
+    new = dict(scores)
+    for key, q in zip(keys, p_new):
+        new[key] = (float(q), *scores[key][1:])
+    ids = [t.run_id for t in trees]
+    curves = []
+    for table in (scores, new):
+        rules = Rules(trees, table)
+        curve = []
+        for tau in TAU_GRID:
+            r = rules.per_run("depth", (root_tau, tau, tau))
+            curve.append((float(r[:, 1].mean()), dict(zip(ids, r[:, 2]))))
+        curves.append(sorted(curve, key=lambda c: c[0]))
+    base = np.mean([t.tokens for t in trees])
+    rng, out = np.random.default_rng(0), []
+    for tokens, gate in curves[0]:
+        mine, outside = interpolate(curves[1], tokens)
+        d = np.array([mine[i] - gate[i] for i in ids])
+        means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(1000)]
+        out.append((tokens / base, float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)),
+                    outside))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", required=True, help="traces of unpruned runs (a file or folder)")
+    ap.add_argument("--dataset", required=True, help="the decision dataset built from those traces")
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--encoder", default="auto")
+    ap.add_argument("--max-runs", type=int, default=0, help="only the first N runs (0 = all)")
+    args = ap.parse_args()
+
+    from branchgate.logs_to_dataset.readers import read_runs
+    from branchgate.models.encoder import Encoder
+    from branchgate.training.metrics import safe_auroc
+
+    runs = list(read_runs([args.runs]))[: args.max_runs or None]
+    encoder, cache = Encoder.load(args.encoder), {}
+
+    def embed(texts: list[str]) -> np.ndarray:
+        todo = [x for x in dict.fromkeys(texts) if x not in cache]
+        for x, v in zip(todo, encoder.encode(todo, batch_size=128) if todo else []):
+            cache[x] = v / max(float(np.linalg.norm(v)), 1e-9)
+        return np.array([cache[x] for x in texts]).reshape(len(texts), -1)
+
+    scores = gate_scores(args.checkpoint, args.dataset)
+    a, keys = rows_of(runs, scores, embed)
+    if not len(a):
+        raise SystemExit(f"no labelled candidate below the root in {args.runs}")
+    run, depth, y, p, parent_found, inputs = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5:]
+    print(f"{len(runs)} runs, {len(y)} labelled candidates below the root")
+    for d in sorted(set(depth.astype(int))):
+        m = depth == d
+        rates = [f"{y[m & (parent_found == f)].mean():.3f} ({int((m & (parent_found == f)).sum())})" for f in (1, 0)]
+        print(f"depth {d}: positive rate when the parent found a key point {rates[0]}, when it did not {rates[1]}; "
+              f"AUROC gate {safe_auroc(y[m], p[m]):.3f}, " +
+              ", ".join(f"{n} {safe_auroc(y[m], inputs[m, i]):.3f}" for i, n in enumerate(INPUTS)))
+    logit = np.log(np.clip(p, 1e-6, 1) / np.clip(1 - p, 1e-6, 1))
+    base = np.c_[logit, depth]
+    print(f"pooled: gate {safe_auroc(y, p):.3f}; regression on the gate's logit and depth {cv_auroc(base, y, run):.3f}")
+    for i, n in enumerate(INPUTS):
+        print(f"  + {n}: {cv_auroc(np.c_[base, inputs[:, i]], y, run):.3f}")
+    together = out_of_fold(np.c_[base, inputs], y, run)
+    print(f"  + all of them: {safe_auroc(y, together):.3f}")
+    print("Replayed with those out-of-fold scores below the root, minus the gate (Gate's rule, root τ 0.5):")
+    for share, mean, lo, hi, outside in frontier_change(runs, scores, keys, together):
+        print(f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (" (outside the new sweep)" if outside
+              else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
