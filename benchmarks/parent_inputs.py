@@ -84,8 +84,8 @@ def frontier_change(runs, scores: dict, keys: list, p_new: np.ndarray, root_tau:
     """Replay the Gate's rule (``root_tau`` at the root, each τ of ``replay_rules.TAU_GRID`` below it) with the
     gate's scores and with ``p_new`` in place of them below the root: at each gate point, the new scores' KPR
     (interpolated to the same tokens, paired by run) minus the gate's: ``(token share, mean, 2.5%, 97.5%, whether
-    the tokens lie outside the new scores' sweep)`` per gate point, over 1000 bootstrap resamples of the runs."""
-    from replay_rules import TAU_GRID, Rules
+    the tokens lie outside the new scores' sweep)`` per gate point (``replay_rules.paired``)."""
+    from replay_rules import Rules, paired
 
     from branchgate.bench.closed_loop import interpolate
 
@@ -93,23 +93,12 @@ def frontier_change(runs, scores: dict, keys: list, p_new: np.ndarray, root_tau:
     new = dict(scores)
     for key, q in zip(keys, p_new):
         new[key] = (float(q), *scores[key][1:])
-    ids = [t.run_id for t in trees]
-    curves = []
-    for table in (scores, new):
-        rules = Rules(trees, table)
-        curve = []
-        for tau in TAU_GRID:
-            r = rules.per_run("depth", (root_tau, tau, tau))
-            curve.append((float(r[:, 1].mean()), dict(zip(ids, r[:, 2]))))
-        curves.append(sorted(curve, key=lambda c: c[0]))
+    gate_curve, new_curve = (Rules(trees, table).gate_curve(root_tau) for table in (scores, new))
     base = np.mean([t.tokens for t in trees])
-    rng, out = np.random.default_rng(0), []
-    for tokens, gate in curves[0]:
-        mine, outside = interpolate(curves[1], tokens)
-        d = np.array([mine[i] - gate[i] for i in ids])
-        means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(1000)]
-        out.append((tokens / base, float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)),
-                    outside))
+    out = []
+    for tokens, gate in gate_curve:
+        mine, outside = interpolate(new_curve, tokens)
+        out.append((tokens / base, *paired(np.array([mine[t.run_id] - gate[t.run_id] for t in trees])), outside))
     return out
 
 

@@ -107,24 +107,32 @@ class Rules:
         r = self.per_run(family, params).mean(0)
         return float(r[0]), float(r[1] / self.base[0]), float(r[2] / self.base[1])
 
-    def versus_gate(self, family: str, params, boot: int = 1000) -> tuple[float, float, float, bool]:
-        """The rule's KPR minus the Gate's rule (the same root τ, one τ below it over ``TAU_GRID``) at the rule's
-        mean tokens, interpolated along that sweep and paired by run: (mean, 2.5%, 97.5% over ``boot`` bootstrap
-        resamples of the runs, whether the rule's tokens lie outside the sweep)."""
-        from branchgate.bench.closed_loop import interpolate
-
+    def gate_curve(self, root_tau: float) -> list[tuple[float, dict[str, float]]]:
+        """The Gate's rule (``root_tau`` at the root, each τ of ``TAU_GRID`` below it) as (mean tokens, {run id:
+        KPR}) points sorted by tokens: the curve ``bench.closed_loop.interpolate`` reads."""
         ids = [t.run_id for t in self.trees]
         curve = []
         for tau in TAU_GRID:
-            r = self.per_run("depth", (params[0], tau, tau))
+            r = self.per_run("depth", (root_tau, tau, tau))
             curve.append((float(r[:, 1].mean()), dict(zip(ids, r[:, 2]))))
-        curve.sort(key=lambda c: c[0])
+        return sorted(curve, key=lambda c: c[0])
+
+    def versus_gate(self, family: str, params, boot: int = 1000) -> tuple[float, float, float, bool]:
+        """The rule's KPR minus the Gate's rule (the same root τ, ``gate_curve``) at the rule's mean tokens,
+        interpolated along that sweep and paired by run: ``paired``'s (mean, 2.5%, 97.5%) and whether the rule's
+        tokens lie outside the sweep."""
+        from branchgate.bench.closed_loop import interpolate
+
         mine = self.per_run(family, params)
-        gate, outside = interpolate(curve, float(mine[:, 1].mean()))
-        d = mine[:, 2] - np.array([gate[i] for i in ids])
-        rng = np.random.default_rng(0)
-        means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(boot)]
-        return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5)), outside
+        gate, outside = interpolate(self.gate_curve(params[0]), float(mine[:, 1].mean()))
+        return (*paired(mine[:, 2] - np.array([gate[t.run_id] for t in self.trees]), boot), outside)
+
+
+def paired(d: np.ndarray, boot: int = 1000) -> tuple[float, float, float]:
+    """Mean of per-run differences and its 95% interval over ``boot`` bootstrap resamples of the runs."""
+    rng = np.random.default_rng(0)
+    means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(boot)]
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def summary(points, budget: float, target: float) -> str:
