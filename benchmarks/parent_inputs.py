@@ -21,19 +21,26 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_frontier, beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_frontier, replay_rules, real_strata, beside this file
+from real_strata import logit  # noqa: E402
 from replay_frontier import Tree, gate_scores  # noqa: E402
+from replay_rules import Rules, paired  # noqa: E402
 
 INPUTS = ("parent's new passages", "parent passages · question (mean)", "parent passages · question (max)",
-          "parent learnings · question (max)", "candidate · parent passages (max)", "candidate · parent learnings (max)")
+          "parent learnings · question (max)", "candidate · parent passages (max)",
+          "candidate · parent learnings (max)")
 
 
-def rows_of(runs, scores: dict, embed) -> np.ndarray:
+def top(m: np.ndarray, v: np.ndarray) -> float:
+    """The largest cosine of unit vector ``v`` to the rows of ``m`` (0 when there are none)."""
+    return float((m @ v).max()) if len(m) else 0.0
+
+
+def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, list]:
     """One row per labelled candidate below the root: run index, depth, label, p_keep, parent found one, INPUTS;
-    and the rows' (run id, candidate id)."""
+    and the rows' (run id, candidate id). ``trees``: ``Tree(run)`` of each run."""
     out, keys = [], []
-    for k, run in enumerate(runs):
-        t = Tree(run)
+    for k, (run, t) in enumerate(zip(runs, trees)):
         text = {e.evidence_id: e.text for e in run.events if e.type == "evidence"}
         learned: dict[str, list[str]] = {}
         for e in run.events:
@@ -55,7 +62,6 @@ def rows_of(runs, scores: dict, embed) -> np.ndarray:
                 if y < 0:
                     continue
                 me = embed([query[c.candidate_id]])[0]
-                top = lambda m, v: float((m @ v).max()) if len(m) else 0.0  # noqa: E731
                 keys.append((t.run_id, c.candidate_id))
                 out.append((k, depth, y, p, scores[(t.run_id, parent)][1] == 1, new.get(parent, 0),
                             float((passages @ question).mean()) if len(passages) else 0.0, top(passages, question),
@@ -80,16 +86,14 @@ def cv_auroc(x: np.ndarray, y: np.ndarray, groups: np.ndarray) -> float:
     return safe_auroc(y, out_of_fold(x, y, groups))
 
 
-def frontier_change(runs, scores: dict, keys: list, p_new: np.ndarray, root_tau: float = 0.5) -> list[tuple]:
+def frontier_change(trees: list[Tree], scores: dict, keys: list, p_new: np.ndarray,
+                    root_tau: float = 0.5) -> list[tuple]:
     """Replay the Gate's rule (``root_tau`` at the root, each τ of ``replay_rules.TAU_GRID`` below it) with the
     gate's scores and with ``p_new`` in place of them below the root: at each gate point, the new scores' KPR
     (interpolated to the same tokens, paired by run) minus the gate's: ``(token share, mean, 2.5%, 97.5%, whether
     the tokens lie outside the new scores' sweep)`` per gate point (``replay_rules.paired``)."""
-    from replay_rules import Rules, paired
-
     from branchgate.bench.closed_loop import interpolate
 
-    trees = [Tree(r) for r in runs]
     new = dict(scores)
     for key, q in zip(keys, p_new):
         new[key] = (float(q), *scores[key][1:])
@@ -124,8 +128,8 @@ def main() -> int:
             cache[x] = v / max(float(np.linalg.norm(v)), 1e-9)
         return np.array([cache[x] for x in texts]).reshape(len(texts), -1)
 
-    scores = gate_scores(args.checkpoint, args.dataset)
-    a, keys = rows_of(runs, scores, embed)
+    scores, trees = gate_scores(args.checkpoint, args.dataset), [Tree(r) for r in runs]
+    a, keys = rows_of(runs, trees, scores, embed)
     if not len(a):
         raise SystemExit(f"no labelled candidate below the root in {args.runs}")
     run, depth, y, p, parent_found, inputs = a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5:]
@@ -136,15 +140,14 @@ def main() -> int:
         print(f"depth {d}: positive rate when the parent found a key point {rates[0]}, when it did not {rates[1]}; "
               f"AUROC gate {safe_auroc(y[m], p[m]):.3f}, " +
               ", ".join(f"{n} {safe_auroc(y[m], inputs[m, i]):.3f}" for i, n in enumerate(INPUTS)))
-    logit = np.log(np.clip(p, 1e-6, 1) / np.clip(1 - p, 1e-6, 1))
-    base = np.c_[logit, depth]
+    base = np.c_[logit(p), depth]
     print(f"pooled: gate {safe_auroc(y, p):.3f}; regression on the gate's logit and depth {cv_auroc(base, y, run):.3f}")
     for i, n in enumerate(INPUTS):
         print(f"  + {n}: {cv_auroc(np.c_[base, inputs[:, i]], y, run):.3f}")
     together = out_of_fold(np.c_[base, inputs], y, run)
     print(f"  + all of them: {safe_auroc(y, together):.3f}")
     print("Replayed with those out-of-fold scores below the root, minus the gate (Gate's rule, root τ 0.5):")
-    for share, mean, lo, hi, outside in frontier_change(runs, scores, keys, together):
+    for share, mean, lo, hi, outside in frontier_change(trees, scores, keys, together):
         print(f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (" (outside the new sweep)" if outside
               else ""), flush=True)
     return 0

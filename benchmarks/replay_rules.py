@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_frontier, beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # replay_frontier and real_strata, beside this file
+from real_strata import logit  # noqa: E402
 from replay_frontier import Tree, gate_scores  # noqa: E402
 
 ROOT_GRID = (0.1, 0.2, 0.3, 0.5, 0.7)
@@ -65,14 +66,16 @@ class Rules:
         self.own = {k: v[1] for k, v in scores.items()}
         self.parent = {(t.run_id, x.candidate_id): pc for t in trees for pc, fid in t.child.items()
                        for x in t.frames[fid].candidates}
-        self.query = {(t.run_id, c.candidate_id): c.query for t in trees for f in t.frames.values() for c in f.candidates}
+        self.query = {(t.run_id, c.candidate_id): c.query for t in trees for f in t.frames.values()
+                      for c in f.candidates}
         self.base = (np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees]))
+        self._replayed: dict = {}  # (family, params) → per_run's rows: a rule is replayed once
 
     def score(self, run_id: str, c: str, family: str, x: float) -> float:
         p = self.p[(run_id, c)]
         if family != "parent" or (run_id, c) not in self.parent:
             return p
-        z = np.log(max(p, 1e-6) / max(1 - p, 1e-6)) + x * (1 if self.own[(run_id, self.parent[(run_id, c)])] == 1 else -1)
+        z = logit(p) + x * (1 if self.own[(run_id, self.parent[(run_id, c)])] == 1 else -1)
         return float(1 / (1 + np.exp(-z)))
 
     def keep_fn(self, run_id: str, family: str, params: tuple[float, float, float]):
@@ -100,7 +103,11 @@ class Rules:
 
     def per_run(self, family: str, params) -> np.ndarray:
         """(nodes, tokens, KPR) of the rule, one row per run."""
-        return np.array([t.replay(self.keep_fn(t.run_id, family, params)) for t in self.trees], dtype=np.float64)
+        key = (family, tuple(params))
+        if key not in self._replayed:
+            self._replayed[key] = np.array([t.replay(self.keep_fn(t.run_id, family, params)) for t in self.trees],
+                                           dtype=np.float64)
+        return self._replayed[key]
 
     def replay(self, family: str, params) -> tuple[float, float, float]:
         """(mean nodes, token share, KPR share) of the rule over the runs, shares of the unpruned runs' means."""
@@ -129,10 +136,11 @@ class Rules:
 
 
 def paired(d: np.ndarray, boot: int = 1000) -> tuple[float, float, float]:
-    """Mean of per-run differences and its 95% interval over ``boot`` bootstrap resamples of the runs."""
-    rng = np.random.default_rng(0)
-    means = [d[rng.integers(0, len(d), len(d))].mean() for _ in range(boot)]
-    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    """Mean of per-run differences and its 95% interval (``bench.stats.mean_ci``, the one bootstrap)."""
+    from branchgate.bench.stats import mean_ci
+
+    m = mean_ci(d, boot)
+    return m["mean"], *m["ci95"]
 
 
 def summary(points, budget: float, target: float) -> str:
@@ -161,7 +169,8 @@ def main() -> int:
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--split", default=None, choices=("train", "validation", "test"),
                     help="only the runs of this split (logs_to_dataset.decisions.split_of)")
-    ap.add_argument("--rules", nargs="*", default=None, help="fixed rules FAMILY:R,T,X (see above); default: every grid")
+    ap.add_argument("--rules", nargs="*", default=None,
+                    help="fixed rules FAMILY:R,T,X (see above); default: every grid")
     ap.add_argument("--encoder", default="auto", help="for diverse: the encoder of the cosines")
     ap.add_argument("--budget", type=float, default=0.35)
     ap.add_argument("--target", type=float, default=0.95)
@@ -181,7 +190,8 @@ def main() -> int:
     families = [f for f, _ in fixed] if fixed is not None else list(GRIDS)
     embed = None
     if "diverse" in families:
-        embed = encoder_embed(args.encoder, sorted({c.query for t in trees for f in t.frames.values() for c in f.candidates}))
+        texts = {c.query for t in trees for f in t.frames.values() for c in f.candidates}
+        embed = encoder_embed(args.encoder, sorted(texts))
     rules = Rules(trees, scores, embed)
     print(f"{len(trees)} runs; unpruned: {rules.base[0]:.0f} tokens, KPR {rules.base[1]:.4f}", flush=True)
     if fixed is not None:

@@ -312,15 +312,15 @@ def test_parent_inputs_rows_hold_what_the_parent_found(sample_runs, harness, enc
         v = encoder.encode(texts) if texts else np.zeros((0, 384))
         return v / np.linalg.norm(v, axis=1, keepdims=True).clip(1e-9)
 
-    a, keys = mod.rows_of(runs, scores, embed)
+    a, keys = mod.rows_of(runs, trees, scores, embed)
     below = sum(len(t.frames[f].candidates) for t in trees for f in t.child.values())
     assert a.shape == (below, 5 + len(mod.INPUTS)) and set(a[:, 1]) == {1} and len(set(keys)) == below
     assert all(a[i, 3] == scores[k][0] and a[i, 2] == scores[k][1] for i, k in enumerate(keys))
     assert set(a[:, 4]) <= {0, 1} and (a[:, 5] >= 0).all() and (a[:, 5] == a[:, 5].round()).all()
     assert (np.abs(a[:, 6:]) <= 1 + 1e-6).all() and a[:, 6:].std(0).min() > 0
-    same = mod.frontier_change(runs, scores, keys, a[:, 3])  # the gate's own scores: no change anywhere
+    same = mod.frontier_change(trees, scores, keys, a[:, 3])  # the gate's own scores: no change anywhere
     assert same and all(row[1:4] == (0.0, 0.0, 0.0) and not row[4] for row in same)
-    flat = mod.frontier_change(runs, scores, keys, np.zeros(len(keys)))  # below the root only the top-1 fallbacks:
+    flat = mod.frontier_change(trees, scores, keys, np.zeros(len(keys)))  # below the root only the top-1 fallbacks:
     assert any(row[4] for row in flat)  # one point, so the gate's other points lie outside its sweep
 
 
