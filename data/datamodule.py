@@ -104,6 +104,7 @@ class DecisionDataModule(L.LightningDataModule):
         return {
             "n_pos": n_pos, "n_neg": n_neg,
             "pos_weight": float(n_neg / n_pos) if n_pos and n_neg else 1.0,
+            "depth_weights": depth_weights(s.features[:, 0], s.label),
             "utility_mean": float(u.mean()) if len(u) else 0.0,
             "utility_std": float(u.std()) if len(u) > 1 and u.std() > 0 else 1.0,
         }
@@ -122,3 +123,18 @@ class DecisionDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.loader("test")
+
+
+def depth_weights(depth: np.ndarray, label: np.ndarray) -> list[list[float]]:
+    """Per-depth BCE weights ``[[w_neg, w_pos], ...]`` indexed by depth (the last entry serves every deeper row):
+    within each depth the positive and negative rows weigh the same in total, and each depth keeps its share of
+    the labelled rows. Depths with one class only get weight 1 for both classes."""
+    lab = label >= 0
+    d = np.asarray(depth, dtype=np.int64)[lab]
+    y = np.asarray(label)[lab]
+    out: list[list[float]] = []
+    for k in range(int(d.max()) + 1 if len(d) else 1):
+        yk = y[d == k]
+        n_pos, n_neg = int((yk == 1).sum()), int((yk == 0).sum())
+        out.append([len(yk) / (2 * n_neg), len(yk) / (2 * n_pos)] if n_pos and n_neg else [1.0, 1.0])
+    return out

@@ -85,3 +85,37 @@ def test_auroc_is_sklearns_with_ties_and_rejects_nan():
         assert abs(safe_auroc(y, s) - roc_auc_score(y, s)) < 1e-12
     with pytest.raises(ValueError, match="NaN"):
         safe_auroc([0, 1, 1], [0.1, np.nan, 0.3])
+
+
+def test_depth_balance_weighs_each_depth_s_classes_equally():
+    import torch
+    import torch.nn.functional as F
+
+    from branchgate.data.datamodule import depth_weights
+    from branchgate.training.module import ControllerModule
+
+    depth = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2])
+    label = np.array([1, 1, 1, 0, 1, 0, 0, 0, -1, 0, 0])
+    w = depth_weights(depth, label)
+    # depth 0: 3 pos, 1 neg of 4 → neg 4/2, pos 4/6; depth 1: 1 pos, 3 neg (the -1 row is unlabelled); depth 2: one class
+    assert w == [pytest.approx([2.0, 2 / 3]), pytest.approx([2 / 3, 2.0]), [1.0, 1.0]]
+    lab = label >= 0
+    for k in (0, 1):  # within a depth both classes weigh the same in total
+        yk = label[lab & (depth == k)]
+        assert (yk == 1).sum() * w[k][1] == pytest.approx((yk == 0).sum() * w[k][0])
+
+    m = ControllerModule(w_reg=0.0, w_rank=0.0, balance="depth")
+    m._depth_weights = torch.tensor(w)
+    batch = {"label": torch.tensor([label[:4].tolist() + [-1], label[4:9].tolist()]),
+             "utility": torch.full((2, 5), float("nan")), "mask": torch.tensor([[True] * 4 + [False], [True] * 5]),
+             "features": torch.tensor([[[0.0]] * 5, [[1.0]] * 5])}
+    logit = torch.tensor([[0.5, -1.0, 2.0, 0.3, 0.0], [1.0, -0.2, 0.4, -2.0, 3.0]])
+    _, bce, _ = m._loss(batch, logit, torch.zeros(2, 5))
+    y = torch.tensor([1.0, 1, 1, 0, 1, 0, 0, 0])
+    rows = torch.tensor([0.5, -1.0, 2.0, 0.3, 1.0, -0.2, 0.4, -2.0])
+    weight = torch.tensor([2 / 3] * 3 + [2.0] + [2.0] + [2 / 3] * 3)
+    assert float(bce) == pytest.approx(float(F.binary_cross_entropy_with_logits(rows, y, weight=weight)), rel=1e-6)
+    glob = ControllerModule(w_reg=0.0, w_rank=0.0)
+    assert float(glob._loss(batch, logit, torch.zeros(2, 5))[1]) != pytest.approx(float(bce))
+    with pytest.raises(ValueError, match="balance"):
+        ControllerModule(balance="per_depth")
