@@ -108,7 +108,10 @@ def resolve(name: str = "auto", allow_download: bool = True) -> EncoderSpec:
 
 def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
     """The encoder a manifest/checkpoint recorded: by its id (packaged or hub cache, never downloading),
-    else its recorded local directory, which must still hold the same files. The id stays the recorded one."""
+    else its recorded local directory (``path``, or the one a ``local:DIR#hash`` id names), which must still
+    hold the same files. The id stays the recorded one."""
+    if path is None and name and name.startswith("local:"):
+        path = name[len("local:"):].rpartition("#")[0] or None
     try:
         spec = resolve(name, allow_download=False)
     except EncoderUnavailable:

@@ -99,6 +99,7 @@ def test_a_local_encoder_is_named_by_its_content(tmp_path):
     folder = cls_copy(tmp_path / "mine")
     first = resolve(str(folder))
     assert first.id.startswith(f"local:{folder.resolve()}#") and recorded_spec(first.id, first.path).path == first.path
+    assert recorded_spec(first.id).path == first.path  # a dataset manifest records only the id, which names the folder
     (folder / "README.md").write_text("notes do not change the model")
     assert resolve(str(folder)).id == first.id
     config = folder / "1_Pooling" / "config.json"
