@@ -110,13 +110,12 @@ def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
     """The encoder a manifest/checkpoint recorded: by its id (packaged or hub cache, never downloading),
     else its recorded local directory (``path``, or the one a ``local:DIR#hash`` id names), which must still
     hold the same files. The id stays the recorded one."""
-    if path is None and name and name.startswith("local:"):
-        path = name[len("local:"):].rpartition("#")[0] or None
+    folder, recorded = _parse_local_id(name)
+    path = path or folder
     try:
         spec = resolve(name, allow_download=False)
     except EncoderUnavailable:
         if path and Path(path).is_dir():
-            recorded = name.rpartition("#")[2] if name.startswith("local:") and "#" in name else None
             now = content_hash(Path(path)) if recorded else None
             if now != recorded:
                 raise MismatchError(f"encoder directory {path} has changed since {name!r} was recorded "
@@ -135,6 +134,14 @@ def _local_id(path: Path) -> str:
     except EncoderUnavailable:
         pass
     return f"local:{path.resolve()}#{content_hash(path)}"
+
+
+def _parse_local_id(name: str | None) -> tuple[str | None, str | None]:
+    """``(DIR, hash)`` of a ``local:DIR#hash`` id (what ``_local_id`` writes), else ``(None, None)``."""
+    if not (name and name.startswith("local:") and "#" in name):
+        return None, None
+    folder, _, digest = name[len("local:"):].rpartition("#")
+    return folder or None, digest
 
 
 def content_hash(path: Path) -> str:
