@@ -36,6 +36,31 @@ def top(m: np.ndarray, v: np.ndarray) -> float:
     return float((m @ v).max()) if len(m) else 0.0
 
 
+def lazy_embed(name: str):
+    """texts → unit vectors (rows), each text encoded once, when first asked for."""
+    from branchgate.models.encoder import Encoder
+
+    encoder, cache = Encoder.load(name), {}
+
+    def embed(texts: list[str]) -> np.ndarray:
+        todo = [x for x in dict.fromkeys(texts) if x not in cache]
+        for x, v in zip(todo, encoder.encode(todo, batch_size=128) if todo else []):
+            cache[x] = v / max(float(np.linalg.norm(v)), 1e-9)
+        return np.array([cache[x] for x in texts]).reshape(len(texts), encoder.dim)
+    return embed
+
+
+def new_passages(run, tree: Tree) -> dict[str, list[str]]:
+    """candidate id → its passages not retrieved before it in the run (retrieval order)."""
+    seen: set[str] = set()
+    new: dict[str, list[str]] = {}
+    for e in sorted(run.events, key=lambda e: e.seq):
+        if e.type == "retrieval" and e.candidate_id in tree.ev:
+            new[e.candidate_id] = [i for i in tree.ev[e.candidate_id] if i not in seen]
+            seen.update(tree.ev[e.candidate_id])
+    return new
+
+
 def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, list]:
     """One row per labelled candidate below the root: run index, depth, label, p_keep, parent found one, INPUTS;
     and the rows' (run id, candidate id). ``trees``: ``Tree(run)`` of each run."""
@@ -48,12 +73,7 @@ def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, l
                 learned.setdefault(e.candidate_id, []).append(e.text)
         question = embed([next(e.root_query for e in run.events if e.type == "run_start")])[0]
         query = {c.candidate_id: c.query for f in t.frames.values() for c in f.candidates}
-        seen, new = set(), {}
-        for e in sorted(run.events, key=lambda e: e.seq):
-            if e.type == "retrieval" and e.candidate_id in t.ev:
-                ev = t.ev[e.candidate_id]
-                new[e.candidate_id] = sum(i not in seen for i in ev)
-                seen.update(ev)
+        new = {c: len(ids) for c, ids in new_passages(run, t).items()}
         for parent, frame in t.child.items():
             passages = embed([text[i] for i in t.ev.get(parent, []) if i in text])
             learnings = embed(learned.get(parent, []))
@@ -116,18 +136,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from branchgate.logs_to_dataset.readers import read_runs
-    from branchgate.models.encoder import Encoder
     from branchgate.training.metrics import safe_auroc
 
     runs = list(read_runs([args.runs]))[: args.max_runs or None]
-    encoder, cache = Encoder.load(args.encoder), {}
-
-    def embed(texts: list[str]) -> np.ndarray:
-        todo = [x for x in dict.fromkeys(texts) if x not in cache]
-        for x, v in zip(todo, encoder.encode(todo, batch_size=128) if todo else []):
-            cache[x] = v / max(float(np.linalg.norm(v)), 1e-9)
-        return np.array([cache[x] for x in texts]).reshape(len(texts), -1)
-
+    embed = lazy_embed(args.encoder)
     scores, trees = gate_scores(args.checkpoint, args.dataset), [Tree(r) for r in runs]
     a, keys = rows_of(runs, trees, scores, embed)
     if not len(a):

@@ -300,28 +300,72 @@ def test_replay_rules_reduce_to_the_gates_rule_at_their_neutral_settings(sample_
             mod.parse_rule(bad)
 
 
-def test_parent_inputs_rows_hold_what_the_parent_found(sample_runs, harness, encoder):
+def _probe_rows(mod, sample_runs, seed: int, fixed: int):
+    """A probe script's ``rows_of`` on the sample runs with random gate scores and its ``lazy_embed`` (packaged
+    encoder), checked for what every probe's rows share: one per labelled candidate below the root (``fixed``
+    leading columns, then ``mod.INPUTS``), its depth, label and p_keep the scores'. Returns (runs, trees, scores,
+    rows, keys)."""
+    runs = list(read_runs([sample_runs]))
+    trees = [mod.Tree(r) for r in runs]
+    scores = _random_scores(trees, seed=seed)
+    embed = mod.lazy_embed("packaged")
+    assert embed([]).shape == (0, 384)
+    unit = embed(["a query", "another", "a query"])
+    assert unit.shape == (3, 384) and np.allclose(np.linalg.norm(unit, axis=1), 1) and (unit[0] == unit[2]).all()
+    a, keys = mod.rows_of(runs, trees, scores, embed)
+    below = sum(len(t.frames[f].candidates) for t in trees for f in t.child.values())
+    assert a.shape == (below, fixed + len(mod.INPUTS)) and set(a[:, 1]) == {1} and len(set(keys)) == below
+    assert all(a[i, 3] == scores[k][0] and a[i, 2] == scores[k][1] for i, k in enumerate(keys))
+    return runs, trees, scores, a, keys
+
+
+def test_parent_inputs_rows_hold_what_the_parent_found(sample_runs, harness):
     """benchmarks/parent_inputs.py: one row per labelled candidate below the root; the parent flag is its
     parent's own label; counts are whole and cosines within [−1, 1]."""
     mod = harness("parent_inputs")
-    runs = list(read_runs([sample_runs]))
-    trees = [mod.Tree(r) for r in runs]
-    scores = _random_scores(trees, seed=1)
-
-    def embed(texts):
-        v = encoder.encode(texts) if texts else np.zeros((0, 384))
-        return v / np.linalg.norm(v, axis=1, keepdims=True).clip(1e-9)
-
-    a, keys = mod.rows_of(runs, trees, scores, embed)
-    below = sum(len(t.frames[f].candidates) for t in trees for f in t.child.values())
-    assert a.shape == (below, 5 + len(mod.INPUTS)) and set(a[:, 1]) == {1} and len(set(keys)) == below
-    assert all(a[i, 3] == scores[k][0] and a[i, 2] == scores[k][1] for i, k in enumerate(keys))
+    runs, trees, scores, a, keys = _probe_rows(mod, sample_runs, seed=1, fixed=5)
     assert set(a[:, 4]) <= {0, 1} and (a[:, 5] >= 0).all() and (a[:, 5] == a[:, 5].round()).all()
     assert (np.abs(a[:, 6:]) <= 1 + 1e-6).all() and a[:, 6:].std(0).min() > 0
     same = mod.frontier_change(trees, scores, keys, a[:, 3])  # the gate's own scores: no change anywhere
     assert same and all(row[1:4] == (0.0, 0.0, 0.0) and not row[4] for row in same)
     flat = mod.frontier_change(trees, scores, keys, np.zeros(len(keys)))  # below the root only the top-1 fallbacks:
     assert any(row[4] for row in flat)  # one point, so the gate's other points lie outside its sweep
+
+
+def test_result_inputs_rows_see_each_candidates_own_result_list(sample_runs, harness):
+    """benchmarks/result_inputs.py: one row per labelled candidate below the root; "new to the run" counts the
+    candidate's passages that no earlier retrieval of the run returned (so the root frame's first candidate has
+    all of its passages new, and no count exceeds the list); the cosines lie in [−1, 1] and vary."""
+    mod = harness("result_inputs")
+    runs, trees, scores, a, keys = _probe_rows(mod, sample_runs, seed=2, fixed=4)
+    by_id = {t.run_id: t for t in trees}
+    sizes = np.array([len(by_id[r].ev[c]) for r, c in keys])
+    assert (a[:, 4] >= 0).all() and (a[:, 4] <= sizes).all() and (a[:, 4] < sizes).any()  # some repeats below
+    assert (np.abs(a[:, 5:]) <= 1 + 1e-6).all() and a[:, 5:].std(0).min() > 0
+    for run, t in zip(runs, trees):
+        new = mod.new_passages(run, t)
+        first = next(e.candidate_id for e in sorted(run.events, key=lambda e: e.seq) if e.type == "retrieval")
+        assert new[first] == t.ev[first] and set(new) == set(t.ev)
+    assert mod.opening("a  b\nc " + "w " * 50).split()[:3] == ["a", "b", "c"]
+    assert len(mod.opening("w " * 50).split()) == mod.SNIPPET_WORDS
+
+
+def test_real_inputs_reads_search_ids_and_keeps_word_columns_unscaled(harness):
+    """benchmarks/real_inputs.py and real_ceiling.py: a Search-o1 candidate id names its search; word columns
+    are binary counts over queries; ``scaled`` standardises only the leading columns."""
+    mod, ceiling = harness("real_inputs"), harness("real_ceiling")
+    assert mod.search_index("c0") == 0 and mod.search_index("c12") == 12
+    with pytest.raises(ValueError, match="c1x"):
+        mod.search_index("c1x")
+    words = mod.word_columns(["gun laws", "Gun statistics", "laws of gas"], min_df=2)
+    assert words.shape == (3, 2) and set(np.unique(words)) == {0.0, 1.0}  # "gun" and "laws"
+    rng = np.random.default_rng(0)
+    runs = np.repeat(np.arange(40), 2)
+    y = (rng.random(80) < 0.5).astype(int)
+    x = np.c_[rng.normal(size=80) * 100, rng.integers(0, 2, 80)]
+    every, lead = ceiling.out_of_fold(x, y, runs, 0, 0.01), ceiling.out_of_fold(x, y, runs, 0, 0.01, scaled=1)
+    assert every.shape == lead.shape == (80,) and not np.allclose(every, lead)
+    assert np.allclose(ceiling.out_of_fold(x, y, runs, 0, 0.01, scaled=2), every)
 
 
 def test_gptr_report_citations_map_to_source_evidence():
