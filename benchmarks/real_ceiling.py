@@ -18,11 +18,26 @@ repetition the paired difference to the best teacher with a 95% bootstrap interv
 from __future__ import annotations
 
 import argparse
+from typing import NamedTuple
 
 import numpy as np
 
 
-def load(dataset: str, cache: str | None):
+class Real(NamedTuple):
+    """A real decision dataset's labelled rows, read once: labels, run ids, teacher scores, the scalar features,
+    the candidates' and roots' embeddings, the rows themselves and the embedding cache that made them."""
+
+    y: np.ndarray
+    runs: np.ndarray
+    teachers: dict
+    scalars: np.ndarray
+    cand: np.ndarray
+    root: np.ndarray
+    rows: object
+    emb: object
+
+
+def load(dataset: str, cache: str | None) -> Real:
     from datasets import concatenate_datasets
 
     from branchgate.data.decisions import load_decision_dataset
@@ -42,7 +57,7 @@ def load(dataset: str, cache: str | None):
     n_ret = np.asarray(rows["n_retained"], np.float64)
     scalars = np.column_stack([*teachers.values(), (cand * root).sum(1), retained_max, np.log1p(n_ret),
                                np.asarray(rows["depth"], np.float64)])
-    return np.asarray(rows["label"]), np.asarray(rows["run_id"]), teachers, scalars, cand, root, rows
+    return Real(np.asarray(rows["label"]), np.asarray(rows["run_id"]), teachers, scalars, cand, root, rows, emb)
 
 
 def out_of_fold(x, y, runs, seed: int, c: float, scaled: int | None = None) -> np.ndarray:
@@ -95,7 +110,7 @@ def main() -> int:
     ap.add_argument("--boot", type=int, default=1000)
     args = ap.parse_args()
 
-    y, runs, teachers, scalars, cand, root, _rows = load(args.dataset, args.cache)
+    y, runs, teachers, scalars, cand, root, _rows, _emb = load(args.dataset, args.cache)
     models = {
         "LR teachers": (np.column_stack(list(teachers.values())), 1.0),
         "LR teachers + scalars": (scalars, 1.0),

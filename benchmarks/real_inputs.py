@@ -113,13 +113,7 @@ def main() -> int:
     ap.add_argument("--boot", type=int, default=1000)
     args = ap.parse_args()
 
-    from branchgate.data.decisions import load_decision_dataset
-    from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
-    from branchgate.models.encoder import recorded_spec
-
-    y, runs, teachers, scalars, cand, root, rows = load(args.dataset, args.cache)
-    _dd, manifest = load_decision_dataset(args.dataset)
-    emb = EmbeddingCache(LazyEncoder(recorded_spec(manifest["encoder"])), path=args.cache)
+    y, runs, teachers, scalars, cand, root, rows, emb = load(args.dataset, args.cache)
     traces = Traces(args.traces)
     keys = [(run, search_index(cid)) for run, cid in zip(rows["run_id"], rows["candidate_id"])]
     queries = list(rows["query"])

@@ -68,7 +68,7 @@ def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, l
                 ids = [i for i in t.ev.get(c.candidate_id, []) if i in text]
                 fresh = set(new.get(c.candidate_id, []))
                 snips = np.array([snip[i] for i in ids]).reshape(len(ids), len(question))
-                fresh_snips = np.array([snip[i] for i in ids if i in fresh]).reshape(-1, len(question))
+                fresh_snips = snips[np.array([i in fresh for i in ids], bool)]
                 me = vec[c.query]
                 keys.append((t.run_id, c.candidate_id))
                 out.append((k, depth, y, p, len(fresh), top(snips, question),
