@@ -20,6 +20,8 @@ from pathlib import Path
 
 from branchgate.errors import BranchgateError
 
+OUTPUT_KIND = "quickstart"  # the command named in the output folder's mark (``fileio.check_output_dir``)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="quickstart", help="output folder (default ./quickstart)")
@@ -43,8 +45,12 @@ def _step(title: str, argv: list[str]) -> None:
 
 
 def run(args) -> int:
-    out = Path(args.out)
+    from branchgate.fileio import check_output_dir, mark_output_dir
+
+    encoder_dir = args.encoder if Path(args.encoder).exists() else None  # a local encoder folder is an input
+    out = check_output_dir(args.out, [encoder_dir], OUTPUT_KIND, in_place=True)
     out.mkdir(parents=True, exist_ok=True)
+    mark_output_dir(out, OUTPUT_KIND)
     start = time.perf_counter()
     sim = ["simulate", "--env", "sample", "--out", str(out / "traces"), "--encoder", args.encoder,
            "--seed", "0", "--workers", str(args.workers)]

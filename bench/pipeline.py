@@ -17,8 +17,9 @@ from branchgate.bench.policies import VARIANTS, baseline_points, gate_points, va
 from branchgate.bench.report import write
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_write_text
+from branchgate.fileio import atomic_write_text, check_output_dir, is_output_of, mark_output_dir
 
+OUTPUT_KIND = "bench"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 SIM_KEYS = ("breadth", "depth", "oversample", "top_k")
 
 
@@ -110,8 +111,10 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     train_ids, eval_ids = read_ids(env, train_file), read_ids(env, eval_file)
     check_disjoint(train_file, train_ids, eval_file, eval_ids)
     real_fp = [_manifest_hash(p) for p in real]  # a missing --real path fails before any work
-    out = Path(out)
+    out = check_output_dir(out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND,
+                           in_place=True)
     out.mkdir(parents=True, exist_ok=True)
+    mark_output_dir(out, OUTPUT_KIND)
     steps = Steps(out)
     enc = cfg["encoder"]
     enc_id = resolve(enc).id
@@ -399,6 +402,15 @@ def _eval_dataset(loop_folder: Path, seeds: list[int], folder: Path, enc: str, p
     m = build([str(t) for t in traces], dest, encoder=enc, labels="keypoints", progress=progress)
     labelled = sum(v for s in m["labels"].values() for k, v in s.items() if k in ("0", "1"))
     return {"dataset": str(dest) if labelled else None, "runs": m["n_runs"]["total"], "labelled": labelled}
+
+
+def _outside_own_output(real: list[str], out: str | Path) -> list[str]:
+    """The ``--real`` paths that are inputs to keep apart from ``out``: all but those inside an earlier bench
+    output at ``out`` (its own dataset or traces scored as real decisions, which the bench made)."""
+    if not (Path(out).is_dir() and is_output_of(out, OUTPUT_KIND)):
+        return list(real)
+    root = Path(os.path.realpath(out))
+    return [p for p in real if root not in Path(os.path.realpath(p)).parents]
 
 
 def _manifest_hash(path) -> str:

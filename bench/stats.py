@@ -127,7 +127,9 @@ def controller_predictions(checkpoint, dataset, splits=("test",), cache=None):
     net, meta = load_controller(checkpoint)
     dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
     dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
-    dm.setup("test")
+    dm.setup("predict")  # labels are needed where scored: an eval-only dataset may leave a split empty
+    if not any((dm.sets[split].label >= 0).any() for split in splits):
+        dm.require_labels(*splits)  # names the first split without a labelled row
     for split in splits:
         p, _ = predict(net, dm.sets[split], dm.table)
         yield split, dm.splits[split], p

@@ -21,6 +21,8 @@ from branchgate.data.schema import SPLITS
 from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
 
 log = logging.getLogger(__name__)
+# the splits a ``setup`` stage needs labelled rows in; any other stage (fit: training ends on the test split) every split
+STAGE_SPLITS = {"test": ("test",), "predict": ()}
 
 
 class DecisionDataModule(L.LightningDataModule):
@@ -74,7 +76,11 @@ class DecisionDataModule(L.LightningDataModule):
         for name in SPLITS:
             s = self.sets[name]
             log.info("%s: %d decision points, %d rows, %d labelled", name, len(s), s.n_rows, int((s.label >= 0).sum()))
-        for name in SPLITS:
+        self.require_labels(*STAGE_SPLITS.get(stage, SPLITS))
+
+    def require_labels(self, *splits: str) -> None:
+        """Refuse (``InputError``) a split among ``splits`` without a labelled row."""
+        for name in splits:
             s = self.sets[name]
             if not (s.label >= 0).any():
                 from branchgate.errors import InputError

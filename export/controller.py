@@ -4,9 +4,11 @@
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
-``controller.md`` (model card). Both graphs get skippable tower and head parts (``export.parts``).
+``controller.md`` (model card); the set replaces an earlier export's whole or not at all (``fileio.replace_files``).
+Both graphs get skippable tower and head parts (``export.parts``).
 Metadata (``metadata_props``) records the encoder, feature schema, standardisation, τ, versions and the
-training-data hash; ``Gate.load`` validates it.
+training-data hash; ``Gate.load`` validates it. The encoder's weights must give the probe-text fingerprint of
+the encoder the checkpoint names (``inference.metadata.check_fingerprint``), so the label is never another's.
 
 Parity: the torch text tower must reproduce the encoder's own embeddings (what training used) within
 ``tol``; the fp32 graph, run through the Gate, must match the torch model (encoder + ValueNet) on the
@@ -44,9 +46,9 @@ from branchgate.export.graph import (
 from branchgate.export.packed_tower import PackedBertTower, supports
 from branchgate.export.parity import auroc, load_decisions, max_diff, run_gate, tower_vs_encoder, training_scores
 from branchgate.export.parts import skippable_parts
-from branchgate.inference.metadata import PARTS
+from branchgate.inference.metadata import FINGERPRINT_PROBES, PARTS, check_fingerprint
 from branchgate.features import FEATURE_NAMES
-from branchgate.fileio import atomic_write_text
+from branchgate.fileio import replace_files
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
     encoder = encoder or load_encoder(meta)
     if encoder.id != meta.get("encoder"):
         raise MismatchError(f"checkpoint was trained with encoder {meta.get('encoder')!r}, export got {encoder.id!r}")
+    # the weights the graph will embed with are the encoder the checkpoint names (the ONNX is labelled with it)
+    check_fingerprint(encoder.id, encoder.encode(list(FINGERPRINT_PROBES)), source or "checkpoint")
     if int(meta.get("dim") or encoder.dim) != encoder.dim:
         raise MismatchError(f"checkpoint dim={meta.get('dim')} but encoder {encoder.id!r} has dim {encoder.dim}")
     tau = meta.get("tau")
@@ -119,10 +123,21 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         ref = [reference.predict(s, c) for s, c, _ in decisions.items]
         tower_diff = tower_vs_encoder(reference, encoder, decisions)
         trained = training_scores(net, encoder, decisions) if decisions.dset is not None else None
+    failures = []
+    if tower_diff > tol:  # checked first: the Gate refuses a graph that does not embed as its encoder
+        failures.append(f"the torch text tower differs from the encoder's own embeddings (what training used) "
+                        f"by {tower_diff:.3g} > {tol:g}: the towers do not reproduce encoder {encoder.id!r}")
+        if not force:
+            raise ParityError("parity check failed, nothing written (--force writes it anyway): " + failures[0],
+                              {"passed": False, "failures": failures, "source": source, "encoder": encoder.id,
+                               "parity": {"tower_max_abs_diff_embedding": tower_diff, "tolerance": tol}})
     tower = encoder.torch_module().eval()
     graph = ControllerGraph(graph_tower(tower), net).eval()
-    paths["fp32"].parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=paths["fp32"].parent))
+    try:
+        paths["fp32"].parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=paths["fp32"].parent))
+    except OSError as exc:
+        raise InputError(f"cannot write the export's folder ({exc.strerror or exc})", "--out") from None
     previous_attention = eager_attention(tower.transformer)
     try:
         tmp_paths = {k: tmp / p.name for k, p in paths.items()}
@@ -167,10 +182,6 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         if trained is not None:  # the training path itself, as `branchgate evaluate` scores the dataset
             par["training_max_abs_diff_p_keep"] = max_diff(trained, [f[0] for f in fp32])
             par["training_auroc"] = auroc(labels, np.concatenate(trained) if trained else np.zeros(0))
-        failures = []
-        if tower_diff > tol:
-            failures.append(f"the torch text tower differs from the encoder's own embeddings (what training used) "
-                            f"by {tower_diff:.3g} > {tol:g}: the towers do not reproduce encoder {encoder.id!r}")
         if par["fp32_max_abs_diff_p_keep"] > tol:
             failures.append(f"fp32 max |Δp_keep| = {par['fp32_max_abs_diff_p_keep']:.3g} > {tol:g}")
         if "training_max_abs_diff_p_keep" in par and par["training_max_abs_diff_p_keep"] > tol:
@@ -214,12 +225,13 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         report["sizes_mb"] = {k: round(tmp_paths[k].stat().st_size / 2**20, 2) for k in files}
         report["export_s"] = round(t_export, 2)
         report["total_s"] = round(time.perf_counter() - t0, 2)
-        for key, path in files.items():
-            shutil.move(str(tmp_paths[key]), str(path))
+        moves = {path: tmp_paths[key] for key, path in files.items()}
         if not int8 and paths["int8"].exists():  # a twin left by an earlier export no longer matches
-            paths["int8"].unlink()
+            moves[paths["int8"]] = None
             report["notes"].append(f"removed the stale {paths['int8'].name} of an earlier export")
-        atomic_write_text(paths["card"], model_card(report, props, meta))
+        tmp_paths["card"].write_text(model_card(report, props, meta), encoding="utf-8")
+        moves[paths["card"]] = tmp_paths["card"]
+        replace_files(moves)  # the whole set (model, twin, tokenizer, card) or, on any failure, the old one
         return report
     finally:
         set_attention(tower.transformer, previous_attention)

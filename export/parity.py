@@ -111,7 +111,9 @@ def tower_vs_encoder(reference, encoder, decisions: ParityDecisions, limit: int 
 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    diffs = [float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b) if len(x)]
+    """Max |a − b| over the pairs of arrays; inf where either holds a NaN (so no tolerance passes it)."""
+    diffs = [float(np.nan_to_num(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))), nan=np.inf))
+             for x, y in zip(a, b) if len(x)]
     return max(diffs) if diffs else 0.0
 
 

@@ -5,6 +5,11 @@
 
 The wrapper calls the original function, gates what it returns and hands back the kept candidates in
 their original order — never an empty list for a non-empty one (top-1 fallback). Core-safe (no torch).
+What the function returns is read by the Gate's own rule (``inputs.as_candidates``, ``candidate_fields``): a
+list or other iterable of texts, ``(query, goal)`` pairs, or mappings/objects with a query field. A string
+(a newline-joined plan included), a dict, None, bytes or an async generator is an ``InputError``, never gated
+character by character or key by key: return ``text.splitlines()`` (or your own parse) from the planner.
+A function returning an awaitable is awaited (the wrapper then returns a coroutine).
 
 With a budget — ``gated(fn, gate, budget_nodes=12, budget_tokens=None, defer=False)``, or a ``RunGate``
 (``gate.run(...)``) as the gate — the calls share one run's budget (``inference/budget.py``): the list is
@@ -17,28 +22,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from branchgate.inference.inputs import GOAL_KEYS, QUERY_KEYS, candidate_fields  # noqa: F401 (the one candidate rule)
+from branchgate.inference.inputs import DecisionState, as_candidates, as_state
 from branchgate.inference.selection import Selection
-from branchgate.inference.inputs import DecisionState, as_state
 from branchgate.texts import candidate_text
-
-GOAL_KEYS = ("goal", "researchGoal", "research_goal", "rationale")
-QUERY_KEYS = ("query", "q", "question", "search_query")
-
-
-def candidate_fields(c) -> tuple[str, str]:
-    """(query, goal) of a candidate given as a string, a (query, goal) pair, a mapping or an object."""
-    if isinstance(c, str):
-        return c, ""
-    if isinstance(c, (tuple, list)) and 1 <= len(c) <= 2:
-        return str(c[0] or ""), str(c[1] if len(c) > 1 and c[1] is not None else "")
-    get = c.get if isinstance(c, Mapping) else (lambda key, default=None: getattr(c, key, default))
-    query = next((get(k) for k in QUERY_KEYS if get(k)), "")
-    goal = next((get(k) for k in GOAL_KEYS if get(k)), "")
-    return str(query), str(goal)
 
 
 def default_state(*args, **kwargs) -> DecisionState:
@@ -66,6 +57,7 @@ class GatedGenerator:
     """A candidate-generating function whose output passes through a gate.
 
     ``state(*args, **kwargs)`` builds the decision state from the call (default: ``default_state``);
+    ``candidate(c)`` gives one candidate's ``(query, goal)`` (default: ``inputs.candidate_fields``);
     ``track_retained`` adds the kept candidates' texts to ``retained`` and feeds them to later calls
     as the retained context (the state's own ``retained`` wins when it has any). ``reset()`` starts a
     new run.
@@ -89,7 +81,6 @@ class GatedGenerator:
         self.on_decision = on_decision
         self.track_retained = track_retained
         self.retained: list[str] = []
-        self.is_async = inspect.iscoroutinefunction(generate)
         functools.update_wrapper(self, generate)
 
     def reset(self) -> None:
@@ -133,19 +124,22 @@ class GatedGenerator:
         return state
 
     def __call__(self, *args, **kwargs):
-        if self.is_async:
-            return self._acall(*args, **kwargs)
-        return self.gate_candidates(self.generate(*args, **kwargs), *args, **kwargs)
+        result = self.generate(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return self._gate_awaited(result, *args, **kwargs)
+        return self.gate_candidates(result, *args, **kwargs)
 
-    async def _acall(self, *args, **kwargs):
-        return self.gate_candidates(await self.generate(*args, **kwargs), *args, **kwargs)
+    async def _gate_awaited(self, result, *args, **kwargs):
+        return self.gate_candidates(await result, *args, **kwargs)
 
     def gate_candidates(self, candidates, *args, **kwargs) -> list:
-        candidates = list(candidates or [])
+        where = f"candidates returned by {getattr(self.generate, '__qualname__', 'the wrapped function')}()"
+        candidates = as_candidates(candidates, where)
         if not candidates:
             return candidates
         state = self._state(*args, **kwargs)
-        pairs = [self.candidate(c) for c in candidates]
+        pairs = [candidate_fields(c if self.candidate is candidate_fields else self.candidate(c), f"{where}[{i}]")
+                 for i, c in enumerate(candidates)]
         if self.budgeted:
             costs = None if self.cost is None else [self.cost(c) for c in candidates]
             selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep, costs=costs,

@@ -40,9 +40,11 @@ import numpy as np
 from branchgate import __version__
 from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError, InputError, MismatchError
+from branchgate.fileio import read_bounded
 from branchgate.features import outside_range, structured_features
-from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, decision_texts
-from branchgate.inference.metadata import PARTS, check_graph, check_metadata, controller_numbers
+from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, as_threads, decision_texts
+from branchgate.inference.metadata import (FINGERPRINT_PROBES, FINGERPRINT_TOL, FINGERPRINT_TOL_INT8, PARTS,
+                                           check_fingerprint, check_graph, check_metadata, controller_numbers)
 from branchgate.inference.model_file import read_metadata
 from branchgate.inference.schedule import balanced_groups, group_threads, length_buckets
 from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
@@ -93,9 +95,11 @@ class Gate:
              text_groups: int | None = None) -> "Gate":
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
-        ``threads``: CPU threads the Gate may use (default: all cores; onnxruntime's choice of intra-op
-        threads when there is one text group). The tokenizer is the ``tokenizer_file`` named in the
-        metadata, beside the model, unless ``tokenizer`` is given.
+        ``threads``: CPU threads the Gate may use, at most ``inputs.THREADS_PER_CORE`` per core (default: all
+        cores; onnxruntime's choice of intra-op threads when there is one text group). The tokenizer is the ``tokenizer_file`` named in the
+        metadata, beside the model, unless ``tokenizer`` is given; either must hash to its ``tokenizer_sha256``.
+        Loading embeds a few probe texts: the graph must give the fingerprint of the encoder its metadata names
+        (``metadata.check_fingerprint``) and embed a text of ``max_length`` tokens.
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths
         in separate runs (e.g. a long frame query and short candidates) instead of padding all to the longest;
         by default on only for graphs whose text tower pays for padding (metadata ``text_tower`` ≠ packed).
@@ -108,6 +112,7 @@ class Gate:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
+        threads = as_threads(threads)
         path = Path(path)
         if path.is_dir():
             path = path / "controller.onnx"
@@ -137,12 +142,11 @@ class Gate:
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
             raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
-        tok_bytes = tok_path.read_bytes()
-        if "tokenizer_sha256" in meta and tokenizer is None:
-            import hashlib
+        tok_bytes = read_bounded(tok_path, str(tok_path))
+        import hashlib
 
-            if hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]:
-                raise MismatchError(f"{tok_path}: tokenizer does not match the model (metadata tokenizer_sha256)")
+        if hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]:  # required (check_metadata), also for `tokenizer`
+            raise MismatchError(f"{tok_path}: tokenizer does not match the model (metadata tokenizer_sha256)")
         try:
             tok_text = tok_bytes.decode("utf-8")
             tok = Tokenizer.from_str(tok_text)
@@ -152,8 +156,18 @@ class Gate:
         tok.no_padding()  # the Gate pads itself (a padding setting saved in the file would add pad ids)
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
-        return cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups,
+        gate = cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups,
                    wordpiece=checked_wordpiece(tok_text, tok, int(meta["max_length"])))
+        try:  # the graph embeds max_length tokens, and as the encoder its metadata names (check_fingerprint)
+            vectors = gate.embed([*FINGERPRINT_PROBES, "x " * gate.max_length])
+        except Exception as exc:  # e.g. a max_length beyond the text tower's positions
+            raise MismatchError(f"{path}: the graph cannot embed a text of max_length={gate.max_length} tokens "
+                                f"({(str(exc).splitlines() or [''])[0][:200]})") from None
+        finally:
+            gate.clear_cache()
+        int8 = meta.get("precision") == "int8"
+        check_fingerprint(gate.encoder, vectors[:-1], str(path), FINGERPRINT_TOL_INT8 if int8 else FINGERPRINT_TOL)
+        return gate
 
     # -- the ValueModel protocol ---------------------------------------------------------------------
     @property
@@ -182,8 +196,8 @@ class Gate:
         τ is ``root_tau`` at the root frame (depth 0) when there is one (``thresholds``), else ``tau``.
 
         ``state``: a ``DecisionState`` or a mapping with ``root_query, frame_query, parent_goal, retained,
-        depth`` (missing keys default to empty). ``candidates``: mappings ``{"query", "goal"}``,
-        ``(query, goal)`` pairs or plain strings.
+        depth`` (missing keys default to empty). ``candidates``: a list of mappings ``{"query", "goal"}``,
+        ``(query, goal)`` pairs or plain strings (the one rule: ``inputs.as_candidates``; a string is refused).
         """
         tau, root_tau = self.thresholds(tau, root_tau)
         max_keep = as_max_keep(max_keep)

@@ -2,10 +2,12 @@
 
 Input:  {"state": {"root_query", "frame_query", "parent_goal", "retained": [...], "depth"},
          "candidates": [{"query", "goal"}, ...], "tau": optional, "root_tau": optional, "max_keep": optional}
-(``tau`` alone applies at every depth, ``root_tau`` at depth 0; neither: the model's own, ``Gate.thresholds``)
+(``tau`` alone applies at every depth, ``root_tau`` at depth 0; neither: the model's own, ``Gate.thresholds``;
+candidates may also be texts or [query, goal] pairs: the Gate's one rule, ``inputs.as_candidates``)
 Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool, "out_of_range": [features]}
 (``out_of_range`` only when the decision's structured features lie outside the model's training range).
-With --jsonl, every input line is a decision and every output line its answer.
+With --jsonl, every input line is a decision and every output line its answer. The input (stdin or
+--input) is read whole up to ``fileio.MAX_READ_BYTES`` and must be UTF-8 (``fileio.decode_text``).
 
 Budgeted runs (``inference/budget.py``): a decision carrying ``"run_id"`` belongs to that run, whose budget
 and deferred candidates are kept across calls in a state file (``--state FILE``, else
@@ -17,6 +19,11 @@ candidates needed: which deferred candidates to expand now, re-scored against ``
 ``revisited`` lists them with their first decision) and ``end_run: true`` (forget the run after this call;
 the answer's ``never_expanded`` lists its pending deferred candidates). The answer adds ``run_id``,
 ``budget`` (spent / remaining / price), and when set ``deferred``, ``dropped_by_budget``, ``exhausted``.
+A run starts with a call that gates candidates: ``spend`` or ``revisit`` for a run that is not open (never
+started, or ended) is an error, as is ``end_run`` with no candidates. An ended run is not reopened silently:
+a later call with its ``run_id`` is an error unless it sets the run's budget anew (``budget_nodes``,
+``budget_tokens`` or ``defer``); the state file keeps the ended ids for this (``"ended"``). The state file
+must be a regular file (or not exist yet; an empty one holds no runs) in a folder the gate can write.
 """
 
 from __future__ import annotations
@@ -30,9 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_write_json, default_cache_dir, load_json
+from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, read_bounded
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
-from branchgate.inference.inputs import as_max_keep, as_tau
+from branchgate.inference.inputs import as_decision, as_max_keep, as_tau, as_threads
 
 NO_ROOT_TAU_IN_RUNS = "root_tau and a budgeted run do not combine (the run admits by its own price)"
 
@@ -45,7 +52,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root-tau", type=float, default=None,
                         help="keep threshold at the root frame, depth 0 (default: the model's root τ if it has one)")
     parser.add_argument("--max-keep", type=int, default=None, help="keep at most this many candidates")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate (default: all cores)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the Gate (default: all cores; at most 4 per core)")
     parser.add_argument("--expect-encoder", default=None, help="fail unless the model was built on this encoder id")
     parser.add_argument("--state", default=None, help="budgeted runs' state file (default: under the cache folder, "
                                                       "one file per run_id)")
@@ -83,18 +91,12 @@ def parse_decision(obj, where: str = "input") -> dict:
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
         raise InputError("field 'state.depth' must be a non-negative integer", where)
     cands = obj.get("candidates", [])
-    if not isinstance(cands, list):
-        raise InputError("field 'candidates' must be a list", where)
-    for i, c in enumerate(cands):
-        if isinstance(c, str):
-            continue
-        if not isinstance(c, Mapping):
-            raise InputError(f"field 'candidates[{i}]' must be an object {{query, goal}}", where)
-        if "query" not in c:
-            raise InputError(f"missing field 'candidates[{i}].query'", where)
-        for key in ("query", "goal"):
-            if c.get(key) is not None and not isinstance(c[key], str):
-                raise InputError(f"field 'candidates[{i}].{key}' must be a string", where)
+    try:  # the Gate's own rule for the candidates and the rest of the state
+        as_decision(state, cands)
+    except InputError as exc:
+        raise InputError(f"field '{exc.file}': {exc.reason}", where) from None
+    if revisit and cands:
+        raise InputError("field 'candidates': a revisit call re-scores the run's deferred candidates; give none", where)
     tau = None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'")
     root_tau = None if obj.get("root_tau") is None else as_tau(obj["root_tau"], f"{where}: field 'root_tau'")
     max_keep = as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'")
@@ -102,7 +104,7 @@ def parse_decision(obj, where: str = "input") -> dict:
     if root_tau is not None and fields["run_id"] is not None:
         raise InputError(NO_ROOT_TAU_IN_RUNS, f"{where}: field 'root_tau'")
     return {"state": dict(state), "candidates": list(cands), "tau": tau, "root_tau": root_tau, "max_keep": max_keep,
-            **fields}
+            "where": where, **fields}
 
 
 def _run_fields(obj, k: int, where: str) -> dict:
@@ -138,45 +140,33 @@ def _run_fields(obj, k: int, where: str) -> dict:
     return out
 
 
-def read_decisions(path: str) -> list[dict]:
-    """Decisions from a JSON Lines file (blank lines skipped); errors name the file and line."""
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            obj = load_json(line, path, n)
-            out.append(parse_decision(obj, f"{path}:{n}"))
-    return out
+def read_decisions(path: str, jsonl: bool = True) -> list[dict]:
+    """Decisions from a file (``-``: stdin), read whole but bounded (``fileio.read_bounded``) as UTF-8: one per
+    line with ``jsonl`` (blank lines skipped), else one JSON document; errors name the file and line."""
+    name = "<stdin>" if path == "-" else path
+    source = getattr(sys.stdin, "buffer", sys.stdin) if path == "-" else path
+    if source is None:
+        raise InputError("no standard input (it is closed)", name)
+    text = decode_text(read_bounded(source, name), name)
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()] if jsonl else [(None, text)]
+    return [parse_decision(load_json(line, name, n), name if n is None else f"{name}:{n}") for n, line in lines]
 
 
 def _check_flags(args) -> None:
-    """The flags' ranges, by the rules of the JSON fields (``inputs.as_tau``, ``as_max_keep``); --threads ≥ 1."""
+    """The flags' ranges, by the rules of the JSON fields and ``Gate.load`` (``inputs.as_tau``, ``as_max_keep``,
+    ``as_threads``)."""
     for flag, value in (("--tau", args.tau), ("--root-tau", args.root_tau)):
         if value is not None:
             as_tau(value, flag)
     as_max_keep(args.max_keep, "--max-keep")
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"must be ≥ 1, got {args.threads}", "--threads")
+    as_threads(args.threads, "--threads")
 
 
 def run(args) -> int:
     from branchgate.inference.gate import Gate
 
     _check_flags(args)
-    name = "<stdin>" if args.input == "-" else args.input
-    try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input, encoding="utf-8").read()
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror})", name) from None
-    if args.jsonl:
-        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    else:
-        lines = [(None, text)]
-    decisions = []
-    for n, line in lines:
-        where = name if n is None else f"{name}:{n}"
-        decisions.append(parse_decision(load_json(line, name, n), where))
+    decisions = read_decisions(args.input, args.jsonl)
     if args.root_tau is not None and any(d["run_id"] is not None for d in decisions):
         raise InputError(NO_ROOT_TAU_IN_RUNS, "--root-tau")
     gate = Gate.load(args.model, expected_encoder=args.expect_encoder, threads=args.threads)
@@ -197,30 +187,52 @@ def run(args) -> int:
 def state_file(run_id: str, state: str | None = None) -> Path:
     """Where a run's budget state lives: ``--state FILE`` (all runs in one file), else one file per run under
     the cache folder."""
-    if state:
+    if state is not None:
         return Path(state)
     return default_cache_dir() / "gate_runs" / f"{hashlib.sha256(run_id.encode('utf-8', 'replace')).hexdigest()[:24]}.json"
 
 
 @contextmanager
 def locked_runs(path: Path):
-    """The ``{"runs": {run_id: RunGate.to_json()}}`` held in ``path``, locked for a read-modify-write; the
-    caller changes the dict, and it is written back atomically when the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
+    """The ``{"runs": {run_id: RunGate.to_json()}, "ended": {run_id: decisions}}`` held in ``path``, locked
+    for a read-modify-write; the caller changes it, and it is written back atomically when the block succeeds.
+    A path that is not a regular file (a folder, a device), lies under a file, or cannot be written is an
+    ``InputError`` naming it; the file is read bounded (``fileio.read_bounded``)."""
+    where = str(path)
+    if path.exists() and not path.is_file():
+        raise InputError("is not a regular file (a folder or a device): the run state is one file", where)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError as exc:
+        raise InputError(f"cannot keep the run state here ({_why(exc)})", where) from None
+    with lock:
         try:
             import fcntl
 
             fcntl.flock(lock, fcntl.LOCK_EX)
         except ImportError:  # no advisory locks on this platform: last writer wins
             pass
-        data = {"runs": {}}
-        if path.exists():
-            data = load_json(path.read_bytes(), str(path))
-            if not isinstance(data, dict) or not isinstance(data.get("runs"), dict):
-                raise InputError("not a gate run state file (expected {\"runs\": {...}})", str(path))
-        yield data["runs"]
-        atomic_write_json(path, data)
+        data = {"runs": {}, "ended": {}}
+        raw = read_bounded(path, where) if path.exists() else b""
+        if raw.strip():
+            data = load_json(raw, where)
+            if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or \
+                    not isinstance(data.setdefault("ended", {}), dict):
+                raise InputError("not a gate run state file (expected {\"runs\": {...}, \"ended\": {...}})", where)
+        yield data
+        try:
+            atomic_write_json(path, data)
+        except OSError as exc:
+            raise InputError(f"cannot write the run state ({_why(exc)})", where) from None
+
+
+def _why(exc: OSError) -> str:
+    if isinstance(exc, (NotADirectoryError, FileExistsError)):
+        return "a folder on its path is a file"
+    if isinstance(exc, PermissionError):
+        return "permission denied: a read-only folder?"
+    return exc.strerror or str(exc)
 
 
 def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
@@ -229,7 +241,8 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
 
     run_id = d["run_id"]
     path = state_file(run_id, state)
-    with locked_runs(path) as runs:
+    with locked_runs(path) as data:
+        runs, ended = data["runs"], data["ended"]
         if run_id in runs:
             run = RunGate.from_json(runs[run_id], gate, f"{path}: run {run_id}")
             for key, have in (("budget_nodes", run.budget.nodes), ("budget_tokens", run.budget.tokens),
@@ -238,6 +251,8 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
                     raise InputError(f"run {run_id!r} already has {key}={json.dumps(have)} (a run's budget is set by "
                                      f"its first call)", key)
         else:
+            check_new_run(d, run_id in ended)
+            ended.pop(run_id, None)
             run = gate.run(budget_nodes=d["budget_nodes"], budget_tokens=d["budget_tokens"], defer=bool(d["defer"]),
                            run_id=run_id)
         for tokens in d["spend"]:
@@ -253,6 +268,23 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
         if d["end_run"]:
             answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
             runs.pop(run_id, None)
+            ended[run_id] = run.decisions
         else:
             runs[run_id] = run.to_json()
     return answer
+
+
+def check_new_run(d: dict, ended: bool) -> None:
+    """A call for a run that is not open starts it: refused when it carries what only an open run has
+    (``spend``, ``revisit``, ``end_run`` with no candidates), or when the run ended and the call does not set
+    its budget anew (no silent reopening)."""
+    run_id, where = d["run_id"], d.get("where", "input")
+    state = "has ended (end_run)" if ended else "is not open (no earlier call started it)"
+    for key, given in (("spend", bool(d["spend"])), ("revisit", d["revisit"]),
+                       ("end_run", bool(d["end_run"]) and not d["candidates"])):
+        if given:
+            raise InputError(f"run {run_id!r} {state}: '{key}' needs an open run; a run starts with a call that "
+                             "gates candidates", f"{where}: field '{key}'")
+    if ended and all(d[key] is None for key in ("budget_nodes", "budget_tokens", "defer")):
+        raise InputError(f"run {run_id!r} has ended (end_run) and is not reopened silently: use a new run_id, or "
+                         "start it again with budget_nodes, budget_tokens or defer", f"{where}: field 'run_id'")

@@ -17,13 +17,24 @@ from branchgate.features import FEATURE_NAMES
 GRAPH_IO_VERSIONS = {"1"}
 SCHEMA_VERSION = 1  # newest controller schema version (training.checkpoint) this Gate understands
 REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
-                     "tau", "feature_names", "tokenizer_file")
+                     "tau", "feature_names", "tokenizer_file", "tokenizer_sha256")
 PARTS = "tower,head"  # metadata ``parts``: the graph's text tower and head can run alone (export.parts)
 # The graph's inputs and outputs (export.graph, graph_io_version 1); ``D`` is metadata ``dim``.
 GRAPH_INPUTS = {"input_ids": 2, "attention_mask": 2, "cached_emb": 2, "root_idx": 1, "frame_idx": 1, "goal_idx": 1,
                 "retained_idx": 1, "cand_idx": 1, "features": 2}
 GRAPH_OUTPUTS = {"p_keep": 1, "utility": 1, "text_emb": 2}
 MAX_DIM, MAX_LENGTH = 1 << 16, 1 << 16  # sanity bounds: larger values are not a model this Gate can serve
+# An encoder's fingerprint: the first FINGERPRINT_WIDTH components of its unit vectors of these probe texts (a few
+# tokens each, so no max_length cuts them). ``check_fingerprint`` holds weights to the encoder id they carry.
+FINGERPRINT_PROBES = ("Why are bees dying?", "soil erosion", "Ünïcödé café")
+FINGERPRINT_WIDTH, FINGERPRINT_TOL = 8, 1e-3
+FINGERPRINT_TOL_INT8 = 0.05  # an int8 graph's vectors are ~0.02 off (other encoders' differ by ~0.1 somewhere)
+ENCODER_FINGERPRINTS = {
+    "sentence-transformers/all-MiniLM-L6-v2": (
+        (0.0708, -0.0257, 0.0881, 0.0386, 0.0435, 0.0297, 0.0239, -0.0412),
+        (-0.0035, 0.0005, 0.1136, -0.0225, 0.012, -0.0344, 0.0112, 0.003),
+        (-0.0068, -0.0624, -0.0062, 0.0024, -0.096, 0.0171, 0.0621, -0.0383)),
+}
 
 
 @dataclass
@@ -67,6 +78,31 @@ def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_
     if expected_encoder is not None and meta["encoder"] != expected_encoder:
         raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
     controller_numbers(meta, where)
+
+
+def check_fingerprint(encoder_id: str, vectors, where: str = "controller", tol: float = FINGERPRINT_TOL) -> None:
+    """``MismatchError`` unless ``vectors`` (an encoder's vectors of ``FINGERPRINT_PROBES``) fit the id
+    ``encoder_id``: an encoder in ``ENCODER_FINGERPRINTS`` must give its own fingerprint (within ``tol``), and any
+    other id but a ``local:DIR#hash`` one (named by its files' content) must not give a listed encoder's."""
+    got = [[float(x) for x in v[:FINGERPRINT_WIDTH]] for v in vectors]
+
+    def gap(ref) -> float:
+        if [len(r) for r in ref] != [len(g) for g in got]:
+            return math.inf
+        return max(abs(a - b) if math.isfinite(b) else math.inf for r, g in zip(ref, got) for a, b in zip(r, g))
+
+    own = ENCODER_FINGERPRINTS.get(encoder_id)
+    if own is not None:
+        if not gap(own) <= tol:
+            raise MismatchError(f"{where}: the encoder weights are not {encoder_id[:200]!r}: their vectors of fixed probe "
+                                f"texts differ from that encoder's by up to {gap(own):.3g} (> {tol:g})")
+        return
+    if encoder_id.startswith("local:"):
+        return
+    for known, ref in ENCODER_FINGERPRINTS.items():
+        if gap(ref) <= tol:
+            raise MismatchError(f"{where}: the encoder is recorded as {encoder_id[:200]!r}, but its weights are {known!r} "
+                                f"(their vectors of fixed probe texts are that encoder's)")
 
 
 def controller_numbers(meta: Mapping[str, str], where: str = "controller") -> ControllerNumbers:

@@ -51,6 +51,7 @@ from collections import Counter
 from pathlib import Path
 
 from branchgate.errors import InputError
+from branchgate.fileio import check_output_dir
 from branchgate.data.schema import SPLITS, features
 from branchgate.logs_to_dataset.build_report import (KEYPOINT_STATS, _count_keypoints, _manifest, _nothing_parsed,
                                                      _partial_warning)
@@ -60,7 +61,7 @@ from branchgate.logs_to_dataset.decisions import (DEFERRAL_COUNTS, check_split_b
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
-from branchgate.logs_to_dataset.row_store import RowSpill, write_dataset
+from branchgate.logs_to_dataset.row_store import OUTPUT_KIND, RowSpill, write_dataset
 from branchgate.logs_to_dataset.traces import ReadReport
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,13 @@ def sha256_files(paths: list[Path]) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def check_build_output(out, traces, keypoints=None, cache=None) -> None:
+    """Refuse an ``--out`` the build may not write (``fileio.check_output_dir``), before any work: it must lie
+    apart from the traces, the key-point folder and the cache, and be new, empty or an earlier dataset."""
+    check_output_dir(out, [*traces, None if keypoints in (None, "", "none", "auto") else keypoints, cache],
+                     OUTPUT_KIND)
 
 
 def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
@@ -121,6 +129,7 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
     check_split_by(split_by)  # an unknown --split-by fails before any work
+    check_build_output(out, traces, keypoints, cache)
     spill = RowSpill(out)  # the rows on disk until the write; removed however the build ends
     try:
         with use_keypoints(keypoints):

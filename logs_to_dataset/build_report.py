@@ -46,7 +46,7 @@ def _nothing_parsed(traces, out, report, files, fmt, partial_section) -> None:
                 "read_warnings": dict(sorted(report.warnings.items())), "partial_runs": partial_section}
     out = Path(out)
     written = ""
-    if not (out / "dataset_dict.json").exists():
+    if not (out / "dataset_dict.json").exists():  # ``out`` passed check_output_dir; this manifest alone marks it
         atomic_write_json(out / "manifest.json", manifest)
         written = f"; what was read is in {out / 'manifest.json'}"
     first = "; ".join(f"{s['file']}{'' if s['line'] is None else ':' + str(s['line'])}: {s['reason']}"

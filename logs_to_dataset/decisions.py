@@ -22,17 +22,43 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
 A run without a ``run_end``, or whose ``run_end`` status is not "ok", is partial (``partial_reason``); the
 build counts it and keeps or skips it (``--partial-runs``). Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
 a candidate in an unknown frame, or a decision/retrieval for an unknown candidate → that event is
-ignored and listed in ``problems``.
+ignored and listed in ``problems``; a ``parent_candidate`` that is not a candidate declared before its frame
+opened (unknown, later, or the frame's own: a cycle) → None, listed in ``problems``, so that follow-up links
+always point back in time.
+
+Caps (``MAX_CANDIDATES``, ``MAX_RETAINED``, ``MAX_CONTEXT``, ``MAX_EVIDENCE``): what one decision point holds is
+bounded, so that the work per decision (the teachers' scores and set gains, the rows' ``retained`` lists) is
+bounded and a build grows linearly with its logs. They live here, where decision points are made, because
+every reader's runs pass through ``run_decisions`` before any teacher sees them, so the teachers keep their
+maths (the lexical teacher alone bounds its own input: ``lexical.MAX_CHARS`` characters of a text); the
+``openinference`` reader applies ``MAX_CANDIDATES`` to one LLM span's tool calls itself. Beyond a cap the items are left out and counted in ``problems`` (the manifest's ``run_problems``):
+each candidate past the first ``MAX_CANDIDATES`` of its decision point (by order) once — it gets no row, though
+its expansion still counts as a retained branch of later decisions —, and once per decision point whose
+retained branches (the newest are kept) or context (the newest evidence is kept), or per candidate whose E(c)
+(the first retrieved are kept), went over its cap. Real logs stay below them (the quickstart's simulated runs
+reach 6 candidates, 69 retained branches and 215 context items; DeepResearchGym's Search-o1 traces 1, 5 and 18).
 """
 
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import islice
 
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.schema import Evidence
 from branchgate.texts import candidate_text
+
+MAX_CANDIDATES = 256  # candidates per decision point (the first, by order)
+MAX_RETAINED = 128  # retained branches per decision point (the newest)
+MAX_CONTEXT = 512  # evidence items in a decision point's context C_t (the newest)
+MAX_EVIDENCE = 64  # evidence items of one candidate's E(c) (the first retrieved)
+OVER_CANDIDATES = f"candidate past the first {MAX_CANDIDATES} of its decision point (left out: no row)"
+OVER_RETAINED = f"decision point with more than {MAX_RETAINED} retained branches (the newest {MAX_RETAINED} kept)"
+OVER_CONTEXT = f"decision point whose context holds more than {MAX_CONTEXT} evidence items (the newest {MAX_CONTEXT} kept)"
+OVER_EVIDENCE = f"candidate that retrieved more than {MAX_EVIDENCE} evidence items (the first {MAX_EVIDENCE} kept)"
+
 
 def partial_reason(events: list) -> str | None:
     """Why a run is partial (crashed, cut or unfinished), or None when it ended normally: no ``run_end``
@@ -142,8 +168,12 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
             if e.frame_id in frames:
                 problems.append(f"frame {e.frame_id!r} opened twice (second ignored)")
                 continue
-            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal,
-                                           getattr(e, "parent_candidate", None))
+            parent = getattr(e, "parent_candidate", None)
+            if parent is not None and parent not in cands:  # not declared before this frame: unknown, later, a cycle
+                problems.append(f"frame {e.frame_id!r} names parent_candidate {str(parent)[:80]!r}, not a candidate "
+                                "declared before it (ignored)")
+                parent = None
+            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal, parent)
         elif t == "candidate":
             if e.frame_id not in frames:
                 problems.append(f"candidate {e.candidate_id!r} names unknown frame {e.frame_id!r} (ignored)")
@@ -180,15 +210,16 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
 
     for _, cid in expands:
         cands[cid].expanded = True
-    unknown_ids = 0
+    found: dict[str, dict[str, None]] = {}  # candidate_id → its evidence ids, in retrieval order
     for _, cid, ids in retrievals:
-        c = cands[cid]
-        c.expanded = True
-        c.evidence_ids = list(dict.fromkeys((c.evidence_ids or []) + ids))
-    for c in cands.values():
-        if c.evidence_ids is not None and any(i not in evidence for i in c.evidence_ids):
+        cands[cid].expanded = True
+        found.setdefault(cid, {}).update(dict.fromkeys(ids))
+    unknown_ids = 0
+    for cid, ids in found.items():
+        if all(i in evidence for i in ids):
+            cands[cid].evidence_ids = list(ids)
+        else:
             unknown_ids += 1
-            c.evidence_ids = None
     if unknown_ids:
         problems.append(f"{unknown_ids} retrieval(s) name evidence the run never emitted (utility unknown)")
 
@@ -196,23 +227,36 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
     for seq, cid in sorted(expands + [(seq, cid) for seq, cid, _ in retrievals]):
         first_expand.setdefault(cid, seq)
     order = sorted(first_expand.items(), key=lambda kv: kv[1])
+    expanded_seqs = [seq for _, seq in order]
+    expanded_texts = [cands[cid].text for cid, _ in order]
     timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in retrievals] + [(seq, "prune", ids) for seq, ids in prunes],
                       key=lambda t: t[0])
-    for f in frames.values():
+    ctx: dict[str, None] = {}  # C_t as of the frame being filled: frames in seq order, the timeline read once
+    step = 0
+    for f in sorted(frames.values(), key=lambda f: f.seq):
         f.candidates.sort(key=lambda c: (c.order, c.seq))
+        problems.extend([OVER_CANDIDATES] * max(0, len(f.candidates) - MAX_CANDIDATES))
+        del f.candidates[MAX_CANDIDATES:]
         for i, c in enumerate(f.candidates):  # renumbered: order is the position in the frame (features.py)
             c.order = i
-        f.retained = [cands[cid].text for cid, seq in order if seq < f.seq]
-        ctx: dict[str, None] = {}
-        for seq, kind, ids in timeline:
-            if seq >= f.seq:
-                break
+            if c.evidence_ids is not None and len(c.evidence_ids) > MAX_EVIDENCE:
+                problems.append(OVER_EVIDENCE)
+                c.evidence_ids = c.evidence_ids[:MAX_EVIDENCE]
+        n = bisect_left(expanded_seqs, f.seq)  # branches expanded before the frame opened
+        if n > MAX_RETAINED:
+            problems.append(OVER_RETAINED)
+        f.retained = expanded_texts[max(0, n - MAX_RETAINED):n]
+        while step < len(timeline) and timeline[step][0] < f.seq:
+            _, kind, ids = timeline[step]
+            step += 1
             if kind == "retrieval":
                 ctx.update(dict.fromkeys(i for i in ids if i in evidence))
             else:
                 for i in ids:
                     ctx.pop(i, None)
-        f.context_ids = list(ctx)
+        if len(ctx) > MAX_CONTEXT:
+            problems.append(OVER_CONTEXT)
+        f.context_ids = list(islice(reversed(ctx), MAX_CONTEXT))[::-1]
     has_labels = any(ev.labels is not None for ev in evidence.values())
     return RunDecisions(run_id, start.root_query, sorted(frames.values(), key=lambda f: f.seq), evidence,
                         has_labels, problems)

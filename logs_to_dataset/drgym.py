@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.fileio import load_json
+from branchgate.fileio import load_json, read_bounded
 
 W = "searcho1: "  # prefix of the warnings about trace structure (counted by the dataset builder's report)
 TAG = re.compile(r"<\|(begin|end)_search_(query|result)\|>")
@@ -192,10 +192,7 @@ def keypoint_files(directory: Path, qid: str) -> tuple[Path, Path]:
 
 def read_json(path: Path):
     """A JSON file's content; ``InputError`` naming the file (and line) when it cannot be read."""
-    try:
-        return load_json(Path(path).read_bytes(), str(path))  # fileio: the one loader for untrusted JSON
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", str(path)) from None
+    return load_json(read_bounded(path, str(path)), str(path))  # fileio: the one bounded read and JSON loader
 
 
 @dataclass

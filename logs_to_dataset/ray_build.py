@@ -58,8 +58,9 @@ def build_ray(traces, out, *, num_actors: int | None = None, work_dir: str | Pat
     reserves that many GPUs and encodes on CUDA (``embed="torch"`` only; not covered by the CPU tests). The
     driver's encoder is the local build's (``onnx_encoder.build_encoder``), with one process: the driver
     exports and parity-checks the ONNX tower once, the actors open the same cached tower."""
-    from branchgate.logs_to_dataset.build import build
+    from branchgate.logs_to_dataset.build import build, check_build_output
 
+    check_build_output(out, traces, kwargs.get("keypoints"), kwargs.get("cache"))  # before any folder is made
     ray = require_ray()
     if str(kwargs.get("labels", "auto")).split(":")[0] == "judge":
         raise InputError("--labels judge is not supported with --engine ray (its LLM calls run on the driver); "

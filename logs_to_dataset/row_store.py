@@ -18,6 +18,7 @@ from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.logs_to_dataset.labels import LabelRecords
 
 WRITE_CHUNK_ROWS = 2048  # rows converted to Arrow at a time when spilling them to disk
+OUTPUT_KIND = "dataset build"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
 
 class RowSpill:
@@ -88,7 +89,7 @@ def write_dataset(out, rows: LabelRecords, spill: RowSpill, manifest, timings) -
     disable_progress_bar()
     t = time.perf_counter()
     dd = {split: spill.dataset(split, rows.labels(split)) for split in SPLITS}
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, OUTPUT_KIND) as tmp:
         # one shard per split: an empty split saved with zero shards cannot be loaded back
         DatasetDict(dd).save_to_disk(str(tmp), num_shards={s: 1 for s in SPLITS})
         timings["write_s"] += time.perf_counter() - t + spill.take_time()

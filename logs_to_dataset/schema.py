@@ -11,7 +11,7 @@ are allowed and kept. Reading one decoded line (``parse_event``):
 - missing/invalid field → ``InputError`` naming the field.
 
 ``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
-``python benchmarks/trace_schema.py`` (a test checks it is current).
+``python3 scripts/trace_schema.py`` (a test checks it is current).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.fileio import load_json
+from branchgate.fileio import load_json, wide_encoding
 from branchgate.logs_to_dataset.schema import SCHEMA_VERSION, Event, SchemaVersionError, parse_event, to_json
 
 BINARY_SNIFF = 8192
@@ -75,24 +75,15 @@ def is_binary(path: str | Path) -> bool:
         return b"\x00" in fh.read(BINARY_SNIFF)
 
 
-UTF_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
-            (b"\xfe\xff", "UTF-16"))
-
-
 def text_problem(path: str | Path) -> str | None:
-    """Why a file cannot be a UTF-8 text log (``None`` when it may be one): UTF-16/32 text (a byte-order mark,
-    or NUL in every other byte) or binary data (NUL bytes in the first 8 KiB). Readers report this reason."""
+    """Why a file cannot be a UTF-8 text log (``None`` when it may be one): UTF-16/32 text
+    (``fileio.wide_encoding``) or binary data (NUL bytes in the first 8 KiB). Readers report this reason."""
     with open(path, "rb") as fh:
         head = fh.read(BINARY_SNIFF)
-    for bom, name in UTF_BOMS:
-        if head.startswith(bom):
-            return f"{name} text, not UTF-8 (save it as UTF-8)"
-    if b"\x00" not in head:
-        return None
-    even, odd = head[0::2], head[1::2]
-    if len(head) >= 4 and (even.count(0) == len(even)) != (odd.count(0) == len(odd)):  # ASCII as UTF-16
-        return "UTF-16 text, not UTF-8 (save it as UTF-8)"
-    return "binary data (NUL bytes)"
+    name = wide_encoding(head)
+    if name:
+        return f"{name} text, not UTF-8 (save it as UTF-8)"
+    return "binary data (NUL bytes)" if b"\x00" in head else None
 
 
 def read_events(path: str | Path, strict: bool = False, report: ReadReport | None = None) -> Iterator[Event]:

@@ -120,9 +120,17 @@ def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
             if now != recorded:
                 raise MismatchError(f"encoder directory {path} has changed since {name!r} was recorded "
                                     f"(its files now hash to {now})") from None
+            if not (recorded or name in PACKAGED_ALIASES or _hub_folder(name) in Path(path).parts):
+                raise MismatchError(f"encoder directory {path} is not a Hugging Face cache copy of {name!r}, the "
+                                    f"encoder recorded with it; put {name} in the local cache") from None
             return EncoderSpec(name, path)
         raise
     return spec if spec.id == name else EncoderSpec(name, spec.path)
+
+
+def _hub_folder(repo_id: str) -> str:
+    """The folder a Hugging Face cache keeps ``repo_id`` in (``models--ORG--NAME``): a hub id's recorded path."""
+    return "models--" + str(repo_id).replace("/", "--")
 
 
 def _local_id(path: Path) -> str:
@@ -168,8 +176,16 @@ class Encoder:
             raise BranchgateError("encoding needs the train extra: pip install 'branchgate[train]'") from None
         self.spec = spec
         self.id = spec.id
-        self.st = SentenceTransformer(spec.path, device=device, local_files_only=True)
+        try:
+            self.st = SentenceTransformer(spec.path, device=device, local_files_only=True)
+        except Exception as exc:  # a missing or broken file, or weights that would need unpickling
+            raise EncoderUnavailable(f"encoder {spec.id!r}: cannot load {spec.path} ({_load_problem(exc, Path(spec.path))})") from None
         if max_length:
+            positions = getattr(getattr(self.st[0], "auto_model", None), "config", None)
+            positions = getattr(positions, "max_position_embeddings", None)
+            if isinstance(positions, int) and not 1 <= max_length <= positions:
+                raise BranchgateError(f"encoder {spec.id!r}: max_length {max_length} is outside the 1..{positions} "
+                                      f"token positions the model has")
             self.st.max_seq_length = max_length
         self.st.eval()
         for p in self.st.parameters():
@@ -216,6 +232,22 @@ class Encoder:
             raise BranchgateError(f"encoder {self.id!r} has modules after pooling ({', '.join(extra)}); "
                                   "the text towers support transformer + pooling + normalize only")
         return TextTower(self.st[0].auto_model, self.pooling_mode)
+
+
+def _load_problem(exc: BaseException, folder: Path) -> str:
+    """Why sentence-transformers could not load a model folder, in one line; a weights file that is a pickle
+    ``torch.load(weights_only=True)`` refuses is named as not loadable safely."""
+    seen = exc
+    while seen is not None and type(seen).__name__ != "UnpicklingError":  # torch.load(weights_only=True)'s refusal
+        seen = seen.__cause__ or seen.__context__
+    if seen is not None:
+        lines = [line.strip() for line in str(seen).splitlines()]
+        needs = next((line for line in lines if "GLOBAL" in line), None)
+        pickles = sorted(f.name for f in folder.glob("*") if f.suffix in (".bin", ".pt", ".pth"))
+        return (f"its weights file {' / '.join(pickles) or ''} is a pickle that cannot be loaded safely"
+                + (f" ({needs})" if needs else "")
+                + "; branchgate never unpickles more than tensors: use model.safetensors weights")
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 _POOLING_FLAGS = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),

@@ -49,6 +49,7 @@ from summed pairwise comparisons, and only K and R vary.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -69,6 +70,7 @@ INTERACTION_NAMES = [
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
 TOWERS = ("full", "interaction", "none")  # what text the MLP sees besides the scalars (module docstring)
 MMR_LAMBDA = 0.35  # the MMR teacher's operating point (models/teachers/mmr.py: λ = 0.35)
+MAX_WIDTH = 1 << 20  # sanity bound on dim and hidden (a hidden layer this wide would already be terabytes)
 
 
 def _valid(x: torch.Tensor) -> torch.Tensor:
@@ -204,12 +206,25 @@ def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: flo
     return torch.cat([features, torch.stack(derived + inter, dim=-1)], dim=-1)
 
 
+def check_config(dim, hidden, dropout, mmr_lambda) -> None:
+    """``ValueError`` naming the first of ValueNet's numeric arguments no network can be built with: ``dim`` and
+    ``hidden`` integers in [1, ``MAX_WIDTH``], ``dropout`` and ``mmr_lambda`` numbers in [0, 1]. (Sizes that
+    fit no weights are the checkpoint's to refuse: ``training.checkpoint``.)"""
+    for name, value in (("dim", dim), ("hidden", hidden)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_WIDTH:
+            raise ValueError(f"{name} must be an integer in [1, {MAX_WIDTH}], got {value!r}")
+    for name, value in (("dropout", dropout), ("mmr_lambda", mmr_lambda)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")  # also refuses nan
+
+
 class ValueNet(nn.Module):
     """Two-tower value network; see the module docstring. Pure torch, ONNX-exportable."""
 
     def __init__(self, dim: int, hidden: int = 128, dropout: float = 0.1, mmr_lambda: float = MMR_LAMBDA,
                  n_features: int = len(FEATURE_NAMES), towers: str = "full", order: bool = True):
         super().__init__()
+        check_config(dim, hidden, dropout, mmr_lambda)
         if n_features != len(FEATURE_NAMES):
             raise ValueError(f"expected {len(FEATURE_NAMES)} structured features {FEATURE_NAMES}, got {n_features}")
         if towers not in TOWERS:

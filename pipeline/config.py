@@ -76,7 +76,7 @@ def _reference(path: str) -> dict:
     from pathlib import Path
 
     from branchgate.errors import InputError
-    from branchgate.fileio import load_json
+    from branchgate.fileio import load_json, read_bounded
 
     if not path:
         raise BranchgateError("a budget given as P% needs Config.budget_reference (simulate --budget-reference FILE): "
@@ -84,7 +84,7 @@ def _reference(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise InputError("budget reference not found", str(p))
-    data = load_json(p.read_bytes(), str(p))
+    data = load_json(read_bounded(p, str(p)), str(p))
     if not isinstance(data, dict):
         raise InputError("expected an object {query id: {nodes, tokens}}", str(p))
     return data

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.fileio import check_output_dir, mark_output_dir
 from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, TRACE_DIR, check_layout, doc_key, keypoint_files, kp_order,
                                               load_key_points, read_json, read_queries, trace_documents)
 from branchgate.logs_to_dataset.spans import SpanIndex, normalize
@@ -387,11 +388,20 @@ def build_musique(sources: list[str], out: str | Path, seed: int = 0, max_querie
     return b.write(out)
 
 
+OUTPUT_KIND = "env build"  # the command named in the environment folder's mark (``fileio.check_output_dir``)
+
+
 def build(fmt: str, sources: list[str], out: str | Path, **kw) -> Path:
+    """Build the ``fmt`` environment of ``sources`` at ``out`` (refused before reading if ``out`` overlaps a
+    source, is a file, or is a folder with files no ``env build`` wrote)."""
+    if fmt not in ("drgym", "musique"):
+        raise BranchgateError(f"unknown environment format {fmt!r}; one of {', '.join(FORMATS)}")
+    check_output_dir(out, sources, OUTPUT_KIND)
     if fmt == "drgym":
-        return build_drgym(sources, out, **kw)
-    if fmt == "musique":
+        path = build_drgym(sources, out, **kw)
+    else:
         kw.pop("chunk_words", None)
         kw.pop("progress", None)
-        return build_musique(sources, out, **kw)
-    raise BranchgateError(f"unknown environment format {fmt!r}; one of {', '.join(FORMATS)}")
+        path = build_musique(sources, out, **kw)
+    mark_output_dir(path, OUTPUT_KIND)
+    return path

@@ -1,7 +1,7 @@
 """The bundled sample environment: 40 MuSiQue questions with their paragraphs (CC BY 4.0, see NOTICE).
 
 It ships without its BM25 index (``env.load`` rebuilds it in memory in milliseconds). Developers rebuild it
-from the MuSiQue data with ``python benchmarks/build_sample.py --src ../shared/data/musique``.
+from the MuSiQue data with ``python3 scripts/build_sample.py --src ../shared/data/musique``.
 """
 
 from __future__ import annotations
@@ -20,5 +20,5 @@ ATTRIBUTION = ("MuSiQue (Trivedi et al., 2022, https://github.com/StonyBrookNLP/
 def sample_path() -> Path:
     if not (SAMPLE_DIR / "manifest.json").exists():
         raise BranchgateError(f"the bundled sample environment is missing ({SAMPLE_DIR}); reinstall branchgate or "
-                              "rebuild it with `python benchmarks/build_sample.py --src DIR`")
+                              "rebuild it with `python3 scripts/build_sample.py --src DIR`")
     return SAMPLE_DIR

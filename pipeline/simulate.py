@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.fileio import atomic_path, atomic_write_json
+from branchgate.fileio import atomic_path, atomic_write_json, check_output_dir, mark_output_dir
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.run import Runner
 
 log = logging.getLogger(__name__)
+OUTPUT_KIND = "simulate"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
 SUMMARY_KEYS = ("nodes", "retrieval_calls", "tokens", "kpr", "wall_s", "kpr_before_synthesis", "n_candidates",
                 "n_expanded", "n_pruned_pre", "n_context", "n_final")
@@ -144,16 +145,20 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
     from branchgate.pipeline import policies
 
     gen_kw = gen_kw or {}
+    gates = []  # controller files the policies read: inputs, like the environment and the query file
     for spec, stage in ((cfg.pre, "pre_retrieval"), (cfg.post, "post_retrieval"), (cfg.synth, "pre_synthesis")):
-        policies.parse(spec, stage)  # fail fast on a bad spec, before loading anything heavy
+        policy = policies.parse(spec, stage)  # fail fast on a bad spec, before loading anything heavy
+        gates.append(getattr(policy, "path", None))
     if cfg.breadth < 1 or cfg.depth < 1 or cfg.top_k < 1 or cfg.oversample < 1:
         raise BranchgateError("--breadth, --depth and --top-k must be ≥ 1 and --oversample ≥ 1")
     if cfg.retriever not in ("bm25", "dense"):
         raise BranchgateError(f"unknown retriever {cfg.retriever!r}: bm25 | dense")
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)  # a path or a loaded Env
     env_path = str(env.path)
-    out = Path(out)
+    out = check_output_dir(out, [env_path, queries_file, cfg.budget_reference or None, *gates], OUTPUT_KIND,
+                           in_place=True)
     (out / "traces").mkdir(parents=True, exist_ok=True)
+    mark_output_dir(out, OUTPUT_KIND)
     conf = {"config": cfg.record(), "env": env_path, "env_fingerprint": env.fingerprint(), "tag": cfg.tag(),
             "generator_options": {k: v for k, v in gen_kw.items() if k != "api_key"}}
     conf_path = out / "simulate.json"

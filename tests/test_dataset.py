@@ -352,11 +352,9 @@ def test_cli_exit_codes(cli_encoder, tmp_path, capsys):
     assert "unknown teacher 'nope'" in capsys.readouterr().err
 
 
-def test_real_searcho1_dataset_splits():
+def test_real_searcho1_dataset_splits(shared):
     """The real traces → decision points; only the structure (embedding 2k+ documents is the benchmark's job)."""
-    from conftest import shared_path
-
-    d = shared_path("drgym", "Searcho1_ClueWeb22")
+    d = shared("drgym", "Searcho1_ClueWeb22")
     seen, decisions = {}, 0
     for run in read_runs([d]):
         rd = run_decisions(run.run_id, run.events, run.file)

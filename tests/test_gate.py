@@ -212,7 +212,7 @@ def test_value_model_protocol(gate):
 # -- metadata ---------------------------------------------------------------------------------------------
 GOOD = {"branchgate_version": "0.1.0", "schema_version": "1", "graph_io_version": "1", "encoder": "enc", "dim": "384",
         "max_length": "256", "tau": "0.5", "feature_names": '["depth", "order", "n_candidates", "n_retained"]',
-        "tokenizer_file": "controller.tokenizer.json"}
+        "tokenizer_file": "controller.tokenizer.json", "tokenizer_sha256": "0" * 64}
 
 
 @pytest.mark.parametrize("change,needle", [

@@ -209,7 +209,7 @@ def test_looping_symlink_is_listed(tmp_path):
 # -- controller metadata --------------------------------------------------------------------------------------
 GOOD_META = {"branchgate_version": "0.1.0", "schema_version": "1", "graph_io_version": "1", "encoder": "e",
              "dim": "384", "max_length": "256", "tau": "0.5", "tokenizer_file": "t.json", "pad_token_id": "0",
-             "feature_names": json.dumps(["depth", "order", "n_candidates", "n_retained"])}
+             "feature_names": json.dumps(["depth", "order", "n_candidates", "n_retained"]), "tokenizer_sha256": "0" * 64}
 
 
 @pytest.mark.parametrize("key,value", [("tau", "abc"), ("tau", "nan"), ("tau", "inf"), ("tau", "2"), ("dim", "x"),

@@ -60,7 +60,7 @@ def test_unknown_type_is_kept_as_raw():
 
 def test_shipped_json_schema_is_current():
     assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text(), (
-        "trace.schema.json is stale: run python benchmarks/trace_schema.py")
+        "trace.schema.json is stale: run python3 scripts/trace_schema.py")
     assert json.loads(SCHEMA_FILE.read_text(encoding="utf-8")) == json.loads(json.dumps(json_schema()))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import string
@@ -118,8 +119,14 @@ def test_padding_saved_in_a_tokenizer_file_is_ignored(encoder, tmp_path):
     data["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
                        "pad_type_id": 0, "pad_token": "[PAD]"}
     (tmp_path / "padded.json").write_text(json.dumps(data), encoding="utf-8")
+    # a model whose tokenizer file carries a padding setting (its metadata hash is that file's)
+    from branchgate.inference.model_file import read_metadata
+    from export_support import relabelled
+
+    sha = hashlib.sha256((tmp_path / "padded.json").read_bytes()).hexdigest()
+    padded = relabelled(model, tmp_path, dict(read_metadata(model), tokenizer_sha256=sha))
     texts = ["Почему пчёлы умирают", "varroa mites"]
     want = Gate.load(model, threads=1)._tokens(texts)
-    got = Gate.load(model, threads=1, tokenizer=tmp_path / "padded.json")._tokens(texts)
+    got = Gate.load(padded, threads=1, tokenizer=tmp_path / "padded.json")._tokens(texts)
     assert got["input_ids"].shape[1] < 64
     assert np.array_equal(got["input_ids"], want["input_ids"]) and np.array_equal(got["attention_mask"], want["attention_mask"])

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import torch
 
 from branchgate import __version__
 from branchgate.errors import InputError, MismatchError
-from branchgate.fileio import atomic_path
+from branchgate.fileio import atomic_path, load_json
+from branchgate.inference.metadata import MAX_DIM, MAX_LENGTH
 from branchgate.models.value_model import FEATURE_NAMES, ValueNet
 
 CONTROLLER_SCHEMA_VERSION = 1
@@ -165,9 +167,9 @@ def _read_safetensors(path: Path) -> tuple[object, dict]:
         raise InputError(f"not a branchgate controller file: the safetensors metadata has no '{METADATA_KEY}' "
                          f"entry", file=str(path))
     try:
-        entry = json.loads(header[METADATA_KEY])
-    except json.JSONDecodeError as exc:
-        raise InputError(f"metadata entry '{METADATA_KEY}' is not valid JSON ({exc})", file=str(path)) from None
+        entry = load_json(header[METADATA_KEY], str(path))
+    except InputError as exc:
+        raise InputError(f"metadata entry '{METADATA_KEY}' is not valid JSON ({exc.reason})", file=str(path)) from None
     return entry, state
 
 
@@ -184,6 +186,7 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
     net_cfg, meta = dict(entry["net"]), dict(entry["meta"])
     _check_fields(where, "net", net_cfg, _NET_TYPES, required=[k for k in _NET_TYPES if k not in _NET_OPTIONAL])
     _check_fields(where, "meta", meta, _META_TYPES, required=META_KEYS + ["standardisation"])
+    _check_values(where, meta)
     version = meta["schema_version"]
     if version > CONTROLLER_SCHEMA_VERSION:
         raise MismatchError(f"{where}: controller schema_version {version} is newer than this branchgate "
@@ -194,24 +197,69 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
         raise MismatchError(f"{where}: checkpoint features (meta.feature_names) {meta['feature_names']} != {FEATURE_NAMES}")
     if meta["dim"] and meta["dim"] != net_cfg["dim"]:
         raise MismatchError(f"{where}: meta.dim {meta['dim']} != net.dim {net_cfg['dim']}")
-    try:
-        net = ValueNet(**net_cfg)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"'{METADATA_KEY}.net' does not describe a ValueNet ({exc})", file=where) from None
     bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor) or not v.is_floating_point())
     if bad:
         raise InputError(f"weights {bad} are not floating-point tensors", file=where)
-    defaults = net.state_dict()
-    state = {**{k: defaults[k] for k in OPTIONAL_BUFFERS if k not in state}, **state}  # older files: no clamping
-    try:
-        net.load_state_dict(state)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())
-        raise InputError(f"weights do not fit the ValueNet of '{METADATA_KEY}.net' ({detail})", file=where) from None
+    _check_finite(where, state)
+    with torch.device("meta"):  # sizes checked against the weights before any memory is allocated
+        _load_weights(where, _value_net(where, net_cfg), state)
+    net = _load_weights(where, _value_net(where, net_cfg), state)
     net.eval()
     meta["standardisation"] = net.standardisation()  # from the buffers just loaded: one source of truth
     meta["feature_range"] = net.feature_range()  # the train split's structured-feature range (None: older file)
     return net, meta
+
+
+def _check_values(where: str, meta: dict) -> None:
+    """The metadata numbers in range: ``dim`` and ``max_length`` integers in [0, the Gate's bound] (0: the
+    encoder's own), ``tau`` and ``calibration.root_tau`` null or numbers in [0, 1]."""
+    for key, top in (("dim", MAX_DIM), ("max_length", MAX_LENGTH)):
+        if not 0 <= meta[key] <= top:
+            raise InputError(f"'{METADATA_KEY}.meta.{key}' must be an integer in [0, {top}], got {meta[key]!r}", file=where)
+    for key, value in (("tau", meta["tau"]), ("calibration.root_tau", (meta.get("calibration") or {}).get("root_tau"))):
+        ok = value is None or (isinstance(value, _NUMBER) and not isinstance(value, bool) and 0.0 <= value <= 1.0)
+        if not ok:  # also refuses nan
+            raise InputError(f"'{METADATA_KEY}.meta.{key}' must be null or a number in [0, 1], got {value!r}", file=where)
+
+
+def _check_finite(where: str, state: dict) -> None:
+    """Weights are finite numbers, but the feature range (±inf: no clamping; never NaN, min <= max), and the
+    standardisation's spreads are > 0."""
+    bad = []
+    for key, value in state.items():
+        if key in ("feature_min", "feature_max"):
+            ok = not value.isnan().any()
+        else:
+            ok = bool(value.isfinite().all()) and (key not in ("scalar_std", "utility_std") or bool((value > 0).all()))
+        if not ok:
+            bad.append(key)
+    low, high = state.get("feature_min"), state.get("feature_max")
+    if not bad and low is not None and high is not None and low.shape == high.shape and (low > high).any():
+        bad = ["feature_min > feature_max"]
+    if bad:
+        raise InputError(f"weights {sorted(bad)} hold NaN, an infinity or a spread <= 0", file=where)
+
+
+def _value_net(where: str, net_cfg: dict) -> ValueNet:
+    try:
+        return ValueNet(**net_cfg)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"'{METADATA_KEY}.net' does not describe a ValueNet ({exc})", file=where) from None
+
+
+def _load_weights(where: str, net: ValueNet, state: dict) -> ValueNet:
+    """``net`` with ``state`` loaded (buffers of ``OPTIONAL_BUFFERS`` the file lacks keep their defaults: no
+    clamping); on a net built on the meta device this checks the names and shapes only."""
+    defaults = net.state_dict()
+    state = {**{k: defaults[k] for k in OPTIONAL_BUFFERS if k not in state}, **state}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # copying into meta tensors is a no-op, and torch says so
+            net.load_state_dict(state)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())
+        raise InputError(f"weights do not fit the ValueNet of '{METADATA_KEY}.net' ({detail})", file=where) from None
+    return net
 
 
 def _check_fields(where: str, section: str, obj: dict, types: dict, required: list[str]) -> None:

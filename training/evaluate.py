@@ -9,11 +9,12 @@ import numpy as np
 import torch
 
 from branchgate import __version__
-from branchgate.fileio import atomic_write_json
+from branchgate.fileio import atomic_dir, atomic_write_json, check_output_dir
 from branchgate.training.baselines import evaluate_baselines
 from branchgate.training.metrics import METRIC_KEYS, calibrate_tau, clean, gate_metrics, top1_accuracy
 
 log = logging.getLogger(__name__)
+OUTPUT_KIND = "evaluate"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
 
 @torch.no_grad()
@@ -119,6 +120,7 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | 
     from branchgate.models.encoder import recorded_spec
     from branchgate.training.checkpoint import load_controller
 
+    check_output_dir(out, [checkpoint, dataset, cache], OUTPUT_KIND)
     net, meta = load_controller(checkpoint)
     dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
     dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
@@ -126,7 +128,9 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | 
     calibration = dict(meta.get("calibration") or {"method": "f1", "keep_rate": None})
     tau = meta.get("tau")
     if recalibrate or tau is None:
+        dm.require_labels("validation")
         calibration = {"method": recalibrate or calibration.get("method", "f1"), "keep_rate": keep_rate}
         tau = calibrate(net, dm, calibration["method"], keep_rate, meta.get("tau"))
-    return evaluate(net, meta, dm, out, float(tau), calibration, seed=seed,
-                    extra={"checkpoint": str(checkpoint), "tau_source": "recalibrated" if recalibrate else "checkpoint"})
+    with atomic_dir(out, OUTPUT_KIND) as tmp:  # metrics.json and the plots replace an earlier evaluation whole
+        return evaluate(net, meta, dm, tmp, float(tau), calibration, seed=seed,
+                        extra={"checkpoint": str(checkpoint), "tau_source": "recalibrated" if recalibrate else "checkpoint"})

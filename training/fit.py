@@ -37,7 +37,7 @@ class Calibration:
     keep_rate: float | None = None  # target fraction kept, for method keep_rate
     tau: float | None = None  # the threshold, for method fixed
     # The root frame's own threshold (depth 0), stored in the controller and applied by the Gate there; None:
-    # τ at every depth. A fixed value: choose it on held-out unpruned runs (benchmarks/replay_frontier.py --two-tau).
+    # τ at every depth. A fixed value: choose it on held-out unpruned runs (python3 -m research.replay_frontier --two-tau).
     root_tau: float | None = None
     probabilities: bool = True  # Platt-scale p_keep on validation first, so p_keep is a calibrated probability
 
@@ -75,6 +75,10 @@ class TrainCLI(LightningCLI):
             stem = Path(str(configs[-1])).stem if configs else "run"
             cfg["out"] = str(Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
         out = Path(cfg["out"])
+        from branchgate.fileio import check_output_dir
+
+        # before Lightning creates anything in it: never a folder of the user's or one of the inputs
+        check_output_dir(out, [cfg.get("data.dataset"), cfg.get("data.cache")], "train", in_place=True)
         if cfg.get("checkpoint.dirpath") is None:
             cfg["checkpoint.dirpath"] = str(out / "checkpoints")
         if cfg.get("trainer.default_root_dir") is None:
@@ -105,7 +109,7 @@ def train(argv: list[str] | None = None) -> dict:
     import torch
 
     from branchgate.errors import InputError
-    from branchgate.fileio import atomic_write_text
+    from branchgate.fileio import atomic_write_text, mark_output_dir
     from branchgate.inference.inputs import as_tau
     from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
     from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
@@ -130,6 +134,7 @@ def train(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(int(cli.config["threads"]))
     out = Path(cli.config["out"])
     out.mkdir(parents=True, exist_ok=True)
+    mark_output_dir(out, "train")
     atomic_write_text(out / "config.yaml", cli.parser.dump(cli.config, skip_none=False))
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections import deque
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -51,7 +52,8 @@ QUERIES = re.compile(r"following queries:\s*(\[.*\])", re.S)
 URL = re.compile(r"(https?://\S+)")
 CITED_URL = re.compile(r"https?://[^\s<>()\[\]\"'`]+")
 NUMBERED = re.compile(r"\[\d+(?:\s*[,–-]\s*\d+)*\]")
-COST = re.compile(r"Total Research Costs: \$([0-9.eE+-]+)")
+COST = re.compile(r"Total Research Costs: \$(\S*)")  # the whole word after "$": ``_cost`` reads all of it or nothing
+NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")  # how Python prints a float
 RUNNING_TAGS = ("running_subquery_research", "running_subquery_with_vectorstore_research")
 
 
@@ -70,13 +72,13 @@ def map_urls(cited: list[str], ids_by_url: dict[str, list[str]]) -> tuple[list[s
 
 
 def _cost(value) -> float | None:
-    """A cost in USD from a log (a number, or the text after "$", trailing sentence dot allowed), or None when
-    it is not a finite non-negative number."""
+    """A cost in USD from a log (a number, or the text after "$": a whole decimal number, trailing sentence dot
+    allowed), or None when it is not a finite non-negative number (``1_000``, ``0x10``, ``nan``, ``1,000``: None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     if isinstance(value, str):
         value = value.strip().rstrip(".")
-        if len(value) > 64:
+        if len(value) > 64 or not NUMBER.fullmatch(value):
             return None
     try:
         out = float(value)
@@ -181,6 +183,7 @@ class GPTResearcherReader:
                  config={"format": "gptr"})
 
         frames: list[list[Candidate]] = []  # candidates per frame, in order
+        announced = _Announced()
         expanded: set[str] = set()
         urls: set[str] = set()
         cost = None
@@ -217,6 +220,7 @@ class GPTResearcherReader:
                     cands.append(cand)
                     yield cand
                 warn(W + "research goals are not logged (goal left empty)", len(queries))
+                announced.add(cands)
                 frames.append(cands)
             elif tag in RUNNING_TAGS or (tag is None and item.get("type") == "sub_query"):
                 if tag:
@@ -225,7 +229,7 @@ class GPTResearcherReader:
                 else:  # JSONResearchHandler: {"type": "sub_query", "data": {"query": ...}}
                     inner = item.get("data")
                     query = inner.get("query") if isinstance(inner, dict) else None
-                cand = self._find(frames, query, lambda c: c.candidate_id not in expanded)
+                cand = announced.run(query)
                 if cand is None:
                     warn(W + "subquery run that no 'subqueries' log announced (kept as raw)")
                     yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
@@ -234,7 +238,7 @@ class GPTResearcherReader:
                 yield ev(Decision, ts=ts, candidate_id=cand.candidate_id, action="expand", actor="default")
             elif tag == "subquery_context_not_found":
                 m = NOT_FOUND.search(output)
-                cand = self._find(frames, m.group(1) if m else None, lambda c: c.candidate_id in expanded)
+                cand = announced.ran(m.group(1) if m else None)
                 if cand is None:
                     yield ev(Raw, ts=ts, source_type=f"gptr:{tag}", data=item)
                     continue
@@ -297,12 +301,36 @@ class GPTResearcherReader:
         warn(W + "cited source not tied to a branch (sources are not linked to subqueries)", len(ids))
         return {"cited_ids": ids, "cited_sources": cited}
 
-    @staticmethod
-    def _find(frames: list[list[Candidate]], query, ok) -> Candidate | None:
-        if not isinstance(query, str):
+
+class _Announced:
+    """The announced subqueries by query text, for the logs that run them (each lookup O(1)): ``run`` takes the
+    first not yet run candidate with that query in the newest frame that has one; ``ran`` is the first run one
+    in the newest frame that ran one."""
+
+    def __init__(self):
+        self.frames = 0
+        self.open: dict[str, list[tuple[int, deque]]] = {}  # query → (frame, candidates not yet run), oldest frame first
+        self.first_ran: dict[str, tuple[int, Candidate]] = {}  # query → (newest frame that ran it, its first run one)
+
+    def add(self, cands: list[Candidate]) -> None:
+        groups: dict[str, deque] = {}
+        for c in cands:
+            groups.setdefault(c.query, deque()).append(c)
+        for query, group in groups.items():
+            self.open.setdefault(query, []).append((self.frames, group))
+        self.frames += 1
+
+    def run(self, query) -> Candidate | None:
+        stack = self.open.get(query) if isinstance(query, str) else None
+        if not stack:
             return None
-        for cands in reversed(frames):
-            for cand in cands:
-                if cand.query == query and ok(cand):
-                    return cand
-        return None
+        frame, group = stack[-1]  # only the newest frame's group is ever taken from: an empty one is the last
+        cand = group.popleft()
+        if not group:
+            stack.pop()
+        if query not in self.first_ran or self.first_ran[query][0] < frame:
+            self.first_ran[query] = (frame, cand)
+        return cand
+
+    def ran(self, query) -> Candidate | None:
+        return self.first_ran[query][1] if isinstance(query, str) and query in self.first_ran else None

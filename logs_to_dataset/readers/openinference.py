@@ -38,8 +38,10 @@ say is counted in the report's warnings ("openinference: ..."), never invented: 
 Malformed input: binary, empty, not UTF-8, or JSON that does not parse (a truncated export: "truncated JSON",
 with the line) → the file or that line is skipped; a span without trace/span id or start time, a tool call
 without a function name, a span kind that is not OpenInference's → that record is skipped, named by its
-position (``resourceSpans[0].scopeSpans[0].spans[3]`` or ``line 7``) and field; under ``strict`` the first of
-these raises ``InputError``. Attribute values cut off by an SDK length limit (JSON that does not parse) are
+position (``resourceSpans[0].scopeSpans[0].spans[3]`` or ``line 7``) and field; a trace whose parent links
+loop (a span its own parent, two spans each other's) → every span of that trace is skipped, each named, and
+the file's other traces are read; tool calls past the first ``decisions.MAX_CANDIDATES`` of one LLM span are
+left out and counted; under ``strict`` the first of these raises ``InputError``. Attribute values cut off by an SDK length limit (JSON that does not parse) are
 used as text and counted. Nothing is executed: JSON only.
 """
 
@@ -47,12 +49,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_left
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from branchgate.errors import InputError
 from branchgate.fileio import load_json
+from branchgate.logs_to_dataset.decisions import MAX_CANDIDATES
 from branchgate.logs_to_dataset.otel_spans import W, Span, at, load_spans
 from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import Candidate, Decision, Evidence, FrameOpen, Retrieval, RunEnd, RunStart
@@ -92,22 +96,48 @@ class OpenInferenceReader:
         for s in spans:
             traces.setdefault(s.trace_id, []).append(s)
         for trace_id, group in traces.items():
+            group.sort(key=lambda s: (s.start, s.span_id))
+            loop = link(group)
+            if loop is not None:
+                for s in group:
+                    report.skip(path, s.line, at(s.where, f"span of trace {trace_id[:64]!r}, whose parent links form a "
+                                                 f"cycle (span {loop.span_id[:64]!r} is its own ancestor): trace "
+                                                 "skipped"), strict)
+                continue
             events = TraceMapper(path, group, strict, report).events()
             report.events += len(events)
             yield Run(trace_id, events, str(path), "openinference")
 
 
 # -- spans → canonical events ---------------------------------------------------------------------------
+def link(spans: list[Span]) -> Span | None:
+    """Set each span's ``parent`` (the span of ``spans`` its ``parent_id`` names; the last of a repeated id, else
+    None); a span on a cycle of parent links when they loop, else None. One pass: each span is walked up once."""
+    by_id = {s.span_id: s for s in spans}
+    for s in spans:
+        s.parent = by_id.get(s.parent_id) if s.parent_id else None
+    done: set[int] = set()
+    for s in spans:
+        path: set[int] = set()
+        a = s
+        while a is not None and id(a) not in done:
+            if id(a) in path:
+                return a
+            path.add(id(a))
+            a = a.parent
+        done |= path
+    return None
+
+
 class TraceMapper:
-    """The canonical events of one trace (see the module docstring)."""
+    """The canonical events of one trace (see the module docstring): ``spans`` sorted by start and linked by
+    ``link``, without a cycle."""
 
     def __init__(self, path: Path, spans: list[Span], strict: bool, report: ReadReport):
         self.path, self.strict, self.report, self.warn = path, strict, report, report.warn
-        self.spans = sorted(spans, key=lambda s: (s.start, s.span_id))
-        by_id = {s.span_id: s for s in self.spans}
+        self.spans = spans
         self.roots = []
         for s in self.spans:
-            s.parent = by_id.get(s.parent_id) if s.parent_id else None
             if s.parent is None:
                 self.roots.append(s)
                 if s.parent_id:
@@ -122,6 +152,9 @@ class TraceMapper:
         self.evidence: set[str] = set()
         self.counts = {"decisions": 0, "candidates": 0, "expanded": 0}
         self.depths: dict[str, int] = {}
+        self.runnable = [s for s in self.spans if s.kind in RUNNERS]  # spans that may run a call, by start
+        self.inputs: dict[int, object] = {}  # id(span) → its parsed arguments (``_input``), parsed once
+        self.call_ids = {v for s in self.runnable for k in CALL_IDS for v in [s.attrs.get(k)] if isinstance(v, (str, int))}
 
     def events(self) -> list:
         root = self.roots[0]
@@ -166,7 +199,9 @@ class TraceMapper:
         if len(good) == 1 and _forced(span.attrs, good[0]["name"]):
             self.warn(W + "structured output (a forced single tool call), not a decision")
             return []
-        return good
+        self.warn(W + f"tool call past the first {MAX_CANDIDATES} of one LLM span (left out)",
+                  max(0, len(good) - MAX_CANDIDATES))
+        return good[:MAX_CANDIDATES]
 
     def _frame(self, fid: str, span: Span, calls: list[dict], root_query: str) -> None:
         parent = next((a for a in _ancestors(span) if a.span_id in self.runner_of), None)
@@ -198,17 +233,28 @@ class TraceMapper:
         up = {a.span_id: d for d, a in enumerate(_ancestors(llm))}  # ancestor → distance from the LLM span
         inside = {s.span_id for s in _subtree(llm)}
         best, best_key = None, None
-        for s in self.spans:
-            if s.span_id in self.claimed or s.span_id in inside or s.start < llm.start or s.kind not in RUNNERS:
+        cid = call.get("id")
+        may_id = isinstance(cid, (str, int)) and cid in self.call_ids  # else no span matches by id
+        first = bisect_left(self.runnable, llm.start, key=lambda s: s.start)  # those started before it cannot
+        for s in self.runnable[first:]:
+            if s.span_id in self.claimed or s.span_id in inside:
                 continue
             by_id = call.get("id") and any(s.attrs.get(k) == call["id"] for k in CALL_IDS)
-            if not (by_id or _ran(s, call)):
+            if not (by_id or _ran(s, call, self._input(s))):
                 continue
             distance = next((up[a.span_id] for a in _ancestors(s) if a.span_id in up), len(up))
             key = (0 if by_id else 1, distance, s.start)
             if best_key is None or key < best_key:
                 best, best_key = s, key
+                if distance == 0 and (by_id or not may_id):  # no later span can rank before it
+                    break
         return best
+
+    def _input(self, span: Span):
+        """What ``_ran`` compares a call's arguments with: a tool's arguments, another span's JSON input."""
+        if id(span) not in self.inputs:
+            self.inputs[id(span)] = _tool_args(span) if span.kind == "TOOL" else _json(span.attrs.get("input.value"))
+        return self.inputs[id(span)]
 
     def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
         """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended)."""
@@ -219,7 +265,8 @@ class TraceMapper:
         if not docs:
             self.warn(W + "expanded call without a recorded output (evidence unknown)")
             return
-        ids, tokens = [], 0
+        ids: dict[str, None] = {}  # a dict: membership in O(1)
+        tokens = 0
         for (doc_id, text, source), ns in docs:
             eid = doc_id or f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
             n = len(text.split())
@@ -227,9 +274,9 @@ class TraceMapper:
                 self.evidence.add(eid)
                 self._add(max(ns, after), Evidence, evidence_id=eid, text=text, source=source, tokens=n)
             if eid not in ids:
-                ids.append(eid)
+                ids[eid] = None
                 tokens += n
-        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=_call_text(call), evidence_ids=ids,
+        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=_call_text(call), evidence_ids=list(ids),
                   tokens=tokens)
 
 
@@ -304,12 +351,12 @@ def _tool_args(span: Span):
     return _json_args(span.attrs.get("gen_ai.tool.call.arguments", span.attrs.get("input.value")))
 
 
-def _ran(span: Span, call: dict) -> bool:
+def _ran(span: Span, call: dict, got) -> bool:
+    """Whether ``span``, whose parsed input is ``got`` (``TraceMapper._input``), ran ``call``."""
     args = call.get("args")
     if span.kind == "TOOL":
         name = span.attrs.get("tool.name") or span.attrs.get("gen_ai.tool.name") or span.name
-        return name == call["name"] and _agree(_tool_args(span), args)
-    got = _json(span.attrs.get("input.value"))
+        return name == call["name"] and _agree(got, args)
     return (isinstance(args, dict) and bool(args) and isinstance(got, dict)
             and all(k in got and got[k] == v for k, v in args.items()))
 

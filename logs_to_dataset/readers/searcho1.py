@@ -217,7 +217,8 @@ class SearchO1Reader:
                     warn(W + "result block without documents (empty retrieval)")
                     if s.result.strip():
                         yield ev(Raw, source_type="searcho1_result_text", data=s.result.strip())
-                ids, tokens = [], 0
+                ids: dict[str, None] = {}  # a dict: membership in O(1)
+                tokens = 0
                 for d in docs:
                     eid, url, doc_text = d.id, d.url, d.text
                     n = len(doc_text.split())
@@ -230,10 +231,10 @@ class SearchO1Reader:
                             kp_counts["labelled_by_span_only"] += bool(labels) and not by_id
                         yield ev(Evidence, evidence_id=eid, text=doc_text, source=url, tokens=n, labels=labels)
                     if eid not in ids:
-                        ids.append(eid)
+                        ids[eid] = None
                         tokens += n
                 tokens_total += tokens
-                yield ev(Retrieval, candidate_id=cid, query=s.query, evidence_ids=ids, tokens=tokens)
+                yield ev(Retrieval, candidate_id=cid, query=s.query, evidence_ids=list(ids), tokens=tokens)
             after = s.after.strip()
             if after and i + 1 < len(searches):
                 yield ev(Learning, candidate_id=cid, text=after)

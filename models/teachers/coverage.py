@@ -28,11 +28,20 @@ def pool_rows(x: Items, state: State, dim: int) -> np.ndarray:
     return unit(arr)
 
 
+BLOCK = 1 << 22  # similarities held at once (32 MB): larger sets are scored in slices, with the same result
+
+
+def _slices(n: int, width: int):
+    step = max(1, BLOCK // max(1, width))
+    return (slice(i, i + step) for i in range(0, n, step))
+
+
 def covered(cu: np.ndarray, wc: np.ndarray, pu: np.ndarray) -> np.ndarray:
     """``max(0, max_{i∈C} w_i sim(e_i, e_j))`` for every pool point ``j`` (0 for empty ``C``)."""
     if len(cu) == 0:
         return np.zeros(len(pu))
-    return np.maximum((wc[:, None] * (cu @ pu.T)).max(axis=0), 0.0)
+    return np.concatenate([np.maximum((wc[:, None] * (cu @ pu[part].T)).max(axis=0), 0.0)
+                           for part in _slices(len(pu), len(cu))] or [np.zeros(0)])
 
 
 def cost(tokens: np.ndarray) -> np.ndarray:
@@ -63,8 +72,9 @@ class SubmodularCoverage:
         xu, cu, q = prepare(x, state)
         pu = pool_rows(x, state, dim_of(x))
         base = covered(cu, weight(cu, q), pu)
-        cover_x = weight(xu, q)[:, None] * (xu @ pu.T)
-        return np.maximum(cover_x - base[None, :], 0.0).sum(axis=1)
+        wx = weight(xu, q)
+        return np.concatenate([np.maximum(wx[part, None] * (xu[part] @ pu.T) - base[None, :], 0.0).sum(axis=1)
+                               for part in _slices(len(xu), len(pu))] or [np.zeros(0)])
 
     def score(self, x: Items, state: State) -> np.ndarray:
         return self.gains(x, state) / cost(x.tokens)
