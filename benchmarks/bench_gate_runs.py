@@ -3,7 +3,7 @@
     python benchmarks/bench_gate_runs.py --model quickstart/controller.onnx \
         --checkpoint quickstart/run/controller.safetensors --runs 8
 
-One run's ratio moves with the machine's speed at the time (see benchmarks/LATENCY.md), so a single run
+One run's ratio moves with the machine's speed at the time (see docs/research/gate-latency.md), so a single run
 cannot say how often a target holds. This prints every run's p50s and ratios with their 95% intervals over
 rounds, then the median, range and how many runs reach each target. ``--out FILE`` also keeps each run's
 JSON object, one per line.

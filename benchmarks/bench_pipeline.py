@@ -16,7 +16,6 @@ OUT/table.md and OUT/results.json and printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

@@ -30,11 +30,13 @@ def shared():
     return shared_path
 
 
-def benchmark_script(name: str):
-    """The module ``benchmarks/<name>.py`` (a developer harness, not installed), loaded from its file."""
+def developer_script(name: str):
+    """The module ``scripts/<name>.py`` or ``benchmarks/<name>.py`` (developer tools and harnesses, not
+    installed), loaded from its file."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    (path,) = [p for p in (REPO / "scripts" / f"{name}.py", REPO / "benchmarks" / f"{name}.py") if p.is_file()]
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -42,9 +44,10 @@ def benchmark_script(name: str):
 
 @pytest.fixture
 def harness():
-    """``harness("real_strata")``: a benchmarks/ script as a module (``benchmark_script``; not named
-    ``benchmark``, which is pytest-benchmark's fixture)."""
-    return benchmark_script
+    """``harness("readme_results")``: a scripts/ or benchmarks/ file as a module (``developer_script``; not named
+    ``benchmark``, which is pytest-benchmark's fixture). The research probes are a package: their tests, in
+    research/tests, import them."""
+    return developer_script
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """An offline open_deep_research run (no tests here): a scripted chat model and a fake web search.
 
-Used by tests/test_open_deep_research.py and benchmarks/make_openinference_fixture.py. The package's graph
+Used by tests/test_open_deep_research.py and scripts/make_openinference_fixture.py. The package's graph
 (``open_deep_research.deep_researcher.deep_researcher``) runs unchanged; two things are replaced:
 
 - the chat model: ``langchain.chat_models.base._init_chat_model_helper`` (what the package's configurable
