@@ -105,7 +105,8 @@ def test_ray_embeddings_in_the_cache_equal_local_ones(both):
 def test_engine_ray_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError, as in an install without the extra
     monkeypatch.setitem(sys.modules, "ray.data", None)
-    rc = main(["dataset", "build", "--engine", "ray", "--traces", str(tmp_path), "--out", str(tmp_path / "o"),
+    (tmp_path / "t").mkdir()
+    rc = main(["dataset", "build", "--engine", "ray", "--traces", str(tmp_path / "t"), "--out", str(tmp_path / "o"),
                "--encoder", "packaged", "--no-progress"])
     assert rc == 2
     assert "pip install 'branchgate[ray]'" in capsys.readouterr().err
