@@ -1,9 +1,11 @@
 """``branchgate bench``: the whole held-out experiment in one command (see ``bench/cli.py``).
 
-Modules: ``steps.py`` (cached steps with fingerprints), ``stats.py`` (bootstrap intervals, offline metrics of
-scorers on a decision dataset), ``policies.py`` (the closed-loop policy families and their sweeps),
-``closed_loop.py`` (running them and pairing by query), ``report.py`` (report.json, report.md, the PNG),
-``cli.py`` (the command).
+Modules: ``cli.py`` (the command), ``settings.py`` (the config read and checked; what every step shares),
+``pipeline.py`` (the steps in order, the report assembled), ``gate_steps.py`` (one label source's gate:
+dataset, train, export, closed loop, offline and real scores), ``budgets.py`` (the run-budgets step),
+``steps.py`` (cached steps with fingerprints), ``stats.py`` (bootstrap intervals, offline metrics of scorers on
+a decision dataset), ``policies.py`` (the closed-loop policy families and their sweeps), ``closed_loop.py``
+(running them and pairing by query), ``report.py`` (report.json, report.md, the PNG).
 """
 
 if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package

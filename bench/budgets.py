@@ -21,11 +21,64 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench.policies import BUDGET_FAMILIES, PolicyPoint, budget_family
+from branchgate.bench import closed_loop
+from branchgate.bench.policies import BUDGET_FAMILIES, PolicyPoint, budget_family, budget_points
+from branchgate.bench.settings import Run, write_ids
 from branchgate.bench.stats import mean_ci
+from branchgate.bench.steps import keeps_folder
+from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json
 
 KEYS = ("nodes", "tokens", "kpr")
+
+
+def budget_step(run: Run, gate_path: str, export_fp: str) -> dict | None:
+    """``budgets``: run budgets at ``policies.budget_fractions`` of each query's unpruned tokens — the first label
+    source's gate (``gate_path``, its export's fingerprint ``export_fp``) with and without deferral, and
+    ``budget_baselines`` given the same budget — on the first ``budget_queries`` eval queries (0 = all). None when
+    no fraction is configured."""
+    section = run.cfg["policies"]
+    pts = budget_points(section, gate_path)
+    if not pts:
+        return None
+    n = int(section.get("budget_queries") or 0)
+    ids = run.eval_ids[:n] if n > 0 else list(run.eval_ids)
+    references = {seed: _unpruned(run.steps.out / "closed_loop" / f"seed{seed}" / "none", ids) for seed in run.seeds}
+    inputs = {**run.loop_inputs, "queries": ids, "points": [(p.name, p.spec) for p in pts], "export": export_fp,
+              "reference": {s: {q: [t["nodes"], t["tokens"]] for q, t in r.items()} for s, r in references.items()}}
+
+    @keeps_folder
+    def step(folder: Path) -> dict:
+        qf = write_ids(folder, ids)
+        by_seed, checks = [], {p.name: [] for p in pts}
+        encoder = None
+        if run.workers <= 1:
+            from branchgate.models.encoder import Encoder
+
+            encoder = Encoder.load(run.enc)
+        for seed in run.seeds:
+            ref_path = write_reference(references[seed], folder / f"seed{seed}" / "reference.json")
+            out = folder / f"seed{seed}"
+            by_seed.append(closed_loop.run_points(run.env_path, {**run.sim(seed), "budget_reference": ref_path}, pts,
+                                                  qf, out, {"queries": ids, "export": export_fp}, encoder=encoder,
+                                                  progress=run.progress, workers=run.workers))
+            reference = json.loads(Path(ref_path).read_text())
+            for p in pts:
+                checks[p.name] += check_runs(out / closed_loop.safe_name(p.name), p.budget, reference)
+        return summarize(pts, closed_loop.average_seeds(by_seed), checks, run.boot)
+
+    return run.steps.run("budgets", inputs, step)
+
+
+def _unpruned(none_dir: Path, ids: list[str]) -> dict[str, dict]:
+    """The unpruned runs (one seed's ``none`` point of the ``closed_loop`` step) that size each query's budget:
+    read, not re-run; every query of ``ids`` needs one."""
+    none = closed_loop.per_query(none_dir)
+    missing = [q for q in ids if q not in none]
+    if missing:
+        raise InputError(f"{len(missing)} eval queries have no unpruned run to size their budget "
+                         f"(e.g. {missing[0]!r})", str(none_dir))
+    return {q: none[q] for q in ids}
 
 
 def write_reference(runs: dict[str, dict], path: Path) -> str:

@@ -22,10 +22,6 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
 
 import argparse
 import sys
-from importlib.resources import files
-from pathlib import Path
-
-from branchgate.errors import InputError
 
 OPTIONS = ("breadth", "depth", "encoder", "labels", "bootstrap", "workers")  # command-line overrides of config keys
 
@@ -49,42 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def load_config(name: str) -> dict:
-    import yaml
-
-    path = Path(name)
-    if not path.is_file():
-        packaged = Path(str(files("branchgate.configs")))
-        path = next((p for p in (packaged / name, packaged / f"{name}.yaml") if p.is_file()), path)
-    if not path.is_file():
-        raise InputError("bench config not found", name)
-    base = yaml.safe_load((Path(str(files("branchgate.configs"))) / "bench.yaml").read_text())
-    cfg = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(cfg, dict):
-        raise InputError("expected a mapping of bench settings", str(path))
-    unknown = set(cfg) - set(base)
-    if unknown:
-        raise InputError(f"unknown keys {sorted(unknown)} (known: {sorted(base)})", str(path))
-    for key in ("train", "policies"):
-        cfg[key] = {**base[key], **(cfg.get(key) or {})}
-    return {**base, **cfg}
-
-
-def read_ids(env, path: str) -> list[str]:
-    from branchgate.pipeline.simulate import select_queries
-
-    return list(dict.fromkeys(q for q, _ in select_queries(env, None, path)))  # InputError names file and line
-
-
-def check_disjoint(train_file: str, train: list[str], eval_file: str, ev: list[str]) -> None:
-    common = sorted(set(train) & set(ev))
-    if common:
-        raise InputError(f"{len(common)} query ids are in both {train_file} and {eval_file} (e.g. {common[0]!r}); "
-                         "the train and eval sets must not overlap", eval_file)
-
-
 def run(args) -> int:
     from branchgate.bench.pipeline import run_bench
+    from branchgate.bench.settings import load_config
 
     cfg = load_config(args.config)
     for key in OPTIONS:

@@ -4,12 +4,12 @@
 - ``none`` (no pruning, one point);
 - every teacher ``NAME:max_items=K`` for K in ``teacher_max_items`` (its breadth budget);
 - each label source's gate ``gate:PATH`` at its calibrated τ and ``gate:PATH,tau=T`` for T in ``gate_taus``,
-  and, for the first label source's gate, its variants (``VARIANTS``), each its own curve: set-aware
-  ``gate:PATH,tau=T,greedy=1`` for T in ``greedy_taus`` (curve ``gate+greedy``) and the top-1 fallback at the
-  root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``), and the root
-  frame at its own threshold, ``gate:PATH,tau=T,root_tau=R`` for T in ``root_taus``, R = ``root_tau``
-  (curve ``gate+root``), and both at once, ``gate:PATH,tau=T,greedy=1,root_tau=R`` for T in ``greedy_root_taus``
-  (curve ``gate+greedy_root``);
+  and, for the first label source's gate, its variants (``VARIANTS``), each its own curve: the root frame at
+  its own threshold, ``gate:PATH,tau=T,root_tau=R`` for T in ``root_taus``, R = ``root_tau`` (curve
+  ``gate+root``), and two measured without a gain (the config's ``experimental`` section): the top-1 fallback
+  at the root only, ``gate:PATH,tau=T,fallback=root`` for T in ``stop_taus`` (curve ``gate+stop``), and
+  set-aware below the root's own threshold, ``gate:PATH,tau=T,greedy=1,root_tau=R`` for T in
+  ``greedy_root_taus`` (curve ``gate+greedy_root``);
 - ``shallow:NODES`` for NODES in ``shallow_nodes``; ``random:RATE`` for RATE in ``random_rates``;
 - optional three-stage combinations ``[pre, post, synth]`` (``stages``; ``gate`` in a slot means the gate);
 - run budgets (``budget_points``, the bench's ``budgets`` step): for each fraction F of ``budget_fractions``, the
@@ -65,26 +65,39 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
     return _unique(out)
 
 
-VARIANTS = {  # a gate variant: (its τ list in ``policies``, the gate spec keys it adds)
-    "greedy": ("greedy_taus", "greedy=1"),  # set-aware selection
-    "stop": ("stop_taus", "fallback=root"),  # below the root a frame may keep none
-    "root": ("root_taus", "root_tau={root_tau}"),  # the root frame at policies.root_tau, the τ of the sweep below it
-    "greedy_root": ("greedy_root_taus", "greedy=1,root_tau={root_tau}"),  # set-aware below the root's own threshold
+VARIANTS = {  # a gate variant: (its τ list, SECTION.KEY of the bench config; the gate spec keys it adds)
+    "stop": ("experimental.stop_taus", "fallback=root"),  # below the root a frame may keep none
+    "root": ("policies.root_taus", "root_tau={root_tau}"),  # the root frame at policies.root_tau, the sweep's τ below
+    "greedy_root": ("experimental.greedy_root_taus", "greedy=1,root_tau={root_tau}"),  # set-aware below the root
 }
 
 
-def gate_points(section: dict, gate_path: str, family: str = "gate", variants: bool = True) -> list[PolicyPoint]:
+def variant_taus(cfg: dict) -> dict[str, list]:
+    """Each gate variant's τ list in the bench config ``cfg`` (``VARIANTS``; empty: the variant does not run)."""
+    out = {}
+    for variant, (where, _) in VARIANTS.items():
+        section, key = where.split(".")
+        out[variant] = list((cfg.get(section) or {}).get(key) or [])
+    return out
+
+
+def gate_family(index: int, source: str) -> str:
+    """The gate trained on the first label source is ``gate``; the others are ``gate[SOURCE]``."""
+    return "gate" if index == 0 else f"gate[{source}]"
+
+
+def gate_points(section: dict, gate_path: str, family: str = "gate", variants: dict | None = None) -> list[PolicyPoint]:
     """The gate's points: ``gate:PATH`` at its calibrated τ, ``gate:PATH,tau=T`` for T in ``gate_taus``, and
-    the three-stage combinations that name ``gate``; with ``variants`` also each variant's points (``VARIANTS``:
-    curve ``<family>+<variant>``). ``family`` names the curve (``gate`` for the first label source,
+    the three-stage combinations that name ``gate``; with ``variants`` (``variant_taus``) also each variant's
+    points (curve ``<family>+<variant>``). ``family`` names the curve (``gate`` for the first label source,
     ``gate[SOURCE]`` for the others), and prefixes every point's name."""
     out = [PolicyPoint(family, family, f"gate:{gate_path}")]
     for tau in section.get("gate_taus") or []:
         out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
-    for variant, (key, keys) in VARIANTS.items() if variants else ():
+    for variant, (where, keys) in VARIANTS.items():
         curve = variant_family(family, variant)
-        taus = section.get(key) or []
-        extra = _variant_keys(keys, section, key) if taus else ""
+        taus = (variants or {}).get(variant) or []
+        extra = _variant_keys(keys, section, where) if taus else ""
         for tau in taus:
             out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{extra}",
                                    budget=float(tau)))
@@ -92,13 +105,13 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: b
     return _unique(out)
 
 
-def _variant_keys(keys: str, section: dict, key: str) -> str:
+def _variant_keys(keys: str, section: dict, where: str) -> str:
     """A variant's spec keys with the ``policies`` settings they name filled in (``{root_tau}``)."""
     try:
         return keys.format_map({k: f"{v:g}" if isinstance(v, (int, float)) else v for k, v in section.items()
                                 if v is not None})
     except KeyError as exc:
-        raise InputError(f"{key} needs policies.{exc.args[0]}", f"policies.{exc.args[0]}") from None
+        raise InputError(f"{where} needs policies.{exc.args[0]}", f"policies.{exc.args[0]}") from None
 
 
 def variant_family(family: str, variant: str) -> str:

@@ -30,7 +30,7 @@ def rows_to_runs(rows: int) -> int:
     return int(rows / per_run * 1.03) + 1
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=60000, help="candidate rows for the fit timing (>= 50k)")
     p.add_argument("--epochs", type=int, default=10)
@@ -39,30 +39,43 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads for fitting")
     p.add_argument("--encode-threads", type=int, default=2, help="torch threads for encoding")
     p.add_argument("--out", default=None, help="work directory (default: a temporary one)")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     torch.set_num_threads(a.encode_threads)
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.data.synthetic import write_synthetic_dataset
-    from branchgate.training.fit import train
-
     work = Path(a.out or tempfile.mkdtemp(prefix="bench_train."))
     work.mkdir(parents=True, exist_ok=True)
     figures: dict = {"data": "synthetic (branchgate.data.synthetic)", "encoder": "packaged all-MiniLM-L6-v2",
                      "threads_fit": a.threads, "threads_encode": a.encode_threads, "cpu_count": os.cpu_count()}
+    figures["cold"] = cold_embedding(work, a.cold_decisions)
+    print("cold cache:", figures["cold"], flush=True)
+    big, cache, figures["warm_setup"] = warm_setup(work, a.rows)
+    print("warm setup:", figures["warm_setup"], flush=True)
+    torch.set_num_threads(a.threads)
+    figures["fit"] = fit(work, big, cache, a)
+    print("fit:", figures["fit"], flush=True)
+    (work / "bench_train.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"figures written to {work / 'bench_train.json'}")
+    return 0
 
-    # 1. cold-cache embedding on distinct texts
-    cold_runs = max(1, a.cold_decisions // 3)
-    cold_ds = write_synthetic_dataset(work / "cold_ds", n_runs=cold_runs, seed=11, unique_texts=True)
+
+def cold_embedding(work: Path, cold_decisions: int) -> dict:
+    """1. Cold-cache embedding of the distinct texts of about ``cold_decisions`` decision points."""
     import datasets
 
     from branchgate.data.decisions import TextTable, build_decisions
     from branchgate.data.embedding_cache import EmbeddingCache
+    from branchgate.data.synthetic import write_synthetic_dataset
     from branchgate.models.encoder import Encoder
 
+    cold_runs = max(1, cold_decisions // 3)
+    cold_ds = write_synthetic_dataset(work / "cold_ds", n_runs=cold_runs, seed=11, unique_texts=True)
     dsd = datasets.load_from_disk(str(cold_ds))
     texts = TextTable()
     sets = [build_decisions(name, dsd[name], texts) for name in dsd]
@@ -77,15 +90,21 @@ def main(argv=None) -> int:
     cold_s = time.perf_counter() - t0
     n_dec = sum(len(s) for s in sets)
     n_rows = sum(s.n_rows for s in sets)
-    figures["cold"] = {"decision_points": n_dec, "rows": n_rows, "distinct_texts": len(texts) - 1,
-                       "misses": cache.misses, "encoder_load_seconds": round(load_s, 2), "seconds": round(cold_s, 2),
-                       "decision_points_per_s": round(n_dec / cold_s, 1), "rows_per_s": round(n_rows / cold_s, 1),
-                       "texts_per_s": round(cache.misses / cold_s, 1)}
+    out = {"decision_points": n_dec, "rows": n_rows, "distinct_texts": len(texts) - 1,
+           "misses": cache.misses, "encoder_load_seconds": round(load_s, 2), "seconds": round(cold_s, 2),
+           "decision_points_per_s": round(n_dec / cold_s, 1), "rows_per_s": round(n_rows / cold_s, 1),
+           "texts_per_s": round(cache.misses / cold_s, 1)}
     cache.close()
-    print("cold cache:", figures["cold"], flush=True)
+    return out
 
-    # 2. >= 50k rows: embed once, then time a warm setup
-    big = write_synthetic_dataset(work / "big_ds", n_runs=rows_to_runs(a.rows), seed=12)
+
+def warm_setup(work: Path, rows: int) -> tuple[Path, Path, dict]:
+    """2. A dataset of about ``rows`` candidate rows embedded once, then its DataModule setup timed on the warm
+    cache; returns the dataset, the cache and the figures."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.data.synthetic import write_synthetic_dataset
+
+    big = write_synthetic_dataset(work / "big_ds", n_runs=rows_to_runs(rows), seed=12)
     cache = work / "warm.sqlite"
     DecisionDataModule(str(big), encoder="packaged", cache=str(cache), show_progress=True).setup("fit")
     t0 = time.perf_counter()
@@ -94,12 +113,14 @@ def main(argv=None) -> int:
     warm_s = time.perf_counter() - t0
     n_dec = sum(len(s) for s in dm.sets.values())
     n_rows = sum(s.n_rows for s in dm.sets.values())
-    figures["warm_setup"] = {"decision_points": n_dec, "rows": n_rows, "misses": dm.cache_stats["misses"],
-                             "seconds": round(warm_s, 2), "rows_per_s": round(n_rows / warm_s, 1)}
-    print("warm setup:", figures["warm_setup"], flush=True)
+    return big, cache, {"decision_points": n_dec, "rows": n_rows, "misses": dm.cache_stats["misses"],
+                        "seconds": round(warm_s, 2), "rows_per_s": round(n_rows / warm_s, 1)}
 
-    # 3. fit on the warm cache
-    torch.set_num_threads(a.threads)
+
+def fit(work: Path, big: Path, cache: Path, a: argparse.Namespace) -> dict:
+    """3. ``branchgate train`` on the warm cache: fitting throughput and the whole command's wall time."""
+    from branchgate.training.fit import train
+
     t0 = time.perf_counter()
     metrics = train(["--config", str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"),
                      "--data.dataset", str(big), "--data.cache", str(cache), "--data.show_progress", "false",
@@ -112,16 +133,13 @@ def main(argv=None) -> int:
     train_rows = metrics["n_rows"]["train"]
     epochs = a.epochs
     fit_s = metrics["fit_seconds"]
-    figures["fit"] = {
+    return {
         "train_decision_points": train_dec, "train_rows": train_rows, "total_rows": sum(metrics["n_rows"].values()),
         "epochs": epochs, "fit_seconds_incl_validation": fit_s,
-        "decision_points_per_s": round(train_dec * epochs / fit_s, 1), "rows_per_s": round(train_rows * epochs / fit_s, 1),
+        "decision_points_per_s": round(train_dec * epochs / fit_s, 1),
+        "rows_per_s": round(train_rows * epochs / fit_s, 1),
         "train_command_wall_seconds": round(wall, 1), "test_auroc": metrics["auroc"],
     }
-    print("fit:", figures["fit"], flush=True)
-    (work / "bench_train.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"figures written to {work / 'bench_train.json'}")
-    return 0
 
 
 if __name__ == "__main__":

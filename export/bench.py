@@ -29,11 +29,44 @@ SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin f
 
 def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 10,
               decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
+    """The latency figures (module docstring) of torch and the ONNX Gates on ``decisions`` (default: the
+    built-in samples), with each Gate's max |Δp_keep| vs torch on them."""
+    from branchgate.inference.inputs import as_decision
+
+    if decisions is None:
+        from branchgate.export.samples import sample_decisions
+
+        decisions = sample_decisions()
+    decisions = [as_decision(s, cands) for s, cands in decisions]
+    int8_model = int8_model or _int8_sibling(model)
+    methods, encoder_id = _methods(model, checkpoint, int8_model, threads)
+    parity = _parity(methods, decisions)
+    for _ in range(warmup):
+        for s, c in decisions:
+            for m in methods.values():
+                _clear(m)
+                m.predict(s, c)
+    load_start = os.getloadavg()[0]
+    times = _timings(methods, decisions, reps, progress)
+    out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
+           "load_avg_1min_start": round(load_start, 2), "load_avg_1min": round(os.getloadavg()[0], 2),
+           "cpus": os.cpu_count(),
+           "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
+           "encoder": encoder_id, "model": str(model), "int8_model": int8_model,
+           "onnx_text_groups": methods["onnx_fp32"].text_groups}
+    out.update(_figures(times, list(methods), reps))
+    out.update(parity)
+    return out
+
+
+def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) -> tuple[dict, str]:
+    """({method name: what predicts a decision}, the encoder id): the checkpoint's torch model, the ONNX Gate
+    and its int8 twin, all with ``threads`` CPU threads."""
     import torch
+
     from branchgate.export.controller import load_encoder
     from branchgate.export.torch_ref import TorchController
     from branchgate.inference.gate import Gate
-    from branchgate.inference.inputs import as_decision, decision_texts
     from branchgate.training.checkpoint import load_controller
 
     torch.set_num_threads(int(threads))
@@ -43,32 +76,26 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
         pass
     net, meta = load_controller(checkpoint)
     encoder = load_encoder(meta)
-    if decisions is None:
-        from branchgate.export.samples import sample_decisions
-
-        decisions = sample_decisions()
-    decisions = [as_decision(s, cands) for s, cands in decisions]
-    int8_model = int8_model or _int8_sibling(model)
     methods = {"torch": TorchController(net, encoder, cache=True),
                "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}
     if int8_model:
         methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
+    return methods, meta["encoder"]
 
-    def call(name, state, cands):
-        m = methods[name]
-        return m.predict(state, cands)
 
-    # Parity on these very decisions (cold), then warm-up.
-    outs = {name: [call(name, s, c) for s, c in decisions] for name in methods}
-    parity = {f"{name}_max_abs_diff_p_keep": float(max(np.abs(a[0] - b[0]).max() for a, b in zip(outs[name], outs["torch"])))
-              for name in methods if name != "torch"}
-    for _ in range(warmup):
-        for s, c in decisions:
-            for name in methods:
-                _clear(methods[name])
-                call(name, s, c)
+def _parity(methods: dict, decisions: list) -> dict:
+    """Each ONNX method's max |Δp_keep| vs torch on these very decisions (cold)."""
+    outs = {name: [m.predict(s, c) for s, c in decisions] for name, m in methods.items()}
+    return {f"{name}_max_abs_diff_p_keep":
+            float(max(np.abs(a[0] - b[0]).max() for a, b in zip(outs[name], outs["torch"])))
+            for name in methods if name != "torch"}
 
-    load_start = os.getloadavg()[0]
+
+def _timings(methods: dict, decisions: list, reps: int, progress: bool) -> dict:
+    """{(state, method): ms per call}, ``reps`` rounds of every decision in each state, the methods' order
+    rotating each round (module docstring)."""
+    from branchgate.inference.inputs import decision_texts
+
     times = {(state, name): [] for state in ("cold", "warm") for name in methods}  # reps x decisions, round by round
     names = list(methods)
     bar = _bar(progress, reps * len(names))
@@ -77,25 +104,25 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
             m = methods[name]
             _clear(m)
             time.sleep(SETTLE_S)  # the previous method's idle threads stop spinning
-            call(name, *decisions[0])  # untimed: wakes this method's thread pool
+            m.predict(*decisions[0])  # untimed: wakes this method's thread pool
             for state in ("cold", "warm"):
                 for s, c in decisions:
                     _clear(m)
                     if state == "warm":
                         m.embed(decision_texts(s, []))  # the state texts, cached as within one run
                     t = time.perf_counter()
-                    call(name, s, c)
+                    m.predict(s, c)
                     times[(state, name)].append((time.perf_counter() - t) * 1000.0)
             if bar:
                 bar.update(1)
     if bar:
         bar.close()
-    out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
-           "load_avg_1min_start": round(load_start, 2), "load_avg_1min": round(os.getloadavg()[0], 2),
-           "cpus": os.cpu_count(),
-           "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
-           "encoder": meta["encoder"], "model": str(model), "int8_model": int8_model,
-           "onnx_text_groups": methods["onnx_fp32"].text_groups}
+    return times
+
+
+def _figures(times: dict, names: list[str], reps: int) -> dict:
+    """p50 / p95 per state and method, and each ONNX method's speedup over torch with its 95% interval."""
+    out = {}
     for (state, name), ts in times.items():
         prefix = name if state == "cold" else f"warm_{name}"
         out[f"{prefix}_ms_p50"] = round(float(np.percentile(ts, 50)), 3)
@@ -106,7 +133,6 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
             out[key] = round(out[f"{prefix}torch_ms_p50"] / out[f"{prefix}{name}_ms_p50"], 2)
             lo, hi = ratio_interval(times[(state, "torch")], times[(state, name)], reps)
             out[f"{key}_ci95"] = [round(lo, 2), round(hi, 2)]
-    out.update(parity)
     return out
 
 

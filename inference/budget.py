@@ -8,7 +8,8 @@
 The budget itself (``Budget``, ``BudgetExceeded``, ``Deferred``) is ``inference/budget_state.py``
 (importable from here too).
 
-**Admission rule** (``RunGate.select``): with ``u`` the spent fraction of the budget (the larger of the node
+**Admission rule** (``admit_by_price``, which ``RunGate.select`` and ``revisit`` apply; a rule of its own,
+not ``decide``'s fixed threshold): with ``u`` the spent fraction of the budget (the larger of the node
 and token fractions, reservations included), a candidate is *admissible* when
 
     p_keep ≥ price(u) = price_start + (price_end − price_start) · u ** price_exponent
@@ -34,6 +35,11 @@ p_keep at deferral). ``revisit(state)`` re-scores the pending deferred candidate
 context as it is now) and admits, best first, those with p_keep ≥ ``revisit_floor`` (default
 ``price_start − defer_margin``) that fit the budget, charging them; they leave ``deferred``.
 
+**Who charges** (``charges``): by default the run charges its ``Budget`` itself (a node and a token
+reservation per admission, settled by ``spend``). With ``charges=False`` the caller charges it with what it
+really spends (``Budget.charge``; the reference pipeline, which knows each expansion's exact cost before
+committing it): a decision then leaves the budget as it found it and ``spend`` only updates the cost estimate.
+
 ``RunGate.to_json()`` / ``RunGate.from_json(obj, gate)`` keep a run across processes (the CLI's ``run_id``).
 Core-safe: numpy and the standard library only.
 """
@@ -58,6 +64,36 @@ DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the ca
 UTILITY_FLOOR = 1e-3  # ĝ below this counts as this in the cost-aware ranking (ĝ can be ≤ 0)
 
 
+def admit_by_price(order: Sequence[int], p_keep, price, fits, take, *, max_keep: int | None = None,
+                   cap: int | None = None, defer_margin: float | None = None, fallback: bool = False):
+    """The run-scoped gate's keep rule: walk the candidates best first (``order``) against ``price()``,
+    recomputed after every admission (what the decision already took counts as spent). One at or above it is
+    admitted (``take(i)``) while ``fits(i)`` and ``cap`` allow, else it is dropped by the budget; with
+    ``defer_margin`` one within that margin below it is deferred; the rest are plain prunes, as is everything
+    beyond ``max_keep``. With ``fallback``, when nothing is admitted, the first candidate that fits is (never
+    an empty selection while the budget affords one). → (kept, deferred, dropped_by_budget, fell_back)."""
+    kept, deferred, dropped = [], [], []
+    for i in order:
+        if max_keep is not None and len(kept) >= max_keep:
+            break
+        now = price()
+        if p_keep[i] >= now:
+            if (cap is not None and len(kept) >= cap) or not fits(i):
+                dropped.append(i)
+            else:
+                take(i)
+                kept.append(i)
+        elif defer_margin is not None and p_keep[i] >= now - defer_margin:
+            deferred.append(i)
+    if kept or not fallback:
+        return kept, deferred, dropped, False
+    best = next((i for i in order if fits(i)), None)
+    if best is None:
+        return kept, deferred, dropped, False
+    take(best)
+    return [best], [i for i in deferred if i != best], [i for i in dropped if i != best], True
+
+
 class RunGate:
     """A Gate scoped to one run with a ``Budget`` (see the module docstring). Thread-safe."""
 
@@ -65,7 +101,7 @@ class RunGate:
                  tau: float | None = None, max_keep: int | None = None, price_start: float | None = None,
                  price_end: float = 1.0, price_exponent: float = 2.0, defer_margin: float = 0.15,
                  revisit_floor: float | None = None, tokens_per_node: int | None = None,
-                 max_share: float | None = None):
+                 max_share: float | None = None, charges: bool = True):
         from branchgate.inference.inputs import as_max_keep, as_tau
 
         self.gate = gate
@@ -83,6 +119,7 @@ class RunGate:
         self.revisit_floor = None if revisit_floor is None else as_tau(revisit_floor, "revisit_floor")
         self.tokens_per_node = DEFAULT_TOKENS_PER_NODE if tokens_per_node is None else _amount(tokens_per_node, "tokens_per_node")
         self.max_share = None if max_share is None else as_tau(max_share, "max_share")
+        self.charges = bool(charges)  # False: the caller charges the budget (the module docstring's "Who charges")
         self.max_spend = 0  # the largest actual spend of one expansion reported so far
         self.pending: list[int] = []  # token reservations of admitted expansions not yet reported (oldest first)
         self.decisions = 0  # decisions made (select + revisit); the id of the next one
@@ -144,25 +181,21 @@ class RunGate:
             if k == 0:
                 return Selection([], p, u, False, price, oor, budget=self._status(price, did))
             order = self._rank(p, u, costs, explicit=explicit)
-            kept, deferred, dropped = self._decide(order, p, costs, max_keep, lambda: self.price(tau), self.defer,
-                                                   self._cap())
-            fallback = False
-            if not kept:
-                best = next((i for i in order if self._fits(costs[i])), None)
-                if best is not None:
-                    self._take(best, costs[best])
-                    kept, fallback = [best], True
-                    deferred = [i for i in deferred if i != best]
-                    dropped = [i for i in dropped if i != best]
+            mark = self._mark()
+            kept, deferred, dropped, fallback = admit_by_price(
+                order, p, lambda: self.price(tau), lambda i: self._fits(costs[i]), lambda i: self._take(i, costs[i]),
+                max_keep=max_keep, cap=self._cap(), defer_margin=self.defer_margin if self.defer else None,
+                fallback=True)
             exhausted = not kept and not any(self._fits(c) for c in costs)
             if exhausted:
                 dropped, deferred = list(range(k)), []
             for i in deferred:
                 self.deferred.append(Deferred(texts[i], objects[i], did, int(i), float(p[i]), price,
                                               None if keys is None else keys[i]))
+            status = self._status(price, did, tau)
+            self._release(mark)
             return Selection(sorted(kept), p, u, fallback, price, oor, deferred=sorted(deferred),
-                             dropped_by_budget=sorted(dropped), budget=self._status(price, did, tau),
-                             exhausted=exhausted)
+                             dropped_by_budget=sorted(dropped), budget=status, exhausted=exhausted)
 
     def revisit(self, state, max_keep: int | None = None, floor: float | None = None, costs: Sequence | None = None):
         """Re-score the pending deferred candidates against ``state`` (the context now) and admit, best first,
@@ -186,22 +219,28 @@ class RunGate:
             explicit = costs is not None
             costs = self._costs(costs, len(items))
             order = self._rank(p, u, costs, explicit=explicit)
-            kept, _, dropped = self._decide(order, p, costs, max_keep, lambda: floor, defer=False, cap=None)
+            mark = self._mark()
+            kept, _, dropped, _ = admit_by_price(order, p, lambda: floor, lambda i: self._fits(costs[i]),
+                                                 lambda i: self._take(i, costs[i]), max_keep=max_keep)
             exhausted = bool(items) and not kept and not any(self._fits(c) for c in costs)
             taken = {id(items[i]) for i in kept}
             self.deferred = [d for d in self.deferred if id(d) not in taken]
+            status = self._status(float(floor), did)
+            self._release(mark)
             sel = Selection(sorted(kept), p, u, False, float(floor), [], dropped_by_budget=sorted(dropped),
-                            budget=self._status(float(floor), did), exhausted=exhausted)
+                            budget=status, exhausted=exhausted)
             sel.revisited = [items[i] for i in sorted(kept)]
             return sel
 
     def spend(self, tokens: int) -> None:
         """Report the tokens one expansion really used: settles the oldest reservation (or, with none, is
-        charged as it is); updates the running max used as the default cost estimate."""
+        charged as it is; with ``charges=False`` nothing is charged); updates the running max used as the
+        default cost estimate."""
         tokens = _amount(tokens, "tokens")
         with self._lock:
-            reserved = self.pending.pop(0) if self.pending else 0
-            self.budget.settle(reserved, tokens)
+            if self.charges:
+                reserved = self.pending.pop(0) if self.pending else 0
+                self.budget.settle(reserved, tokens)
             self.max_spend = max(self.max_spend, tokens)
 
     def drop_deferred(self) -> list[Deferred]:
@@ -236,26 +275,15 @@ class RunGate:
         left = self.budget.remaining()["nodes"]
         return None if self.max_share is None or left is None else max(1, int(np.ceil(self.max_share * left)))
 
-    def _decide(self, order, p, costs, max_keep, price, defer: bool, cap: int | None):
-        """Walk the candidates best first against ``price()`` (recomputed after every admission: what this
-        decision already took counts as spent): those at or above it are admitted while they fit and ``cap``
-        allows (else dropped by the budget); with ``defer`` those within ``defer_margin`` below it are
-        deferred; the rest are plain prunes, as is everything beyond ``max_keep``.
-        → (kept, deferred, dropped_by_budget)."""
-        kept, deferred, dropped = [], [], []
-        for i in order:
-            if max_keep is not None and len(kept) >= max_keep:
-                break
-            now = price()
-            if p[i] >= now:
-                if (cap is not None and len(kept) >= cap) or not self._fits(costs[i]):
-                    dropped.append(i)
-                else:
-                    self._take(i, costs[i])
-                    kept.append(i)
-            elif defer and p[i] >= now - self.defer_margin:
-                deferred.append(i)
-        return kept, deferred, dropped
+    def _mark(self) -> tuple[int, int, int]:
+        """What a decision may change in the budget: spent nodes, reserved tokens, pending reservations."""
+        return self.budget.spent_nodes, self.budget.reserved_tokens, len(self.pending)
+
+    def _release(self, mark: tuple[int, int, int]) -> None:
+        """With ``charges=False``: give back what the decision admitted (the caller charges what it spends)."""
+        if not self.charges:
+            self.budget.spent_nodes, self.budget.reserved_tokens = mark[0], mark[1]
+            del self.pending[mark[2]:]
 
     def _take(self, i: int, cost: int) -> None:
         """Admit one candidate: charge its node and reserve its tokens."""
@@ -286,7 +314,8 @@ class RunGate:
                     "defer": self.defer, "tau": self.tau, "max_keep": self.max_keep, "price_start": self.price_start,
                     "price_end": self.price_end, "price_exponent": self.price_exponent,
                     "defer_margin": self.defer_margin, "revisit_floor": self.revisit_floor,
-                    "tokens_per_node": self.tokens_per_node, "max_share": self.max_share, "max_spend": self.max_spend,
+                    "tokens_per_node": self.tokens_per_node, "max_share": self.max_share, "charges": self.charges,
+                    "max_spend": self.max_spend,
                     "pending": list(self.pending), "decisions": self.decisions,
                     "deferred": [d.to_json() for d in self.deferred]}
 
@@ -303,7 +332,7 @@ class RunGate:
                       price_start=obj.get("price_start"), price_end=obj.get("price_end", 1.0),
                       price_exponent=obj.get("price_exponent", 2.0), defer_margin=obj.get("defer_margin", 0.15),
                       revisit_floor=obj.get("revisit_floor"), tokens_per_node=obj.get("tokens_per_node"),
-                      max_share=obj.get("max_share"))
+                      max_share=obj.get("max_share"), charges=_flag(obj.get("charges", True), f"{where}.charges"))
             run.max_spend = _amount(obj.get("max_spend", 0), f"{where}.max_spend")
             run.pending = [_amount(x, f"{where}.pending") for x in obj.get("pending", [])]
             run.decisions = _amount(obj.get("decisions", 0), f"{where}.decisions")
@@ -311,3 +340,9 @@ class RunGate:
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed run state ({exc})", where) from None
         return run
+
+
+def _flag(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"must be true or false, got {value!r}", where)
+    return value

@@ -2,11 +2,15 @@
 ``inference/budget.py``'s ``RunGate`` spends and persists).
 
 **Budget** — ``nodes`` (expanded subqueries) and/or ``tokens`` (caller-reported). A node is charged when
-``select``/``revisit`` admits a candidate. Tokens are *reserved* at admission (the candidate's cost estimate)
+``select``/``revisit`` admits a candidate (with ``RunGate(charges=False)``, by the caller). Tokens are *reserved* at admission (the candidate's cost estimate)
 and settled when the caller reports what the expansion really used (``spend``, oldest reservation first);
 ``remaining = limit − spent − reserved``. ``charge`` refuses (``BudgetExceeded``) anything that would go past a
 limit, so with upper-bound estimates a run never exceeds its budget. An actual spend beyond its estimate is
 recorded as it happened (``overspent``), never hidden.
+
+``can_afford`` is the one fit rule of a run budget: the run-scoped gate asks it with its estimates, the
+reference pipeline (``pipeline/budgeting.RunBudget``, which keeps its run's spending in this same ledger) with
+exact costs, from the counts its plan would leave (``nodes_used``/``tokens_used``).
 
 Core-safe: the standard library only.
 """
@@ -58,10 +62,13 @@ class Budget:
     def limited(self) -> bool:
         return self.nodes is not None or self.tokens is not None
 
-    def remaining(self) -> dict:
-        """``{"nodes", "tokens"}`` left (None = unlimited); tokens net of reservations, never below 0."""
-        nodes = None if self.nodes is None else max(self.nodes - self.spent_nodes, 0)
-        tokens = None if self.tokens is None else max(self.tokens - self.spent_tokens - self.reserved_tokens, 0)
+    def remaining(self, nodes_used: int | None = None, tokens_used: int | None = None) -> dict:
+        """``{"nodes", "tokens"}`` left (None = unlimited), never below 0, after ``nodes_used``/``tokens_used``
+        (default: the nodes spent; the tokens spent and reserved)."""
+        nodes_used = self.spent_nodes if nodes_used is None else nodes_used
+        tokens_used = self.spent_tokens + self.reserved_tokens if tokens_used is None else tokens_used
+        nodes = None if self.nodes is None else max(self.nodes - nodes_used, 0)
+        tokens = None if self.tokens is None else max(self.tokens - tokens_used, 0)
         return {"nodes": nodes, "tokens": tokens}
 
     @property
@@ -83,8 +90,10 @@ class Budget:
             fracs.append(1.0 if self.tokens == 0 else (self.spent_tokens + self.reserved_tokens) / self.tokens)
         return float(min(max(fracs), 1.0))
 
-    def can_afford(self, nodes: int = 1, tokens: int = 0) -> bool:
-        left = self.remaining()
+    def can_afford(self, nodes: int = 1, tokens: int = 0, *, nodes_used: int | None = None,
+                   tokens_used: int | None = None) -> bool:
+        """Whether ``nodes`` and ``tokens`` more fit what is left (``remaining``, after ``*_used`` when given)."""
+        left = self.remaining(nodes_used, tokens_used)
         return ((left["nodes"] is None or nodes <= left["nodes"]) and
                 (left["tokens"] is None or tokens <= left["tokens"]))
 

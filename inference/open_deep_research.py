@@ -49,7 +49,8 @@ What the hook patches (module attributes of the imported package, restored by ``
 (one ``run_id``); install the hook after any other patch of these three attributes (the tests replace the
 search first). Import-safe without the package: it is imported when the hook is installed.
 
-(The tool-call edit and the message and config helpers are ``odr_messages.py``; trace writing is ``recorder.py``.)
+(The tool-call edit and the message and config helpers are ``odr_messages.py``; the stand-ins installed for the
+model and the researcher subgraph are ``odr_proxies.py``; trace writing is ``recorder.py``.)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from dataclasses import dataclass, field
 
 from branchgate.inference.inputs import DecisionState
 from branchgate.inference.odr_messages import _edited, _first_human, _package_version, _queries, _setting
+from branchgate.inference.odr_proxies import _ModelProxy, _SubgraphProxy
 from branchgate.inference.recorder import TraceRecorder
 from branchgate.texts import candidate_text
 
@@ -344,76 +346,6 @@ class OpenDeepResearchHook(TraceRecorder):
 
     def _config(self) -> dict:
         return {"tau": self.tau, "max_keep": self.max_keep, "package": _package_version()}
-
-
-class _ModelProxy:
-    """Stands in for the package's ``configurable_model``: ``bind_tools`` results are gated."""
-
-    def __init__(self, model, hook: OpenDeepResearchHook):
-        self._model, self._branchgate_hook = model, hook
-
-    def bind_tools(self, tools, **kwargs):
-        return _gated_class()(self._model.bind_tools(tools, **kwargs), self._branchgate_hook)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-
-class _SubgraphProxy:
-    """Stands in for ``researcher_subgraph``: each ``ainvoke`` is one researcher run."""
-
-    def __init__(self, graph, hook: OpenDeepResearchHook):
-        self._graph, self._branchgate_hook = graph, hook
-
-    async def ainvoke(self, input, config=None, **kwargs):
-        hook = self._branchgate_hook
-        topic = str((input or {}).get("research_topic") or "") if isinstance(input, dict) else ""
-        branch = hook.start_branch(topic)
-        token = hook._branch.set(branch)
-        try:
-            result = await self._graph.ainvoke(input, config, **kwargs)
-        finally:
-            hook._branch.reset(token)
-        hook.end_branch(branch, result)
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self._graph, name)
-
-
-_GATED = []
-
-
-def _gated_class():
-    """The Runnable that gates a bound model's answers (defined on first use: langchain-core is only
-    needed once the package is)."""
-    if _GATED:
-        return _GATED[0]
-    from langchain_core.runnables import Runnable
-    from langchain_core.runnables.config import ensure_config
-
-    class GatedToolCalls(Runnable):
-        def __init__(self, bound, hook):
-            self.bound, self.hook = bound, hook
-
-        @property
-        def InputType(self):
-            return self.bound.InputType
-
-        @property
-        def OutputType(self):
-            return self.bound.OutputType
-
-        def invoke(self, input, config=None, **kwargs):
-            out = self.bound.invoke(input, config, **kwargs)
-            return self.hook.on_message(input, out, ensure_config(config))
-
-        async def ainvoke(self, input, config=None, **kwargs):
-            out = await self.bound.ainvoke(input, config, **kwargs)
-            return self.hook.on_message(input, out, ensure_config(config))
-
-    _GATED.append(GatedToolCalls)
-    return GatedToolCalls
 
 
 def gate_open_deep_research(gate=None, trace=None, **options) -> OpenDeepResearchHook:

@@ -48,6 +48,7 @@ import logging
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from branchgate.errors import InputError
@@ -67,6 +68,7 @@ from branchgate.logs_to_dataset.traces import ReadReport
 log = logging.getLogger(__name__)
 
 DEFAULT_TEACHER = "sc"
+BATCH_TEXTS = 512  # texts per embedding batch (whole runs): large, length-sorted batches for the encoder
 PARTIAL_RUNS = ("keep", "skip")
 
 
@@ -86,14 +88,39 @@ def check_build_output(out, traces, keypoints=None, cache=None) -> None:
                      OUTPUT_KIND)
 
 
-def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEACHER, fmt: str | None = None,
-          encoder: str = "auto", strict: bool = False, label_threshold: float | None = None,
-          cache: str | Path | None = None, pruned_labels: str = "excluded", progress: bool | None = None,
-          encoder_obj=None, batch_texts: int = 512, keypoints: str | Path | None = "auto", labels: str = "auto",
-          positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None,
-          partial_runs: str = "keep", engine=None, embed: str = "onnx", workers: int | None = None,
-          runs=None, split_by: str = "run") -> dict:
+@dataclass(frozen=True)
+class BuildSettings:
+    """What one build does: ``dataset build``'s options (one field each), plus ``encoder_obj``, ``runs`` and
+    ``engine`` of the Python API. Built once (``build``, ``build_cli.settings_from_args``, ``ray_build``) and read
+    by every step; ``build``'s docstring says what each does."""
+
+    traces: list
+    out: str | Path
+    teacher: str = DEFAULT_TEACHER
+    fmt: str | None = None
+    encoder: str = "auto"
+    strict: bool = False
+    label_threshold: float | None = None
+    cache: str | Path | None = None
+    pruned_labels: str = "excluded"
+    progress: bool | None = None
+    encoder_obj: object = None
+    batch_texts: int = BATCH_TEXTS
+    keypoints: str | Path | None = "auto"
+    labels: str = "auto"
+    positive_rate: float = DEFAULT_POSITIVE_RATE
+    label_options: dict | None = None
+    partial_runs: str = "keep"
+    engine: object = None
+    embed: str = "onnx"
+    workers: int | None = None
+    runs: object = None
+    split_by: str = "run"
+
+
+def build(traces: list[str | Path], out: str | Path, **options) -> dict:
     """Build the dataset at ``out`` and return its manifest. Raises ``NothingParsed`` if no run was read.
+    ``options``: the fields of ``BuildSettings`` (defaults there), by keyword.
 
     ``labels``: the label source (``logs_to_dataset.label_sources``: auto, keypoints, returns[:γ], citations,
     judge, teacher:NAME). A teacher's threshold, without ``label_threshold``, is set so that ``positive_rate`` of the
@@ -126,180 +153,228 @@ def build(traces: list[str | Path], out: str | Path, teacher: str = DEFAULT_TEAC
     ``engine``: None (here) or what embeds a batch's texts and builds its runs' rows elsewhere with these same
     functions: ``embed(cache, texts)`` and ``rows(builder, pending, vectors, dim)`` (``ray_build.RayEngine``).
     """
+    return run_build(BuildSettings(traces, out, **options))
+
+
+def run_build(settings: BuildSettings) -> dict:
+    """``build`` with its settings made: check them and the output folder, then read, label and write."""
     from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 
-    check_split_by(split_by)  # an unknown --split-by fails before any work
-    check_build_output(out, traces, keypoints, cache)
-    spill = RowSpill(out)  # the rows on disk until the write; removed however the build ends
+    s = settings
+    check_split_by(s.split_by)  # an unknown --split-by fails before any work
+    check_build_output(s.out, s.traces, s.keypoints, s.cache)
+    spill = RowSpill(s.out)  # the rows on disk until the write; removed however the build ends
     try:
-        with use_keypoints(keypoints):
-            return _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-                          encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs,
-                          engine, embed, workers, runs, spill, split_by)
+        with use_keypoints(s.keypoints):
+            check_settings(s)
+            job = _Build(s, spill)  # its label source: a bad --labels fails before reading
+            return job.run()
     finally:
         spill.remove()
 
 
-def _build(traces, out, teacher, fmt, encoder, strict, label_threshold, cache, pruned_labels, progress,
-           encoder_obj, batch_texts, keypoints, labels, positive_rate, label_options, partial_runs, engine,
-           embed="onnx", workers=None, extra_runs=None, spill=None, split_by="run") -> dict:
-    from tqdm.auto import tqdm
-
-    from branchgate.data.embedding_cache import EmbeddingCache
+def check_settings(s: BuildSettings) -> None:
+    """An ``InputError`` naming the option when one has no valid value (before any work)."""
     from branchgate.models import teachers as T
     from branchgate.models.onnx_encoder import EMBED_MODES
 
-    if pruned_labels not in PRUNED_LABELS:
-        raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {pruned_labels!r}")
-    if partial_runs not in PARTIAL_RUNS:
-        raise InputError(f"must be one of {', '.join(PARTIAL_RUNS)}, got {partial_runs!r}", "--partial-runs")
-    if teacher not in T.NAMES:
-        raise InputError(f"unknown teacher {teacher!r}; valid names: {', '.join(T.NAMES)}")
-    if embed not in EMBED_MODES:
-        raise InputError(f"must be one of {', '.join(EMBED_MODES)}, got {embed!r}", "--embed")
-    if workers is not None and int(workers) < 1:
-        raise InputError(f"must be ≥ 1, got {workers}", "--workers")
-    models = {name: T.get(name) for name in T.NAMES}
-    builder = RowBuilder(models, teacher, label_threshold, pruned_labels, labels=labels, positive_rate=positive_rate,
-                         label_options=label_options)  # a bad --labels fails before reading
-    timings = Counter()
-    t0 = time.perf_counter()
-    report = ReadReport()
-    found = discover(traces, fmt, report, strict)
-    files = input_files(found)
-    source_sha = sha256_files(files)
-    timings["hash_s"] += time.perf_counter() - t0
+    if s.pruned_labels not in PRUNED_LABELS:
+        raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {s.pruned_labels!r}")
+    if s.partial_runs not in PARTIAL_RUNS:
+        raise InputError(f"must be one of {', '.join(PARTIAL_RUNS)}, got {s.partial_runs!r}", "--partial-runs")
+    if s.teacher not in T.NAMES:
+        raise InputError(f"unknown teacher {s.teacher!r}; valid names: {', '.join(T.NAMES)}")
+    if s.embed not in EMBED_MODES:
+        raise InputError(f"must be one of {', '.join(EMBED_MODES)}, got {s.embed!r}", "--embed")
+    if s.workers is not None and int(s.workers) < 1:
+        raise InputError(f"must be ≥ 1, got {s.workers}", "--workers")
 
-    loaded: dict = {}
 
-    def embeddings():
-        """The encoder and its cache, loaded on first use (a bad input fails before the slow load)."""
-        if not loaded:
+class _Build:
+    """One build's state: its rows (on disk in ``spill``; ``rows`` keeps what labelling and the manifest read),
+    counts and timings, the runs waiting for embeddings, and the encoder, loaded on first use."""
+
+    def __init__(self, settings: BuildSettings, spill: RowSpill):
+        from branchgate.models import teachers as T
+
+        s = self.s = settings
+        self.models = {name: T.get(name) for name in T.NAMES}
+        self.builder = RowBuilder(self.models, s.teacher, s.label_threshold, s.pruned_labels, labels=s.labels,
+                                  positive_rate=s.positive_rate, label_options=s.label_options)
+        self.timings = Counter()
+        self.report = ReadReport()
+        self.rows = LabelRecords(SPLITS)
+        self.spill = spill
+        spill.feats = features(list(self.models))
+        self.n_runs, self.n_frames = Counter(), Counter()
+        self.seen: dict[str, str] = {}  # run_id → the file it was read from
+        self.kinds: Counter = Counter()
+        self.problems: Counter = Counter()
+        self.deferral: Counter = Counter()  # deferred / dropped-by-budget candidates (``RunDecisions.deferral``)
+        self.kp_stats: Counter = Counter()
+        self.partial = {"action": s.partial_runs, "runs": 0, "reasons": Counter(), "list": []}
+        self.pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
+        self.n_pending = 0
+        self.encoder = self.emb_cache = None
+
+    def run(self) -> dict:
+        s = self.s
+        t0 = time.perf_counter()
+        found = discover(s.traces, s.fmt, self.report, s.strict)
+        files = input_files(found)
+        source_sha = sha256_files(files)
+        self.timings["hash_s"] += time.perf_counter() - t0
+        self.read(found)
+        return self.finish(files, source_sha)
+
+    def embeddings(self):
+        """The encoder's ``EmbeddingCache``, loaded on first use (a bad input fails before the slow load)."""
+        if self.emb_cache is None:
+            from branchgate.data.embedding_cache import EmbeddingCache
             from branchgate.models.onnx_encoder import build_encoder
 
+            s = self.s
             t = time.perf_counter()
-            enc = build_encoder(encoder, embed, workers, encoder_obj)  # onnx: weights load at its first new text
-            loaded["encoder"], loaded["cache"] = enc, EmbeddingCache(enc, cache)
-            builder.max_chars = 10 * int(getattr(enc, "max_length", 0) or 256)  # beyond the encoder's window
-            timings["load_s"] += time.perf_counter() - t
-        return loaded["cache"]
+            self.encoder = build_encoder(s.encoder, s.embed, s.workers, s.encoder_obj)  # onnx: loads at a new text
+            self.emb_cache = EmbeddingCache(self.encoder, s.cache)
+            self.builder.max_chars = 10 * int(getattr(self.encoder, "max_length", 0) or 256)  # beyond its window
+            self.timings["load_s"] += time.perf_counter() - t
+        return self.emb_cache
 
-    rows = LabelRecords(SPLITS)  # per row only what labelling and the manifest read; the rows go to ``spill``
-    spill = spill if spill is not None else RowSpill(out)
-    spill.feats = features(list(models))
-    n_runs, n_frames = Counter(), Counter()
-    seen: dict[str, str] = {}
-    kinds: Counter = Counter()
-    problems: Counter = Counter()
-    deferral: Counter = Counter()  # deferred / dropped-by-budget candidates (``RunDecisions.deferral``)
-    kp_stats: Counter = Counter()
-    partial = {"action": partial_runs, "runs": 0, "reasons": Counter(), "list": []}
-    pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
-    n_pending = 0
+    def read(self, found) -> None:
+        """Every run of the files ``found`` (then of ``runs``), one at a time, into rows."""
+        from tqdm.auto import tqdm
 
-    def flush() -> None:
-        nonlocal n_pending
-        if not pending:
-            return
-        emb_cache = embeddings()
-        t = time.perf_counter()
-        texts = list(dict.fromkeys(x for _, rd, info in pending for x in builder.texts(rd, info)))
-        vecs = emb_cache.get(texts) if engine is None else engine.embed(emb_cache, texts)
-        vectors = dict(zip(texts, vecs))
-        timings["embed_s"] += time.perf_counter() - t
-        t = time.perf_counter()
-        made = None if engine is None else engine.rows(builder, pending, vectors, vecs.shape[1])
-        for i, (split, rd, info) in enumerate(pending):
-            new = builder.rows(rd, vectors, vecs.shape[1], info) if made is None else made[i]
-            rows.add(split, new)
-            spill.add(split, new)
-            kinds.update(r["utility_kind"] for r in new)
-        timings["teacher_s"] += time.perf_counter() - t - spill.take_time()
-        pending.clear()
-        n_pending = 0
+        progress = self.s.progress
+        bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
+                   file=sys.stderr)
+        try:
+            for runs in self.sources(bar):
+                for run in self.timed(runs):
+                    self.add(run)
+            self.flush()
+        finally:
+            bar.close()
+            close = getattr(self.encoder, "close", None)
+            if self.s.encoder_obj is None and callable(close):
+                close()  # the ONNX path's worker processes (an encoder_obj is the caller's)
 
-    bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
-               file=sys.stderr)
-
-    def sources():
+    def sources(self, bar):
         """Runs one file (then the ``runs`` iterable) at a time: nothing is read ahead of the build."""
         for path, reader in bar:
-            yield read_file(path, reader, strict, report)
-            bar.set_postfix(runs=sum(n_runs.values()), rows=len(rows))
-        if extra_runs is not None:
-            yield iter(extra_runs)
+            yield read_file(path, reader, self.s.strict, self.report)
+            bar.set_postfix(runs=sum(self.n_runs.values()), rows=len(self.rows))
+        if self.s.runs is not None:
+            yield iter(self.s.runs)
 
-    try:
-        for runs in sources():
-            while True:
-                t = time.perf_counter()
-                run = next(runs, None)
-                if run is None:
-                    timings["parse_s"] += time.perf_counter() - t
-                    break
-                try:
-                    if run.run_id in seen:
-                        raise InputError(f"run {run.run_id!r} was already read from {seen[run.run_id]} (skipped)", run.file)
-                    rd = run_decisions(run.run_id, run.events, run.file)
-                except InputError as exc:
-                    report.skip(run.file, None, exc.reason, strict)
-                    continue
-                finally:
-                    timings["parse_s"] += time.perf_counter() - t
-                seen[run.run_id] = run.file
-                why = partial_reason(run.events)
-                if why:
-                    partial["runs"] += 1
-                    partial["reasons"][why] += 1
-                    partial["list"].append({"file": run.file, "run_id": run.run_id, "reason": why})
-                    if partial_runs == "skip":
-                        report.skip(run.file, None, f"partial run {run.run_id!r}: {why} (--partial-runs skip)")
-                        continue
-                problems.update(rd.problems)
-                deferral.update(rd.deferral)
-                _count_keypoints(kp_stats, run, rd)
-                split = split_of(split_key(rd.run_id, rd.root_query, split_by))
-                n_runs[split] += 1
-                n_frames[split] += sum(1 for f in rd.frames if f.candidates)
-                if rd.n_decisions:
-                    info = run_info(run.events)
-                    pending.append((split, rd, info))
-                    n_pending += len(builder.texts(rd, info))
-                if n_pending >= batch_texts:
-                    flush()
-        flush()
-    finally:
-        bar.close()
-        if loaded and encoder_obj is None and callable(getattr(loaded["encoder"], "close", None)):
-            loaded["encoder"].close()  # the ONNX path's worker processes (an encoder_obj is the caller's)
-    total_runs = sum(n_runs.values())
-    partial_section = {"action": partial_runs, "runs": partial["runs"], "reasons": dict(sorted(partial["reasons"].items())),
-                       "list": partial["list"]}
-    if total_runs == 0:
-        if loaded:
-            loaded["cache"].close()
-        _nothing_parsed(traces, out, report, files, fmt, partial_section)
+    def timed(self, runs):
+        """The runs of one source, the time taken to read each counted in ``parse_s``."""
+        while True:
+            t = time.perf_counter()
+            run = next(runs, None)
+            self.timings["parse_s"] += time.perf_counter() - t
+            if run is None:
+                return
+            yield run
 
-    emb_cache = embeddings()  # loads the encoder now only if no run had decisions: the manifest records its id
-    builder.fitted = builder.finalize(rows)
-    source_stats = getattr(builder.source, "stats", None)  # e.g. the judge's calls, cache hits and tokens
-    source_stats = source_stats() if callable(source_stats) else None
-    if callable(getattr(builder.source, "close", None)):
-        builder.source.close()
-    manifest = _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models,
-                         loaded["encoder"], emb_cache, problems, pruned_labels, fmt)
-    if source_stats is not None:
-        manifest["label_source_stats"] = source_stats
-    manifest["keypoints"] = {"source": "none" if keypoints in (None, "", "none") else str(keypoints),
-                             **{k: int(kp_stats[k]) for k in KEYPOINT_STATS}}
-    manifest["partial_runs"] = partial_section
-    manifest["split_by"] = split_by
-    manifest["deferral"] = {k: int(deferral[k]) for k in DEFERRAL_COUNTS}
-    from branchgate.models.onnx_encoder import describe
+    def add(self, run) -> None:
+        """One run: its decision points counted and queued for embedding, or the run skipped and reported."""
+        rd = self.decisions(run)
+        if rd is None or self.left_out(run):
+            return
+        self.problems.update(rd.problems)
+        self.deferral.update(rd.deferral)
+        _count_keypoints(self.kp_stats, run, rd)
+        split = split_of(split_key(rd.run_id, rd.root_query, self.s.split_by))
+        self.n_runs[split] += 1
+        self.n_frames[split] += sum(1 for f in rd.frames if f.candidates)
+        if rd.n_decisions:
+            info = run_info(run.events)
+            self.pending.append((split, rd, info))
+            self.n_pending += len(self.builder.texts(rd, info))
+        if self.n_pending >= self.s.batch_texts:
+            self.flush()
 
-    manifest["embedder"] = describe(loaded["encoder"])
-    if partial_section["runs"] and partial_runs == "keep":
-        manifest["warnings"].append(_partial_warning(partial_section))
-    emb_cache.close()
-    write_dataset(out, rows, spill, manifest, timings)
-    return manifest
+    def decisions(self, run):
+        """The run's ``RunDecisions``, or None when it is skipped (read twice, no run_start: reported)."""
+        t = time.perf_counter()
+        try:
+            if run.run_id in self.seen:
+                raise InputError(f"run {run.run_id!r} was already read from {self.seen[run.run_id]} (skipped)",
+                                 run.file)
+            rd = run_decisions(run.run_id, run.events, run.file)
+        except InputError as exc:
+            self.report.skip(run.file, None, exc.reason, self.s.strict)
+            return None
+        finally:
+            self.timings["parse_s"] += time.perf_counter() - t
+        self.seen[run.run_id] = run.file
+        return rd
+
+    def left_out(self, run) -> bool:
+        """Count a partial run (``partial_reason``); True when ``--partial-runs skip`` leaves it out."""
+        why = partial_reason(run.events)
+        if not why:
+            return False
+        self.partial["runs"] += 1
+        self.partial["reasons"][why] += 1
+        self.partial["list"].append({"file": run.file, "run_id": run.run_id, "reason": why})
+        if self.s.partial_runs != "skip":
+            return False
+        self.report.skip(run.file, None, f"partial run {run.run_id!r}: {why} (--partial-runs skip)")
+        return True
+
+    def flush(self) -> None:
+        """Embed the pending runs' texts in one batch and write their rows."""
+        if not self.pending:
+            return
+        engine, builder = self.s.engine, self.builder
+        emb_cache = self.embeddings()
+        t = time.perf_counter()
+        texts = list(dict.fromkeys(x for _, rd, info in self.pending for x in builder.texts(rd, info)))
+        vecs = emb_cache.get(texts) if engine is None else engine.embed(emb_cache, texts)
+        vectors = dict(zip(texts, vecs))
+        self.timings["embed_s"] += time.perf_counter() - t
+        t = time.perf_counter()
+        made = None if engine is None else engine.rows(builder, self.pending, vectors, vecs.shape[1])
+        for i, (split, rd, info) in enumerate(self.pending):
+            new = builder.rows(rd, vectors, vecs.shape[1], info) if made is None else made[i]
+            self.rows.add(split, new)
+            self.spill.add(split, new)
+            self.kinds.update(r["utility_kind"] for r in new)
+        self.timings["teacher_s"] += time.perf_counter() - t - self.spill.take_time()
+        self.pending.clear()
+        self.n_pending = 0
+
+    def finish(self, files, source_sha) -> dict:
+        """Fit the labels' thresholds, write the dataset and its manifest; ``NothingParsed`` when no run was read."""
+        s, builder = self.s, self.builder
+        partial = {"action": s.partial_runs, "runs": self.partial["runs"],
+                   "reasons": dict(sorted(self.partial["reasons"].items())), "list": self.partial["list"]}
+        if sum(self.n_runs.values()) == 0:
+            if self.emb_cache is not None:
+                self.emb_cache.close()
+            _nothing_parsed(s.traces, s.out, self.report, files, s.fmt, partial)
+        emb_cache = self.embeddings()  # loads the encoder now only if no run had decisions: the manifest names it
+        builder.fitted = builder.finalize(self.rows)
+        source_stats = getattr(builder.source, "stats", None)  # e.g. the judge's calls, cache hits and tokens
+        source_stats = source_stats() if callable(source_stats) else None
+        if callable(getattr(builder.source, "close", None)):
+            builder.source.close()
+        manifest = _manifest(self.rows, self.n_runs, self.n_frames, self.report, files, source_sha, s.teacher, builder,
+                             self.kinds, self.models, self.encoder, emb_cache, self.problems, s.pruned_labels, s.fmt)
+        if source_stats is not None:
+            manifest["label_source_stats"] = source_stats
+        manifest["keypoints"] = {"source": "none" if s.keypoints in (None, "", "none") else str(s.keypoints),
+                                 **{k: int(self.kp_stats[k]) for k in KEYPOINT_STATS}}
+        manifest["partial_runs"] = partial
+        manifest["split_by"] = s.split_by
+        manifest["deferral"] = {k: int(self.deferral[k]) for k in DEFERRAL_COUNTS}
+        from branchgate.models.onnx_encoder import describe
+
+        manifest["embedder"] = describe(self.encoder)
+        if partial["runs"] and s.partial_runs == "keep":
+            manifest["warnings"].append(_partial_warning(partial))
+        emb_cache.close()
+        write_dataset(s.out, self.rows, self.spill, manifest, self.timings)
+        return manifest

@@ -86,21 +86,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "--workers: encoder actors)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from branchgate.logs_to_dataset.build import NothingParsed, build
-    from branchgate.logs_to_dataset.build_report import summary_line
+def settings_from_args(args: argparse.Namespace):
+    """The build's ``BuildSettings`` from the parsed options (``--engine ray``: Ray's batch size)."""
+    from branchgate.logs_to_dataset.build import BATCH_TEXTS, BuildSettings
+    from branchgate.logs_to_dataset.ray_build import RAY_BATCH_TEXTS
 
-    if getattr(args, "engine", "local") == "ray":
-        from branchgate.logs_to_dataset.ray_build import build_ray as build
-    try:
-        manifest = build(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
+    ray = getattr(args, "engine", "local") == "ray"
+    label_options = {k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model)) if v is not None}
+    return BuildSettings(args.traces, args.out, teacher=args.teacher, fmt=args.fmt, encoder=args.encoder,
                          strict=args.strict, label_threshold=args.label_threshold, cache=args.cache,
                          pruned_labels=args.pruned_labels, progress=False if args.no_progress else None,
                          keypoints=args.keypoints, labels=args.labels, positive_rate=args.positive_rate,
-                         label_options={k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model))
-                                        if v is not None},
-                         partial_runs=args.partial_runs, embed=args.embed, workers=args.workers,
-                         split_by=args.split_by)
+                         label_options=label_options, partial_runs=args.partial_runs, embed=args.embed,
+                         workers=args.workers, split_by=args.split_by,
+                         batch_texts=RAY_BATCH_TEXTS if ray else BATCH_TEXTS)
+
+
+def run(args: argparse.Namespace) -> int:
+    from branchgate.logs_to_dataset.build import NothingParsed, run_build
+    from branchgate.logs_to_dataset.build_report import summary_line
+    from branchgate.logs_to_dataset.ray_build import ray_run_build
+
+    settings = settings_from_args(args)
+    try:
+        manifest = ray_run_build(settings) if getattr(args, "engine", "local") == "ray" else run_build(settings)
     except NothingParsed as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 1

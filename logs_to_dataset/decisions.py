@@ -150,113 +150,152 @@ DEFERRAL_COUNTS = ("deferred", "deferred_expanded", "deferred_never_expanded", "
 
 
 def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
+    """The decision points of one run (rules in the module docstring): one pass over its events in ``seq``
+    order, then each candidate's expansion and evidence, then each frame's retained branches and context."""
     events = sorted(events, key=lambda e: e.seq)
     start = next((e for e in events if e.type == "run_start"), None)
     if start is None:
         raise InputError(f"run {run_id!r} has no run_start event (skipped)", file)
-    problems: list[str] = []
-    frames: dict[str, FrameInfo] = {}
-    cands: dict[str, CandidateInfo] = {}
-    evidence: dict[str, Evidence] = {}
-    expands: list[tuple[int, str]] = []  # (seq, candidate_id)
-    retrievals: list[tuple[int, str, list[str]]] = []
-    prunes: list[tuple[int, list[str]]] = []
-    defers: dict[str, int] = {}  # candidate_id → seq of its (first) defer decision
+    run = _RunEvents()
     for e in events:
+        run.add(e)
+    run.mark_expanded()
+    run.fill_frames()
+    has_labels = any(ev.labels is not None for ev in run.evidence.values())
+    return RunDecisions(run_id, start.root_query, sorted(run.frames.values(), key=lambda f: f.seq), run.evidence,
+                        has_labels, run.problems)
+
+
+@dataclass
+class _RunEvents:
+    """What one pass over a run's events (in ``seq`` order) collects for ``run_decisions``."""
+
+    frames: dict[str, FrameInfo] = field(default_factory=dict)
+    cands: dict[str, CandidateInfo] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    expands: list[tuple[int, str]] = field(default_factory=list)  # (seq, candidate_id)
+    retrievals: list[tuple[int, str, list[str]]] = field(default_factory=list)
+    prunes: list[tuple[int, list[str]]] = field(default_factory=list)
+    defers: dict[str, int] = field(default_factory=dict)  # candidate_id → seq of its (first) defer decision
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, e) -> None:
         t = e.type
         if t == "frame_open":
-            if e.frame_id in frames:
-                problems.append(f"frame {e.frame_id!r} opened twice (second ignored)")
-                continue
-            parent = getattr(e, "parent_candidate", None)
-            if parent is not None and parent not in cands:  # not declared before this frame: unknown, later, a cycle
-                problems.append(f"frame {e.frame_id!r} names parent_candidate {str(parent)[:80]!r}, not a candidate "
-                                "declared before it (ignored)")
-                parent = None
-            frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal, parent)
+            self.frame_open(e)
         elif t == "candidate":
-            if e.frame_id not in frames:
-                problems.append(f"candidate {e.candidate_id!r} names unknown frame {e.frame_id!r} (ignored)")
-                continue
-            if e.candidate_id in cands:
-                problems.append(f"candidate {e.candidate_id!r} declared twice (second ignored)")
-                continue
-            c = CandidateInfo(e.candidate_id, e.order, e.query, e.goal, e.seq)
-            cands[e.candidate_id] = c
-            frames[e.frame_id].candidates.append(c)
+            self.candidate(e)
         elif t == "decision":
-            if e.candidate_id not in cands:
-                problems.append(f"decision for unknown candidate {e.candidate_id!r} (ignored)")
-            elif e.action == "expand":
-                expands.append((e.seq, e.candidate_id))
-                origin = getattr(e, "deferred_from", None)
-                if origin is not None and defers.get(e.candidate_id) != origin:
-                    problems.append(f"expand of {e.candidate_id!r} names deferred_from={origin!r}, not a defer "
-                                    "decision of that candidate (kept as an expand)")
-            elif e.action == "defer":
-                defers.setdefault(e.candidate_id, e.seq)
-                cands[e.candidate_id].deferred = True
-            elif e.action == "prune" and e.actor == "budget":
-                cands[e.candidate_id].dropped_by_budget = True
+            self.decision(e)
         elif t == "retrieval":
-            if e.candidate_id not in cands:
-                problems.append(f"retrieval for unknown candidate {e.candidate_id!r} (ignored)")
+            if e.candidate_id not in self.cands:
+                self.problems.append(f"retrieval for unknown candidate {e.candidate_id!r} (ignored)")
             else:
-                retrievals.append((e.seq, e.candidate_id, list(e.evidence_ids)))
+                self.retrievals.append((e.seq, e.candidate_id, list(e.evidence_ids)))
         elif t == "evidence":
-            evidence.setdefault(e.evidence_id, e)
+            self.evidence.setdefault(e.evidence_id, e)
         elif t == "prune" and e.stage == "post_retrieval":
-            prunes.append((e.seq, list(e.item_ids)))
+            self.prunes.append((e.seq, list(e.item_ids)))
 
-    for _, cid in expands:
-        cands[cid].expanded = True
-    found: dict[str, dict[str, None]] = {}  # candidate_id → its evidence ids, in retrieval order
-    for _, cid, ids in retrievals:
-        cands[cid].expanded = True
-        found.setdefault(cid, {}).update(dict.fromkeys(ids))
-    unknown_ids = 0
-    for cid, ids in found.items():
-        if all(i in evidence for i in ids):
-            cands[cid].evidence_ids = list(ids)
-        else:
-            unknown_ids += 1
-    if unknown_ids:
-        problems.append(f"{unknown_ids} retrieval(s) name evidence the run never emitted (utility unknown)")
+    def frame_open(self, e) -> None:
+        if e.frame_id in self.frames:
+            self.problems.append(f"frame {e.frame_id!r} opened twice (second ignored)")
+            return
+        parent = getattr(e, "parent_candidate", None)
+        if parent is not None and parent not in self.cands:  # not declared before this frame: unknown, later, a cycle
+            self.problems.append(f"frame {e.frame_id!r} names parent_candidate {str(parent)[:80]!r}, not a candidate "
+                                 "declared before it (ignored)")
+            parent = None
+        self.frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal, parent)
 
-    first_expand: dict[str, int] = {}  # a retrieval without a decision also means "expanded"
-    for seq, cid in sorted(expands + [(seq, cid) for seq, cid, _ in retrievals]):
-        first_expand.setdefault(cid, seq)
-    order = sorted(first_expand.items(), key=lambda kv: kv[1])
-    expanded_seqs = [seq for _, seq in order]
-    expanded_texts = [cands[cid].text for cid, _ in order]
-    timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in retrievals] + [(seq, "prune", ids) for seq, ids in prunes],
-                      key=lambda t: t[0])
-    ctx: dict[str, None] = {}  # C_t as of the frame being filled: frames in seq order, the timeline read once
-    step = 0
-    for f in sorted(frames.values(), key=lambda f: f.seq):
+    def candidate(self, e) -> None:
+        if e.frame_id not in self.frames:
+            self.problems.append(f"candidate {e.candidate_id!r} names unknown frame {e.frame_id!r} (ignored)")
+            return
+        if e.candidate_id in self.cands:
+            self.problems.append(f"candidate {e.candidate_id!r} declared twice (second ignored)")
+            return
+        c = CandidateInfo(e.candidate_id, e.order, e.query, e.goal, e.seq)
+        self.cands[e.candidate_id] = c
+        self.frames[e.frame_id].candidates.append(c)
+
+    def decision(self, e) -> None:
+        if e.candidate_id not in self.cands:
+            self.problems.append(f"decision for unknown candidate {e.candidate_id!r} (ignored)")
+        elif e.action == "expand":
+            self.expands.append((e.seq, e.candidate_id))
+            origin = getattr(e, "deferred_from", None)
+            if origin is not None and self.defers.get(e.candidate_id) != origin:
+                self.problems.append(f"expand of {e.candidate_id!r} names deferred_from={origin!r}, not a defer "
+                                     "decision of that candidate (kept as an expand)")
+        elif e.action == "defer":
+            self.defers.setdefault(e.candidate_id, e.seq)
+            self.cands[e.candidate_id].deferred = True
+        elif e.action == "prune" and e.actor == "budget":
+            self.cands[e.candidate_id].dropped_by_budget = True
+
+    def mark_expanded(self) -> None:
+        """Each candidate's ``expanded`` and, when every id its retrievals name was emitted, ``evidence_ids``."""
+        for _, cid in self.expands:
+            self.cands[cid].expanded = True
+        found: dict[str, dict[str, None]] = {}  # candidate_id → its evidence ids, in retrieval order
+        for _, cid, ids in self.retrievals:
+            self.cands[cid].expanded = True
+            found.setdefault(cid, {}).update(dict.fromkeys(ids))
+        unknown_ids = 0
+        for cid, ids in found.items():
+            if all(i in self.evidence for i in ids):
+                self.cands[cid].evidence_ids = list(ids)
+            else:
+                unknown_ids += 1
+        if unknown_ids:
+            self.problems.append(f"{unknown_ids} retrieval(s) name evidence the run never emitted (utility unknown)")
+
+    def fill_frames(self) -> None:
+        """Each frame's candidates (sorted, renumbered, capped), retained branches and context C_t."""
+        first_expand: dict[str, int] = {}  # a retrieval without a decision also means "expanded"
+        for seq, cid in sorted(self.expands + [(seq, cid) for seq, cid, _ in self.retrievals]):
+            first_expand.setdefault(cid, seq)
+        order = sorted(first_expand.items(), key=lambda kv: kv[1])
+        expanded_seqs = [seq for _, seq in order]
+        expanded_texts = [self.cands[cid].text for cid, _ in order]
+        frames = sorted(self.frames.values(), key=lambda f: f.seq)
+        for f, ctx in zip(frames, self.contexts(frames), strict=True):
+            self.cap_candidates(f)
+            n = bisect_left(expanded_seqs, f.seq)  # branches expanded before the frame opened
+            if n > MAX_RETAINED:
+                self.problems.append(OVER_RETAINED)
+            f.retained = expanded_texts[max(0, n - MAX_RETAINED):n]
+            if len(ctx) > MAX_CONTEXT:
+                self.problems.append(OVER_CONTEXT)
+            f.context_ids = list(islice(reversed(ctx), MAX_CONTEXT))[::-1]
+
+    def cap_candidates(self, f: FrameInfo) -> None:
+        """Sort a frame's candidates by (order, seq), keep the first ``MAX_CANDIDATES``, renumber them 0..K-1 (the
+        position the Gate sees: features.py) and cut each one's E(c) to ``MAX_EVIDENCE``."""
         f.candidates.sort(key=lambda c: (c.order, c.seq))
-        problems.extend([OVER_CANDIDATES] * max(0, len(f.candidates) - MAX_CANDIDATES))
+        self.problems.extend([OVER_CANDIDATES] * max(0, len(f.candidates) - MAX_CANDIDATES))
         del f.candidates[MAX_CANDIDATES:]
-        for i, c in enumerate(f.candidates):  # renumbered: order is the position in the frame (features.py)
+        for i, c in enumerate(f.candidates):
             c.order = i
             if c.evidence_ids is not None and len(c.evidence_ids) > MAX_EVIDENCE:
-                problems.append(OVER_EVIDENCE)
+                self.problems.append(OVER_EVIDENCE)
                 c.evidence_ids = c.evidence_ids[:MAX_EVIDENCE]
-        n = bisect_left(expanded_seqs, f.seq)  # branches expanded before the frame opened
-        if n > MAX_RETAINED:
-            problems.append(OVER_RETAINED)
-        f.retained = expanded_texts[max(0, n - MAX_RETAINED):n]
-        while step < len(timeline) and timeline[step][0] < f.seq:
-            _, kind, ids = timeline[step]
-            step += 1
-            if kind == "retrieval":
-                ctx.update(dict.fromkeys(i for i in ids if i in evidence))
-            else:
-                for i in ids:
-                    ctx.pop(i, None)
-        if len(ctx) > MAX_CONTEXT:
-            problems.append(OVER_CONTEXT)
-        f.context_ids = list(islice(reversed(ctx), MAX_CONTEXT))[::-1]
-    has_labels = any(ev.labels is not None for ev in evidence.values())
-    return RunDecisions(run_id, start.root_query, sorted(frames.values(), key=lambda f: f.seq), evidence,
-                        has_labels, problems)
+
+    def contexts(self, frames: list[FrameInfo]):
+        """C_t of each frame (``frames`` in seq order): the evidence retrieved before it opened, minus the
+        post-retrieval prunes before it, in retrieval order. One dict, updated as the timeline is read once."""
+        timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in self.retrievals]
+                          + [(seq, "prune", ids) for seq, ids in self.prunes], key=lambda t: t[0])
+        ctx: dict[str, None] = {}
+        step = 0
+        for f in frames:
+            while step < len(timeline) and timeline[step][0] < f.seq:
+                _, kind, ids = timeline[step]
+                step += 1
+                if kind == "retrieval":
+                    ctx.update(dict.fromkeys(i for i in ids if i in self.evidence))
+                else:
+                    for i in ids:
+                        ctx.pop(i, None)
+            yield ctx

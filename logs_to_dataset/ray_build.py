@@ -25,6 +25,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,42 +48,51 @@ def require_ray():
 
 
 def build_ray(traces, out, *, num_actors: int | None = None, work_dir: str | Path | None = None,
-              gpus_per_actor: float = 0, encoder: str = "auto", encoder_obj=None, batch_texts: int = RAY_BATCH_TEXTS,
-              **kwargs) -> dict:
-    """``build.build`` with ``RayEngine``: same arguments, same outputs (dataset and manifest).
+              gpus_per_actor: float = 0, batch_texts: int = RAY_BATCH_TEXTS, **options) -> dict:
+    """``build.build`` with ``RayEngine``: same arguments (``options``: ``build.BuildSettings``), same outputs
+    (dataset and manifest); ``ray_run_build`` says the rest."""
+    from branchgate.logs_to_dataset.build import BuildSettings
 
-    ``num_actors`` (the CLI's ``--workers``): encoder actors (default: Ray's CPUs, at most 8), each embedding
-    in one process the way the local build's ``embed`` says (``onnx``: the exported tower, ``torch``:
-    sentence-transformers; ``models/onnx_encoder.py``). ``work_dir``: where the Parquet shards go
-    (default: a temporary folder beside ``out``, removed afterwards). ``gpus_per_actor`` > 0: each encoder actor
-    reserves that many GPUs and encodes on CUDA (``embed="torch"`` only; not covered by the CPU tests). The
-    driver's encoder is the local build's (``onnx_encoder.build_encoder``), with one process: the driver
-    exports and parity-checks the ONNX tower once, the actors open the same cached tower."""
-    from branchgate.logs_to_dataset.build import build, check_build_output
+    return ray_run_build(BuildSettings(traces, out, batch_texts=batch_texts, **options), num_actors=num_actors,
+                         work_dir=work_dir, gpus_per_actor=gpus_per_actor)
 
-    check_build_output(out, traces, kwargs.get("keypoints"), kwargs.get("cache"))  # before any folder is made
+
+def ray_run_build(settings, *, num_actors: int | None = None, work_dir: str | Path | None = None,
+                  gpus_per_actor: float = 0) -> dict:
+    """``build.run_build`` of ``settings`` (a ``build.BuildSettings``) with ``RayEngine``.
+
+    ``num_actors`` (default: the settings' ``workers``, the CLI's ``--workers``): encoder actors (default: Ray's
+    CPUs, at most 8), each embedding in one process the way the local build's ``embed`` says (``onnx``: the
+    exported tower, ``torch``: sentence-transformers; ``models/onnx_encoder.py``). ``work_dir``: where the Parquet
+    shards go (default: a temporary folder beside ``out``, removed afterwards). ``gpus_per_actor`` > 0: each
+    encoder actor reserves that many GPUs and encodes on CUDA (``embed="torch"`` only; not covered by the CPU
+    tests). The driver's encoder is the local build's (``onnx_encoder.build_encoder``), with one process: the
+    driver exports and parity-checks the ONNX tower once, the actors open the same cached tower."""
+    from branchgate.logs_to_dataset.build import check_build_output, run_build
+
+    s = settings
+    check_build_output(s.out, s.traces, s.keypoints, s.cache)  # before any folder is made
     ray = require_ray()
-    if str(kwargs.get("labels", "auto")).split(":")[0] == "judge":
+    if str(s.labels).split(":")[0] == "judge":
         raise InputError("--labels judge is not supported with --engine ray (its LLM calls run on the driver); "
                          "use --engine local", "--labels")
-    workers = kwargs.pop("workers", None)
-    num_actors = num_actors or workers
+    num_actors = num_actors or s.workers
+    encoder_obj = s.encoder_obj
     if encoder_obj is None:
         from branchgate.models.onnx_encoder import build_encoder
 
-        encoder_obj = build_encoder(encoder, kwargs.get("embed", "onnx"), 1)
+        encoder_obj = build_encoder(s.encoder, s.embed, 1)
     if not ray.is_initialized():
         ray.init(include_dashboard=False, configure_logging=False)
-    if kwargs.get("progress") is False:
+    if s.progress is False:
         ray.data.DataContext.get_current().enable_progress_bars = False
-    out = Path(out)
+    out = Path(s.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     own = work_dir is None
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.ray-", dir=out.parent)) if own else Path(work_dir)
     engine = RayEngine(work, num_actors, gpus_per_actor)
     try:
-        return build(traces, out, encoder=encoder, encoder_obj=encoder_obj, batch_texts=batch_texts, engine=engine,
-                     **kwargs)
+        return run_build(replace(s, encoder_obj=encoder_obj, engine=engine, workers=None))
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)

@@ -20,12 +20,22 @@ follow-ups, counted in ``leaf_expansions``); otherwise it is dropped (decision `
 The plan call is admitted the same way (else the run plans nothing), and the synthesis call is skipped only
 if the root question alone does not fit. A node budget counts expanded subqueries (the root's planning
 node is not one).
+
+**One ledger.** What a run has spent and what fits is the core ``Budget`` (``inference/budget_state.py``):
+spent nodes = expanded subqueries, spent tokens = LLM tokens, reserved tokens = the synthesis bound, and its
+``can_afford`` is the fit rule. With a run-scoped gate it is the gate's own budget (``commit_plan`` adopts it),
+so the gate's price and the exact checks read the same counts; the gate charges nothing itself
+(``RunGate(charges=False)``): the run charges each expansion's exact cost when it commits it (``commit``).
+``RunBudget`` adds what is the pipeline's: the synthesis bound, the checks of a frame's plan from the counts
+its earlier expansions would leave, and what the trace reports.
 """
 
 from __future__ import annotations
 
 import heapq
 
+from branchgate.errors import BranchgateError
+from branchgate.inference.budget_state import Budget
 from branchgate.pipeline.accounting import count_tokens, token_counts
 from branchgate.pipeline.textutil import sentences
 
@@ -81,42 +91,59 @@ class SynthBound:
 
 
 class RunBudget:
-    """One run's limits and what it has spent, as the pipeline counts it (the truth the bench checks)."""
+    """One run's budget as the pipeline spends it: the ledger ``account`` (a core ``Budget``; see the module
+    docstring) and the pipeline's own counts (``dropped``, ``leaf_expansions``, ``exhausted_at``)."""
 
     def __init__(self, nodes: int | None, tokens: int | None, ledger, synth: SynthBound):
-        self.nodes, self.tokens, self.ledger, self.synth = nodes, tokens, ledger, synth
-        self.expanded = 0
+        self.account = Budget(nodes, tokens)
+        self.ledger, self.synth = ledger, synth  # the run's LLM tokens by stage; the synthesis bound
         self.dropped = 0  # candidates a policy kept that the budget could not afford
         self.leaf_expansions = 0  # expanded without their follow-ups (the follow-ups did not fit)
         self.exhausted_at: int | None = None  # seq of the raw "budget:exhausted" event (the first exhausted decision)
 
-    @property
-    def limited(self) -> bool:
-        return self.nodes is not None or self.tokens is not None
+    nodes = property(lambda self: self.account.nodes)
+    tokens = property(lambda self: self.account.tokens)
+    limited = property(lambda self: self.account.limited)
+    expanded = property(lambda self: self.account.spent_nodes)  # expanded subqueries
+
+    def commit_plan(self, tokens: int, growth: int, run_gate=None) -> None:
+        """The plan call is made: charge its ``tokens`` and hold the synthesis bound, grown by ``growth`` (the
+        protected passages about to join the context). With a run-scoped gate its budget becomes the ledger
+        first (nothing is charged before the plan), so the gate decides on what the run has spent."""
+        if run_gate is not None:
+            if run_gate.charges:
+                raise BranchgateError("a pipeline run's gate must leave charging to the run (RunGate(charges=False))")
+            self.account = run_gate.budget
+        self.account.charge(tokens=tokens)
+        self.account.reserve(self.synth.value + growth)
+
+    def commit(self, cost: int, growth: int) -> None:
+        """An expansion is committed: charge its node and LLM tokens (``cost`` less ``growth``) and hold the
+        growth of the synthesis bound."""
+        self.account.charge(nodes=1, tokens=cost - growth)
+        self.account.reserve(growth)
 
     def committed(self) -> int:
-        """Tokens spent plus the synthesis bound of the context: what the run is committed to."""
-        return self.ledger.llm_tokens() + self.synth.value
+        """LLM tokens spent plus the synthesis bound of the context: what the run is committed to."""
+        return self.account.spent_tokens + self.synth.value
 
     def fits(self, tokens: int, nodes: int = 1, committed: int | None = None, expanded: int | None = None) -> bool:
         """Whether ``tokens`` more (and ``nodes`` more expansions) fit, from ``committed``/``expanded`` (default:
         the run's own counts; the frame's plan passes what its earlier expansions would leave)."""
-        committed = self.committed() if committed is None else committed
-        expanded = self.expanded if expanded is None else expanded
-        return ((self.nodes is None or expanded + nodes <= self.nodes)
-                and (self.tokens is None or committed + tokens <= self.tokens))
+        return self.account.can_afford(nodes, tokens, nodes_used=expanded,
+                                       tokens_used=self.committed() if committed is None else committed)
 
     def remaining(self) -> dict:
-        return {"nodes": None if self.nodes is None else max(self.nodes - self.expanded, 0),
-                "tokens": None if self.tokens is None else max(self.tokens - self.committed(), 0)}
+        return self.account.remaining(tokens_used=self.committed())
 
     def status(self) -> dict:
-        """What a decision event records (``spent``, ``remaining``: the fields of ``inference/recorder.py``, as the
-        pipeline counts them; ``reserved_tokens`` = the synthesis bound held for the final call)."""
-        return {"spent": {"nodes": self.expanded, "tokens": self.ledger.llm_tokens(),
+        """What a decision event records (``spent``, ``remaining``: the fields of ``inference/recorder.py``;
+        ``reserved_tokens`` = the synthesis bound held for the final call)."""
+        return {"spent": {"nodes": self.expanded, "tokens": self.account.spent_tokens,
                           "reserved_tokens": self.synth.value}, "remaining": self.remaining()}
 
     def totals(self) -> dict:
+        """The run_end totals: ``spent_tokens`` = every LLM token of the run, the synthesis call included."""
         return {"nodes": self.nodes, "tokens": self.tokens, "spent_nodes": self.expanded,
                 "spent_tokens": self.ledger.llm_tokens(), "dropped": self.dropped,
                 "leaf_expansions": self.leaf_expansions, "exhausted": self.exhausted_at is not None}

@@ -1,7 +1,7 @@
 """Building local retrieval environments from benchmark data (the folder they are saved to: ``env.py``).
 
-- Chunking: documents become sentence "atoms" (the sentences one labelled span touches merge into one, so a
-  span is never split), packed greedily into passages of about a target length.
+- Chunking (``chunking.py``): documents become sentence "atoms" (the sentences one labelled span touches merge
+  into one, so a span is never split), packed greedily into passages of about a target length.
 - ``build_drgym``: the DeepResearchGym layout (``queries/*.jsonl``, ``key_point/``, ``Searcho1_ClueWeb22/*.a``).
   Parsing, key points, ids and span labelling are ``logs_to_dataset/drgym.py``'s (``SpanIndex`` over every
   query's key points), the rules ``branchgate dataset build --format searcho1`` labels evidence with: a
@@ -18,113 +18,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from branchgate.errors import BranchgateError, InputError
 from branchgate.fileio import check_output_dir, mark_output_dir
 from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, TRACE_DIR, check_layout, doc_key, keypoint_files, kp_order,
                                               load_key_points, read_json, read_queries, trace_documents)
 from branchgate.logs_to_dataset.spans import SpanIndex, normalize
 from branchgate.pipeline import env
+from branchgate.pipeline.chunking import Atom, pack, span_atoms, split_long, text_atoms
 from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS
-from branchgate.pipeline.textutil import sentence_ranges
+
+__all__ = ["Atom", "Builder", "build", "build_drgym", "build_musique", "pack", "span_atoms", "split_long",
+           "text_atoms"]  # the chunking names stay importable from here
 
 log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# chunking: pack "atoms" (sentences, merged so no labelled span is ever split) into passages
-# ----------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Atom:
-    text: str
-    labels: set[str] = field(default_factory=set)
-    protected: bool = False  # holds a labelled span: never split
-
-    @property
-    def words(self) -> int:
-        return len(self.text.split())
-
-
-def text_atoms(text: str, spans: list[tuple[int, int, set[str]]]) -> list[Atom]:
-    """Sentence atoms of ``text``; the sentences one matched span ``(start, end, labels)`` touches merge."""
-    units = sentence_ranges(text)
-    if not units:
-        return []
-    starts = [s for s, _ in units]
-    labels: list[set[str]] = [set() for _ in units]
-    protected = [False] * len(units)
-    join_next = [False] * len(units)
-    for s, e, labs in spans:
-        first = max(0, int(np.searchsorted(starts, s, side="right")) - 1)
-        last = max(first, int(np.searchsorted(starts, max(s, e - 1), side="right")) - 1)
-        for i in range(first, last + 1):
-            labels[i] |= labs
-            protected[i] = True
-        for i in range(first, last):
-            join_next[i] = True
-    atoms: list[Atom] = []
-    i = 0
-    while i < len(units):
-        j = i
-        while join_next[j] and j + 1 < len(units):
-            j += 1
-        atoms.append(Atom(text[units[i][0]:units[j][1]], set().union(*labels[i:j + 1]), any(protected[i:j + 1])))
-        i = j + 1
-    return atoms
-
-
-def split_long(atoms: list[Atom], limit: int) -> list[Atom]:
-    """Cut unprotected atoms longer than ``limit`` words into ``limit``-word windows."""
-    out: list[Atom] = []
-    for a in atoms:
-        ws = a.text.split()
-        if a.protected or len(ws) <= limit:
-            out.append(a)
-            continue
-        for i in range(0, len(ws), limit):
-            out.append(Atom(" ".join(ws[i:i + limit]), set(a.labels)))
-    return out
-
-
-def pack(atoms: list[Atom], next_target) -> list[Atom]:
-    """Greedily join atoms into passages of about ``next_target()`` words: a passage closes at the atom
-    boundary nearest its target; a short tail (under half a target) joins the previous passage."""
-    chunks: list[Atom] = []
-    cur: list[Atom] = []
-    n = 0
-    target = next_target()
-    for a in atoms:
-        if cur and abs(n - target) <= abs(n + a.words - target):
-            chunks.append(_join(cur))
-            cur, n, target = [], 0, next_target()
-        cur.append(a)
-        n += a.words
-    if cur:
-        if chunks and n < target / 2:
-            chunks[-1] = _join([chunks[-1], *cur])
-        else:
-            chunks.append(_join(cur))
-    return chunks
-
-
-def _join(atoms: list[Atom]) -> Atom:
-    return Atom(" ".join(a.text for a in atoms), set().union(*(a.labels for a in atoms)), any(a.protected for a in atoms))
-
-
-def span_atoms(spans: list[tuple[str, set[str]]]) -> list[Atom]:
-    """Atoms of a document known only by its quoted spans: one per distinct span, in order."""
-    seen: dict[str, Atom] = {}
-    for span, labs in spans:
-        key = normalize(span)
-        if not key:
-            continue
-        if key in seen:
-            seen[key].labels |= labs
-        else:
-            seen[key] = Atom(" ".join(span.split()), set(labs), True)
-    return list(seen.values())
 
 
 def _rng(*parts) -> random.Random:
@@ -147,6 +53,11 @@ class Builder:
 
     def skip(self, file, line, reason: str) -> None:
         self.skipped.append({"file": str(file), "line": line, "reason": reason})
+
+    def note(self, message: str, n: int = 1) -> None:
+        """Count ``n`` occurrences of ``message`` in the manifest's notes (none: no entry)."""
+        if n:
+            self.notes[message] += n
 
     def add_passage(self, doc: str, atom: Atom, kind: str) -> int | None:
         """Append a passage (index returned); an exact duplicate text merges its labels into the first."""
@@ -183,121 +94,154 @@ class Builder:
 # DeepResearchGym
 # ----------------------------------------------------------------------------------------------------------
 
+@dataclass
+class _Docs:
+    """The documents' full texts read so far (query files and traces), by ``doc_key``."""
+
+    fulltext: dict[str, str] = field(default_factory=dict)  # doc key -> its longest text
+    names: dict[str, str] = field(default_factory=dict)  # doc key -> the id as first written
+
+    def add(self, doc_id: str, text: str) -> None:
+        key = doc_key(doc_id)
+        self.names.setdefault(key, doc_id.strip())
+        if len(text) > len(self.fulltext.get(key, "")):
+            self.fulltext[key] = text
+
+
 def build_drgym(sources: list[str], out: str | Path, chunk_words: int = DEFAULT_CHUNK_WORDS, seed: int = 0,
                 max_queries: int | None = None, progress: bool = True) -> Path:
     """Queries with key points; passages: the ground-truth documents (full text where a trace or DocStream
     holds it, spans located and never split; else their quoted spans) and the other trace documents
     (distractors, chunked to lengths drawn from the relevant passages'), labelled by ``SpanIndex``."""
-    from tqdm.auto import tqdm
-
     b = Builder("drgym", sources, chunk_words, seed)
-    fulltext: dict[str, str] = {}  # doc key -> its longest text
-    names: dict[str, str] = {}  # doc key -> the id as first written
+    docs = _Docs()
     query_kps = []
-
-    def add_text(doc_id: str, text: str) -> None:
-        key = doc_key(doc_id)
-        names.setdefault(key, doc_id.strip())
-        if len(text) > len(fulltext.get(key, "")):
-            fulltext[key] = text
-
-    def pairs(spans) -> int:  # notes count (span, key point) pairs
-        return sum(len(labs) for _, labs in spans)
-
-    def warn(message: str, n: int = 1) -> None:
-        if n:
-            b.notes[message] += n
-
     for src in map(Path, sources):
         check_layout(src)
-        new_ids: list[str] = []
-        for qf, lineno, qid, query, docs in read_queries(src, b.skip):
-            for d in docs:
-                add_text(d.id, d.text)
-            if qid is None:
-                continue
-            if qid in b.queries:
-                if b.queries[qid]["query"] != query:
-                    b.skip(qf, lineno, f"query id {qid} repeats with a different text (kept the first)")
-                continue
-            if max_queries is not None and len(b.queries) >= max_queries:
-                continue
-            b.queries[qid] = {"id": qid, "query": query, "key_points": [], "meta": {"source": str(qf)}}
-            new_ids.append(qid)
-        for qid in new_ids:
-            try:
-                kps = load_key_points(src / KEYPOINT_DIR, qid)
-            except InputError as exc:
-                b.skip(exc.file, exc.line, exc.reason)
-                del b.queries[qid]
-                continue
-            for file, reason in kps.problems:
-                b.skip(file, None, reason)
-            if not kps.points:
-                b.skip(keypoint_files(src / KEYPOINT_DIR, qid)[1], None, f"query {qid}: no aggregated key points")
-                del b.queries[qid]
-                continue
-            b.queries[qid]["key_points"] = [{"id": k.id, "text": k.text} for k in kps.points]
-            b.unreachable += [{"query": qid, "key_point": k.id, "reason": "no source span (no original point with spans)"}
-                              for k in kps.points if not k.sources]
-            query_kps.append(kps)
-        so_dir = src / TRACE_DIR
-        if so_dir.is_dir():
-            wanted = set(new_ids) if max_queries is not None else None
-            for a in sorted(so_dir.glob("*.a")):
-                if wanted is not None and a.stem not in wanted:
-                    continue
-                try:
-                    text = a.read_text(encoding="utf-8", errors="replace")
-                except OSError as exc:
-                    b.skip(a, None, f"unreadable: {exc}")
-                    continue
-                for d in trace_documents(text, warn):
-                    add_text(d.id, d.text)
-        else:
-            b.notes["sources_without_Searcho1_ClueWeb22"] += 1
-
+        new_ids = _drgym_queries(b, src, docs, max_queries)
+        query_kps += _drgym_key_points(b, src, new_ids)
+        _drgym_traces(b, src, docs, set(new_ids) if max_queries is not None else None)
     index = SpanIndex(query_kps)
-    names.update(index.names)  # ground-truth documents: named as in their key-point file
-    # 1) ground-truth documents: full text where known (spans located, never split), else their spans
+    docs.names.update(index.names)  # ground-truth documents: named as in their key-point file
+    gt_lengths = _ground_truth_passages(b, index, docs, chunk_words, progress)
+    _distractor_passages(b, index, docs, sorted(gt_lengths) or [chunk_words], seed, progress)
+    b.notes["full_text_docs"] = len(docs.fulltext)
+    b.notes["ground_truth_docs"] = len(index.own)
+    b.notes["ground_truth_docs_with_full_text"] = len(set(index.own) & set(docs.fulltext))
+    return b.write(out)
+
+
+def _drgym_queries(b: Builder, src: Path, docs: _Docs, max_queries: int | None) -> list[str]:
+    """Read ``src``'s query files (their documents' texts into ``docs``); returns the ids of the queries new
+    to the build (at most ``max_queries`` in all)."""
+    new_ids: list[str] = []
+    for qf, lineno, qid, query, qdocs in read_queries(src, b.skip):
+        for d in qdocs:
+            docs.add(d.id, d.text)
+        if qid is None:
+            continue
+        if qid in b.queries:
+            if b.queries[qid]["query"] != query:
+                b.skip(qf, lineno, f"query id {qid} repeats with a different text (kept the first)")
+            continue
+        if max_queries is not None and len(b.queries) >= max_queries:
+            continue
+        b.queries[qid] = {"id": qid, "query": query, "key_points": [], "meta": {"source": str(qf)}}
+        new_ids.append(qid)
+    return new_ids
+
+
+def _drgym_key_points(b: Builder, src: Path, new_ids: list[str]) -> list:
+    """The key points of the queries ``new_ids`` (a query without any is dropped, and skipped)."""
+    query_kps = []
+    for qid in new_ids:
+        try:
+            kps = load_key_points(src / KEYPOINT_DIR, qid)
+        except InputError as exc:
+            b.skip(exc.file, exc.line, exc.reason)
+            del b.queries[qid]
+            continue
+        for file, reason in kps.problems:
+            b.skip(file, None, reason)
+        if not kps.points:
+            b.skip(keypoint_files(src / KEYPOINT_DIR, qid)[1], None, f"query {qid}: no aggregated key points")
+            del b.queries[qid]
+            continue
+        b.queries[qid]["key_points"] = [{"id": k.id, "text": k.text} for k in kps.points]
+        b.unreachable += [{"query": qid, "key_point": k.id, "reason": "no source span (no original point with spans)"}
+                          for k in kps.points if not k.sources]
+        query_kps.append(kps)
+    return query_kps
+
+
+def _drgym_traces(b: Builder, src: Path, docs: _Docs, wanted: set[str] | None) -> None:
+    """The documents of ``src``'s Search-o1 traces (only the ``wanted`` queries' when given) into ``docs``."""
+    so_dir = src / TRACE_DIR
+    if not so_dir.is_dir():
+        b.notes["sources_without_Searcho1_ClueWeb22"] += 1
+        return
+    for a in sorted(so_dir.glob("*.a")):
+        if wanted is not None and a.stem not in wanted:
+            continue
+        try:
+            text = a.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            b.skip(a, None, f"unreadable: {exc}")
+            continue
+        for d in trace_documents(text, b.note):
+            docs.add(d.id, d.text)
+
+
+def _pairs(spans) -> int:  # notes count (span, key point) pairs
+    return sum(len(labs) for _, labs in spans)
+
+
+def _ground_truth_passages(b: Builder, index: SpanIndex, docs: _Docs, chunk_words: int, progress: bool) -> list[int]:
+    """Passages of the ground-truth documents: full text where known (spans located, never split), else their
+    spans. Returns the word counts of the labelled ones."""
+    from tqdm.auto import tqdm
+
     gt_lengths: list[int] = []
     target = lambda: chunk_words  # noqa: E731
     for doc in tqdm(index.documents, desc="ground-truth docs", disable=not progress, leave=False):
-        if doc in fulltext:
-            found, missing = index.locate(doc, fulltext[doc])
-            own = pairs(index.own_spans(doc)) - pairs(missing)
+        if doc in docs.fulltext:
+            found, missing = index.locate(doc, docs.fulltext[doc])
+            own = _pairs(index.own_spans(doc)) - _pairs(missing)
             b.notes["spans_located_in_full_text"] += own
-            b.notes["spans_not_in_full_text"] += pairs(missing)
-            b.notes["spans_of_other_documents_located"] += pairs((s, labs) for *s, labs in found) - own
-            chunks = pack(split_long(text_atoms(fulltext[doc], found), 2 * chunk_words), target)
+            b.notes["spans_not_in_full_text"] += _pairs(missing)
+            b.notes["spans_of_other_documents_located"] += _pairs((s, labs) for *s, labs in found) - own
+            chunks = pack(split_long(text_atoms(docs.fulltext[doc], found), 2 * chunk_words), target)
             if missing:
                 chunks += pack(span_atoms(missing), target)
         else:
             atoms = span_atoms(index.own_spans(doc))
-            b.notes["spans_from_span_only_docs"] += pairs(index.own_spans(doc))
+            b.notes["spans_from_span_only_docs"] += _pairs(index.own_spans(doc))
             for a in atoms:  # a quote can hold a span of another document (or a shorter one of its own)
                 a.labels |= index.labels(doc, a.text, own=False)
             chunks = pack(atoms, target)
         for c in chunks:
-            b.add_passage(names[doc], c, "ground_truth")
+            b.add_passage(docs.names[doc], c, "ground_truth")
             if c.labels:
                 gt_lengths.append(c.words)
-    # 2) distractors: other full texts, chunked to lengths drawn from the relevant passages' distribution;
-    #    labelled where they quote another document's span (as the Search-o1 reader labels them)
-    pool = sorted(gt_lengths) or [chunk_words]
-    others = sorted(d for d in fulltext if d not in index.own)
+    return gt_lengths
+
+
+def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[int], seed: int,
+                         progress: bool) -> None:
+    """Passages of the other full texts, chunked to lengths drawn from ``pool`` (the relevant passages' word
+    counts, sorted); labelled where they quote another document's span (as the Search-o1 reader labels them)."""
+    from tqdm.auto import tqdm
+
+    chunk_words = b.chunk_words
+    others = sorted(d for d in docs.fulltext if d not in index.own)
     for doc in tqdm(others, desc="distractor docs", disable=not progress, leave=False):
-        rng = _rng(seed, names[doc])
+        rng = _rng(seed, docs.names[doc])
         draw = lambda: max(8, pool[rng.randrange(len(pool))])  # noqa: E731
-        found, _ = index.locate(doc, fulltext[doc])
-        b.notes["spans_of_other_documents_located"] += pairs((s, labs) for *s, labs in found)
+        found, _ = index.locate(doc, docs.fulltext[doc])
+        b.notes["spans_of_other_documents_located"] += _pairs((s, labs) for *s, labs in found)
         b.notes["distractor_docs_with_spans"] += bool(found)
-        for c in pack(split_long(text_atoms(fulltext[doc], found), 2 * chunk_words), draw):
-            b.add_passage(names[doc], c, "distractor")
-    b.notes["full_text_docs"] = len(fulltext)
-    b.notes["ground_truth_docs"] = len(index.own)
-    b.notes["ground_truth_docs_with_full_text"] = len(set(index.own) & set(fulltext))
-    return b.write(out)
+        for c in pack(split_long(text_atoms(docs.fulltext[doc], found), 2 * chunk_words), draw):
+            b.add_passage(docs.names[doc], c, "distractor")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -310,6 +254,24 @@ def build_musique(sources: list[str], out: str | Path, seed: int = 0, max_querie
     decomposition step, covered by its supporting paragraph. Passages: the ``*_corpus.json`` files when
     present (and no subset is asked for), else the questions' own paragraphs."""
     b = Builder("musique", sources, 0, seed)
+    corpus, questions = _musique_files(b, sources)
+    if question_ids is not None:
+        wanted = set(question_ids)
+        questions = [t for t in questions if isinstance(t[2], dict) and str(t[2].get("id")) in wanted]
+    if max_queries is not None:
+        questions = questions[:max_queries]
+    subset = question_ids is not None or max_queries is not None
+    if corpus and not subset:
+        for title, text in corpus:
+            _musique_passage(b, title, text)
+    for f, i, q in questions:
+        _musique_question(b, f, i, q)
+    return b.write(out)
+
+
+def _musique_files(b: Builder, sources: list[str]) -> tuple[list[tuple[str, str]], list[tuple[Path, int, dict]]]:
+    """The corpus paragraphs ``(title, text)`` of the ``*_corpus.json`` files and the questions ``(file, index,
+    question)`` of the others, in file order."""
     corpus: list[tuple[str, str]] = []
     questions: list[tuple[Path, int, dict]] = []
     for src in map(Path, sources):
@@ -334,58 +296,53 @@ def build_musique(sources: list[str], out: str | Path, seed: int = 0, max_querie
                     questions.append((f, i, q))
     if not questions:
         raise InputError("no question file found (only *_corpus.json)", ", ".join(sources))
-    if question_ids is not None:
-        wanted = set(question_ids)
-        questions = [t for t in questions if isinstance(t[2], dict) and str(t[2].get("id")) in wanted]
-    if max_queries is not None:
-        questions = questions[:max_queries]
-    subset = question_ids is not None or max_queries is not None
+    return corpus, questions
 
-    def passage(title: str, text: str) -> int | None:
-        return b.add_passage(title, Atom(f"{title}\n{text}".strip()), "corpus")
 
-    if corpus and not subset:
-        for title, text in corpus:
-            passage(title, text)
-    for f, i, q in questions:
-        where = f"[{i}]"
-        if not isinstance(q, dict) or not isinstance(q.get("question"), str) or not isinstance(q.get("paragraphs"), list):
-            b.skip(f, None, f"{where}: needs 'question' and 'paragraphs'")
+def _musique_passage(b: Builder, title: str, text: str) -> int | None:
+    return b.add_passage(title, Atom(f"{title}\n{text}".strip()), "corpus")
+
+
+def _musique_question(b: Builder, f: Path, i: int, q) -> None:
+    """Question ``i`` of file ``f``: its paragraphs as passages, one key point per decomposition step (else per
+    supporting paragraph), labelled on its supporting paragraph."""
+    where = f"[{i}]"
+    if not isinstance(q, dict) or not isinstance(q.get("question"), str) or not isinstance(q.get("paragraphs"), list):
+        b.skip(f, None, f"{where}: needs 'question' and 'paragraphs'")
+        return
+    qid = str(q.get("id", f"{f.stem}-{i}"))
+    if qid in b.queries:
+        b.skip(f, None, f"{where}: duplicate question id {qid}")
+        return
+    paras = q["paragraphs"]
+    idx_of = {}
+    for j, p in enumerate(paras):
+        if isinstance(p, dict) and isinstance(p.get("paragraph_text"), str):
+            idx_of[p.get("idx", j)] = _musique_passage(b, str(p.get("title", "")), p["paragraph_text"])
+    steps = q.get("question_decomposition") or []
+    kps = []
+    for n, step in enumerate(steps, 1):
+        kid = f"{qid}#{n}"
+        text = f"{step.get('question', '')} {step.get('answer', '')}".strip()
+        kps.append({"id": kid, "text": text})
+        pi = idx_of.get(step.get("paragraph_support_idx"))
+        if pi is None:
+            b.unreachable.append({"query": qid, "key_point": kid, "reason": "no supporting paragraph"})
             continue
-        qid = str(q.get("id", f"{f.stem}-{i}"))
-        if qid in b.queries:
-            b.skip(f, None, f"{where}: duplicate question id {qid}")
-            continue
-        paras = q["paragraphs"]
-        idx_of = {}
-        for j, p in enumerate(paras):
-            if isinstance(p, dict) and isinstance(p.get("paragraph_text"), str):
-                idx_of[p.get("idx", j)] = passage(str(p.get("title", "")), p["paragraph_text"])
-        steps = q.get("question_decomposition") or []
-        kps = []
-        for n, step in enumerate(steps, 1):
+        b.label(pi, {kid})
+    if not kps:  # no decomposition: each supporting paragraph is a key point
+        for n, p in enumerate([p for p in paras if isinstance(p, dict) and p.get("is_supporting")], 1):
             kid = f"{qid}#{n}"
-            text = f"{step.get('question', '')} {step.get('answer', '')}".strip()
-            kps.append({"id": kid, "text": text})
-            pi = idx_of.get(step.get("paragraph_support_idx"))
+            kps.append({"id": kid, "text": p.get("title", "")})
+            pi = _musique_passage(b, str(p.get("title", "")), str(p.get("paragraph_text", "")))
             if pi is None:
-                b.unreachable.append({"query": qid, "key_point": kid, "reason": "no supporting paragraph"})
                 continue
             b.label(pi, {kid})
-        if not kps:  # no decomposition: each supporting paragraph is a key point
-            for n, p in enumerate([p for p in paras if isinstance(p, dict) and p.get("is_supporting")], 1):
-                kid = f"{qid}#{n}"
-                kps.append({"id": kid, "text": p.get("title", "")})
-                pi = passage(str(p.get("title", "")), str(p.get("paragraph_text", "")))
-                if pi is None:
-                    continue
-                b.label(pi, {kid})
-        if not kps:
-            b.skip(f, None, f"{where}: question {qid} has no decomposition and no supporting paragraph")
-            continue
-        b.queries[qid] = {"id": qid, "query": q["question"].strip(), "key_points": kps,
-                          "meta": {"answer": q.get("answer"), "decomposition": [s.get("question") for s in steps]}}
-    return b.write(out)
+    if not kps:
+        b.skip(f, None, f"{where}: question {qid} has no decomposition and no supporting paragraph")
+        return
+    b.queries[qid] = {"id": qid, "query": q["question"].strip(), "key_points": kps,
+                      "meta": {"answer": q.get("answer"), "decomposition": [s.get("question") for s in steps]}}
 
 
 OUTPUT_KIND = "env build"  # the command named in the environment folder's mark (``fileio.check_output_dir``)

@@ -96,7 +96,7 @@ class Expander:
         env, w, stats = self.env, r.w, r.stats
         stats["nodes"] += 1
         stats["n_expanded"] += 1
-        r.budget.expanded += 1
+        r.budget.commit(e.cost, e.growth)
         r.retained_branches.append(e.text)
         stats["retrieval_calls"] += 1
         for pi, tok in zip(e.hits, e.hit_tokens):
@@ -216,7 +216,6 @@ class Expander:
                     r.stats["n_pruned_pre"] -= 1  # it was counted as not expanded when it was deferred
                 else:
                     budget.dropped += 1
-                gate.spend(e.cost if fits else 0)
         for d in gate.drop_deferred():
             w("decision", candidate_id=d.key, action="prune", actor="budget" if id(d) in no_room else self.pre.actor,
               score=None, p_keep=None, deferred_from=r.deferred_seq.get(d.key), **budget.status())

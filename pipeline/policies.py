@@ -126,11 +126,12 @@ class GatePolicy(Policy):
         return self._gate
 
     def start_run(self, run_id: str, nodes: int | None = None, tokens: int | None = None):
-        """With a run budget: this run's ``RunGate`` (``Gate.run``), which ``choose_run`` then asks."""
+        """With a run budget: this run's ``RunGate`` (``Gate.run``), which ``choose_run`` then asks. It charges
+        nothing itself: the run charges exact costs to the same ledger (``pipeline/budgeting.py``)."""
         if self.budget is None:
             return None
         return self.model.run(budget_nodes=nodes, budget_tokens=tokens, defer=self.budget.defer, run_id=run_id,
-                              tau=self.tau, **self.run_options)
+                              tau=self.tau, charges=False, **self.run_options)
 
     def choose_run(self, run_gate, state, cands, costs: list[int] | None, keys: list[str]) -> Choice:
         """One decision of a budgeted run: ``run_gate.select`` with the candidates' exact costs."""
@@ -155,7 +156,8 @@ class GatePolicy(Policy):
 
     @staticmethod
     def _greedy(model, x, state, p: np.ndarray, tau: float, fallback: bool) -> list[int]:
-        """Set-aware keep: the best candidate, then the rest re-scored with it in the retained context."""
+        """Set-aware keep: ``decide`` one candidate at a time (the best, if it passes τ; the top-1 fallback only
+        for the first), then re-score the rest with it in the retained context."""
         from branchgate.inference.inputs import DecisionState
 
         root = state.query.texts[0] if len(state.query.texts) else ""
@@ -163,10 +165,10 @@ class GatePolicy(Policy):
         kept: list[int] = []
         rest, scores = list(range(len(p))), p
         while rest:
-            j = int(np.argmax(scores))
-            if scores[j] < tau and (kept or not fallback):
+            best = decide(scores, tau, max_keep=1, fallback=fallback and not kept).kept
+            if not best:
                 break
-            kept.append(rest.pop(j))
+            kept.append(rest.pop(best[0]))
             retained.append(x.texts[kept[-1]])
             if not rest:
                 break

@@ -15,6 +15,10 @@ stays pruned (as GPT-Researcher skips visited URLs), so ``C_t`` = retrieved minu
 reading of the trace. Follow-ups are spawned from a branch's newly retained evidence only; a branch that
 brings nothing new is a dead end.
 
+``Runner.run`` calls these steps in order: ``_start`` (run_start), ``_plan``, ``_level`` per level and
+``_frame`` per frame (``_choose_pre``, ``_schedule``, ``_decisions``, then ``_commit`` per expansion),
+``_revisit``, ``_synthesis``, ``_report`` and ``_totals`` (run_end).
+
 Each expansion is computed completely (``Runner._expansion``: retrieval, post-retrieval pruning, learnings,
 follow-ups) before it is written (``Runner._commit``), so a run budget (``--pre SPEC,budget_tokens=T``) knows
 its exact cost and is never exceeded (``pipeline/budgeting.py``); a frame's decisions are written once its
@@ -102,13 +106,27 @@ class Runner(Expander):
             emb = np.zeros((len(texts), 1), dtype=np.float32)
         return Items(list(texts), emb, None if tokens is None else np.asarray(tokens, dtype=np.float64))
 
-    # -- one run -----------------------------------------------------------------------------------
+    # -- one run: Algorithm 1's steps -------------------------------------------------------------------
     def run(self, query, run_id: str, writer, rep: int = 0) -> dict:
-        from branchgate.inference.inputs import DecisionState
-        from branchgate.models.teachers import State
-
-        env, cfg = self.env, self.cfg
+        """Run ``query`` (repetition ``rep``), writing its trace to ``writer``; returns the run's totals."""
         t_start = time.perf_counter()
+        r = self._start(query, run_id, writer, rep)
+        frames = self._plan(r)
+        r.root_items = self.items([r.root], None, _Embed(self.embed_any), r.led)
+        for level in range(self.depth_limit):
+            frames = self._level(r, frames, level)
+        if r.run_gate is not None and r.run_gate.defer:
+            self._revisit(r)
+        final, kpr_before = self._synthesis(r)
+        self._report(r, final)
+        totals = self._totals(r, query, final, kpr_before, t_start)
+        r.w("run_end", status="ok", totals=totals)
+        self._run = None
+        return totals
+
+    def _start(self, query, run_id: str, writer, rep: int) -> _Run:
+        """A new run's state (with its run budget and run-scoped gate, if any) and its run_start event."""
+        env, cfg = self.env, self.cfg
         led = Ledger()
         self._embedded = set()
         key = f"{query.id}.r{rep}"  # random choices depend on (seed, query, repetition, place): paired across policies
@@ -120,161 +138,197 @@ class Runner(Expander):
         r = self._run = _Run(root=root, key=key, w=w, led=led, kp_ids=query.kp_ids, kp_set=set(query.kp_ids),
                              synth=SynthBound(env, root), run_gate=run_gate)
         r.budget = RunBudget(limits[0], limits[1], led, r.synth)
-        budget = r.budget
         w("run_start", root_query=root, system=SYSTEM, config={
             **cfg.record(), "env": env.name, "env_fingerprint": env.fingerprint(), "query_id": query.id,
             "candidates_per_level": self.levels, "depth_limit": self.depth_limit, "encoder_id": self.encoder_id,
             "tokenizer": accounting.TOKENIZER_ID,
             **({"budget": {"nodes": limits[0], "tokens": limits[1], "spec": self.pre.spec,
                            **({"run_gate": run_gate.config()} if run_gate is not None else {})}}
-               if budget.limited else {})})
-        stats = r.stats
+               if r.budget.limited else {})})
+        return r
 
-        # plan: search the root question, propose the first frame's candidates
+    def _plan(self, r: _Run) -> list[dict]:
+        """Plan: search the root question, propose the first frame's candidates; returns the first level's frames
+        (none when the budget cannot afford planning)."""
+        env, led, budget, run_gate, root = self.env, r.led, r.budget, r.run_gate, r.root
         with led.timed("retrieve"):
             plan_hits = self.retrieve(root)
-        stats["retrieval_calls"] += 1
+        r.stats["retrieval_calls"] += 1
         plan_texts = [env.texts[i] for i in plan_hits]
         with led.timed("generate"):
-            cands = self.gen.plan(root, plan_texts, self.levels[0], self._rng(key, "f0"))
+            cands = self.gen.plan(root, plan_texts, self.levels[0], self._rng(r.key, "f0"))
         usage = getattr(self.gen, "last_usage", None)
         cand_texts = [candidate_text(c.query, c.goal) for c in cands]
-        protected = list(dict.fromkeys(plan_hits)) if cfg.protect == "plan" else []
+        protected = list(dict.fromkeys(plan_hits)) if self.cfg.protect == "plan" else []
         plan_cost = call_tokens([root, *plan_texts], cand_texts)
         growth = r.synth.growth(protected, self.passage_tokens(protected))
         if budget.limited and not budget.fits(plan_cost + growth, nodes=0):
             cands = []  # the budget cannot afford planning: the run expands nothing
-            budget.exhausted_at = w("raw", source_type="budget:exhausted", data={"candidate_ids": [], "plan": plan_cost,
-                                                                                 **budget.status()}).seq
+            budget.exhausted_at = r.w("raw", source_type="budget:exhausted", data={"candidate_ids": [],
+                                                                                   "plan": plan_cost,
+                                                                                   **budget.status()}).seq
         else:
-            self._llm(w, led, "plan", [root, *plan_texts], cand_texts, usage=usage)
-            if run_gate is not None and run_gate.budget.tokens is not None:  # fixed costs: plan + synthesis reserve
-                run_gate.budget.charge(tokens=plan_cost + r.synth.value + growth)
+            self._llm(r.w, led, "plan", [root, *plan_texts], cand_texts, usage=usage)
+            budget.commit_plan(plan_cost, growth, run_gate)  # one ledger: the run-scoped gate reads what the run spends
             self._protect(r, protected)
+        return [dict(frame_id="f0", parent_frame=None, parent_candidate=None, depth=0, frame_query=root,
+                     parent_goal="", cands=cands)] if cands else []
 
-        frames = [dict(frame_id="f0", parent_frame=None, parent_candidate=None, depth=0, frame_query=root,
-                       parent_goal="", cands=cands)] if cands else []
-        r.root_items = self.items([root], None, _Embed(self.embed_any), led)
-        for level in range(self.depth_limit):
-            next_frames = []
-            for fr in frames:
-                fid = fr["frame_id"]
-                w("frame_open", frame_id=fid, parent_frame=fr["parent_frame"], parent_candidate=fr["parent_candidate"],
-                  depth=fr["depth"], frame_query=fr["frame_query"], parent_goal=fr["parent_goal"])
-                stats["n_frames"] += 1
-                cands = fr["cands"]
-                cids = [f"{fid}.c{i}" for i in range(len(cands))]
-                for i, (cid, c) in enumerate(zip(cids, cands)):
-                    w("candidate", frame_id=fid, candidate_id=cid, order=i, query=c.query, goal=c.goal, origin=c.origin)
-                stats["n_candidates"] += len(cands)
-                covered_open = covered_key_points((env.labels[i] for i in r.context), r.kp_ids)
-                texts = [candidate_text(c.query, c.goal) for c in cands]
-                alone: dict[int, Expansion] = {}  # each candidate's expansion against the state at the frame
-                # pre-retrieval stage
-                with led.timed("pre"):
-                    if run_gate is not None:
-                        if budget.tokens is not None:
-                            alone = {i: self._expansion(r, fr, level, i, cid, c, texts[i], r.seen, r.context, r.synth)
-                                     for i, (cid, c) in enumerate(zip(cids, cands))}
-                        dstate = DecisionState(root, fr["frame_query"], fr["parent_goal"], list(r.retained_branches),
-                                               int(fr["depth"]))
-                        choice = self.pre.choose_run(run_gate, dstate, cands,
-                                                     [alone[i].cost for i in range(len(cands))] if alone else None, cids)
-                        for i in choice.deferred:
-                            r.deferred_meta[cids[i]] = (fr, level, i, cands[i], texts[i])
-                        r.n_deferred += len(choice.deferred)
-                    else:
-                        state = State(query=r.root_items, context=self.items(r.retained_branches, None, self.pre, led),
-                                      frame_query=fr["frame_query"], parent_goal=fr["parent_goal"], depth=fr["depth"],
-                                      extra={"budget_left": self._budget_left(stats),
-                                             "breadth": self.breadths[fr["depth"]]})
-                        choice = self.pre.choose(self.items(texts, token_counts(texts), self.pre, led), state,
-                                                 "pre_retrieval", self._rng(key, fid, "pre"))
-                self._log("pre_retrieval", choice.scores)
-                # the frame's expansions in order, each against the state its predecessors leave; those the budget
-                # cannot afford are dropped (actor "budget")
-                plan: dict[int, Expansion | None] = {}
-                seen, context, synth = set(r.seen), list(r.context), r.synth.copy()
-                committed, expanded, changed = budget.committed(), budget.expanded, False
-                for i in sorted(choice.kept):
-                    e = alone.get(i) if not changed else None
-                    if e is None:
-                        e = self._expansion(r, fr, level, i, cids[i], cands[i], texts[i], seen, context, synth)
-                    if budget.limited and not self._admit(e, committed, expanded):
-                        plan[i] = None
-                        continue
-                    plan[i] = e
-                    committed, expanded, changed = committed + e.cost, expanded + 1, True
-                    seen.update(e.new)
-                    context.extend(e.keep_new)
-                    synth.add(e.keep_new, self.passage_tokens(e.keep_new))
-                status = budget.status() if budget.limited else None
-                dropped = set(choice.dropped) | {i for i, e in plan.items() if e is None}
-                if budget.limited and budget.exhausted_at is None and (choice.exhausted or (
-                        choice.kept and all(plan[i] is None for i in choice.kept))):
-                    # the first decision that finds the budget exhausted (as inference/recorder.py records it)
-                    budget.exhausted_at = w("raw", source_type="budget:exhausted",
-                                            data={"candidate_ids": list(cids), **status}).seq
-                for i, cid in enumerate(cids):
-                    if plan.get(i) is not None:
-                        action, actor = "expand", self.pre.actor
-                    elif i in dropped:
-                        action, actor = "prune", "budget"
-                    elif i in choice.deferred:
-                        action, actor = "defer", self.pre.actor
-                    else:
-                        action, actor = "prune", self.pre.actor
-                    ev = w("decision", candidate_id=cid, action=action, actor=actor, score=choice.scores[i],
-                           p_keep=choice.p_keep[i], **self._budget_fields(status, choice, i, plan.get(i)))
-                    if action == "defer":
-                        r.deferred_seq[cid] = ev.seq
-                budget.dropped += sum(1 for i in dropped if i in choice.kept or i in choice.dropped)
-                stats["n_pruned_pre"] += len(cands) - sum(e is not None for e in plan.values())
-                for i in sorted(plan):
-                    e = plan[i]
-                    if e is not None:
-                        self._commit(r, fr, e, next_frames, covered_open)
-                    if run_gate is not None and i in choice.kept:
-                        run_gate.spend(0 if e is None else e.cost)  # settles this admission's reservation
-            frames = next_frames
-        if run_gate is not None and run_gate.defer:
-            self._revisit(r)
+    def _level(self, r: _Run, frames: list[dict], level: int) -> list[dict]:
+        """One level of the tree, breadth first: each frame in order; returns the next level's frames."""
+        next_frames: list[dict] = []
+        for fr in frames:
+            self._frame(r, fr, level, next_frames)
+        return next_frames
 
-        # pre-synthesis stage (protected passages are always kept; the policy chooses among the others)
-        context = r.context
+    def _frame(self, r: _Run, fr: dict, level: int, next_frames: list) -> None:
+        """One frame: frame_open and candidate events, the pre-retrieval decision, then its expansions written in
+        order (their child frames appended to ``next_frames``)."""
+        fid, cands = fr["frame_id"], fr["cands"]
+        r.w("frame_open", frame_id=fid, parent_frame=fr["parent_frame"], parent_candidate=fr["parent_candidate"],
+            depth=fr["depth"], frame_query=fr["frame_query"], parent_goal=fr["parent_goal"])
+        r.stats["n_frames"] += 1
+        cids = [f"{fid}.c{i}" for i in range(len(cands))]
+        for i, (cid, c) in enumerate(zip(cids, cands)):
+            r.w("candidate", frame_id=fid, candidate_id=cid, order=i, query=c.query, goal=c.goal, origin=c.origin)
+        r.stats["n_candidates"] += len(cands)
+        covered_open = covered_key_points((self.env.labels[i] for i in r.context), r.kp_ids)
+        texts = [candidate_text(c.query, c.goal) for c in cands]
+        choice, alone = self._choose_pre(r, fr, level, cids, texts)
+        self._log("pre_retrieval", choice.scores)
+        plan = self._schedule(r, fr, level, choice, alone, cids, texts)
+        self._decisions(r, choice, cids, plan)
+        for i in sorted(plan):
+            e = plan[i]
+            if e is not None:
+                self._commit(r, fr, e, next_frames, covered_open)
+            if r.run_gate is not None and i in choice.kept:
+                r.run_gate.spend(0 if e is None else e.cost)  # settles this admission's reservation
+
+    def _choose_pre(self, r: _Run, fr: dict, level: int, cids: list[str], texts: list[str]):
+        """The pre-retrieval stage's choice among the frame's candidates, and (for a run-scoped gate with a
+        token budget) each candidate's expansion against the state at the frame, to price them exactly."""
+        from branchgate.inference.inputs import DecisionState
+        from branchgate.models.teachers import State
+
+        cands, led, run_gate = fr["cands"], r.led, r.run_gate
+        alone: dict[int, Expansion] = {}  # each candidate's expansion against the state at the frame
+        with led.timed("pre"):
+            if run_gate is not None:
+                if r.budget.tokens is not None:
+                    alone = {i: self._expansion(r, fr, level, i, cid, c, texts[i], r.seen, r.context, r.synth)
+                             for i, (cid, c) in enumerate(zip(cids, cands))}
+                dstate = DecisionState(r.root, fr["frame_query"], fr["parent_goal"], list(r.retained_branches),
+                                       int(fr["depth"]))
+                choice = self.pre.choose_run(run_gate, dstate, cands,
+                                             [alone[i].cost for i in range(len(cands))] if alone else None, cids)
+                for i in choice.deferred:
+                    r.deferred_meta[cids[i]] = (fr, level, i, cands[i], texts[i])
+                r.n_deferred += len(choice.deferred)
+            else:
+                state = State(query=r.root_items, context=self.items(r.retained_branches, None, self.pre, led),
+                              frame_query=fr["frame_query"], parent_goal=fr["parent_goal"], depth=fr["depth"],
+                              extra={"budget_left": self._budget_left(r.stats), "breadth": self.breadths[fr["depth"]]})
+                choice = self.pre.choose(self.items(texts, token_counts(texts), self.pre, led), state,
+                                         "pre_retrieval", self._rng(r.key, fr["frame_id"], "pre"))
+        return choice, alone
+
+    def _schedule(self, r: _Run, fr: dict, level: int, choice, alone: dict, cids: list[str],
+                  texts: list[str]) -> dict[int, Expansion | None]:
+        """The frame's kept candidates' expansions in order, each against the state its predecessors leave;
+        those the budget cannot afford are None (dropped, actor "budget")."""
+        cands, budget = fr["cands"], r.budget
+        plan: dict[int, Expansion | None] = {}
+        seen, context, synth = set(r.seen), list(r.context), r.synth.copy()
+        committed, expanded, changed = budget.committed(), budget.expanded, False
+        for i in sorted(choice.kept):
+            e = alone.get(i) if not changed else None
+            if e is None:
+                e = self._expansion(r, fr, level, i, cids[i], cands[i], texts[i], seen, context, synth)
+            if budget.limited and not self._admit(e, committed, expanded):
+                plan[i] = None
+                continue
+            plan[i] = e
+            committed, expanded, changed = committed + e.cost, expanded + 1, True
+            seen.update(e.new)
+            context.extend(e.keep_new)
+            synth.add(e.keep_new, self.passage_tokens(e.keep_new))
+        return plan
+
+    def _decisions(self, r: _Run, choice, cids: list[str], plan: dict[int, Expansion | None]) -> None:
+        """The frame's decision events (expand / defer / prune by the policy or by the budget), written once its
+        expansions are costed, and the first ``budget:exhausted`` event."""
+        budget = r.budget
+        status = budget.status() if budget.limited else None
+        dropped = set(choice.dropped) | {i for i, e in plan.items() if e is None}
+        if budget.limited and budget.exhausted_at is None and (choice.exhausted or (
+                choice.kept and all(plan[i] is None for i in choice.kept))):
+            # the first decision that finds the budget exhausted (as inference/recorder.py records it)
+            budget.exhausted_at = r.w("raw", source_type="budget:exhausted",
+                                      data={"candidate_ids": list(cids), **status}).seq
+        for i, cid in enumerate(cids):
+            if plan.get(i) is not None:
+                action, actor = "expand", self.pre.actor
+            elif i in dropped:
+                action, actor = "prune", "budget"
+            elif i in choice.deferred:
+                action, actor = "defer", self.pre.actor
+            else:
+                action, actor = "prune", self.pre.actor
+            ev = r.w("decision", candidate_id=cid, action=action, actor=actor, score=choice.scores[i],
+                     p_keep=choice.p_keep[i], **self._budget_fields(status, choice, i, plan.get(i)))
+            if action == "defer":
+                r.deferred_seq[cid] = ev.seq
+        budget.dropped += sum(1 for i in dropped if i in choice.kept or i in choice.dropped)
+        r.stats["n_pruned_pre"] += len(cids) - sum(e is not None for e in plan.values())
+
+    def _synthesis(self, r: _Run) -> tuple[list[int], float]:
+        """The pre-synthesis stage (protected passages are always kept; the policy chooses among the others) and
+        its prune event; returns the final context and the KPR before it."""
+        env, led, context = self.env, r.led, r.context
         kpr_before = kpr((env.labels[i] for i in context), r.kp_ids)
         final = list(context)
         free = [pi for pi in context if pi not in r.protected]
         with led.timed("synth"):
             if self.synth.prunes and free:
-                from branchgate.models.teachers import Items
+                from branchgate.models.teachers import Items, State
 
                 prot = [pi for pi in context if pi in r.protected]
                 ctx_items = self.items([env.texts[j] for j in free], self.passage_tokens(free), self.synth, led)
                 base = self.items([env.texts[j] for j in prot], self.passage_tokens(prot), self.synth, led) if prot \
                     else Items.empty(ctx_items.emb.shape[1])
-                sc = self.synth.choose(ctx_items, State(query=r.root_items, context=base, frame_query=root, depth=0),
-                                       "pre_synthesis", self._rng(key, "synth"))
+                sc = self.synth.choose(ctx_items, State(query=r.root_items, context=base, frame_query=r.root, depth=0),
+                                       "pre_synthesis", self._rng(r.key, "synth"))
                 keep = set(prot) | {free[j] for j in sc.kept}
                 final = [pi for pi in context if pi in keep]
         removed = [pi for pi in context if pi not in set(final)]
         if removed:
-            w("prune", stage="pre_synthesis", item_ids=[env.ids[pi] for pi in removed],
-              tokens_before=int(sum(self.passage_tokens(context))), tokens_after=int(sum(self.passage_tokens(final))),
-              actor=self.synth.actor)
+            r.w("prune", stage="pre_synthesis", item_ids=[env.ids[pi] for pi in removed],
+                tokens_before=int(sum(self.passage_tokens(context))), tokens_after=int(sum(self.passage_tokens(final))),
+                actor=self.synth.actor)
+        return final, kpr_before
+
+    def _report(self, r: _Run, final: list[int]) -> None:
+        """The extractive report of the final context: the synthesis call (when the budget affords it) and the
+        report event, each sentence citing the passages it was taken from."""
+        env, root, budget = self.env, r.root, r.budget
         final_texts = [env.texts[i] for i in final]
-        with led.timed("synth"):
+        with r.led.timed("synth"):
             said = cited_learnings(root, final_texts, env.idf, max_sentences=REPORT_SENTENCES, max_words=REPORT_WORDS)
         report = " ".join(s for s, _ in said)
-        if budget.tokens is None or budget.ledger.llm_tokens() + call_tokens([root, *final_texts], [report]) <= budget.tokens:
-            self._llm(w, led, "synthesis", [root, *final_texts], [report])
+        cost = call_tokens([root, *final_texts], [report])
+        if budget.tokens is None or budget.ledger.llm_tokens() + cost <= budget.tokens:
+            self._llm(r.w, r.led, "synthesis", [root, *final_texts], [report])
         else:  # only when the root question alone exceeds the budget: no synthesis call, an empty report
             said, report = [], ""
-        # the report is extractive: each sentence cites the final-context passages it was taken from
         sentences = [{"text": s, "evidence_ids": [env.ids[final[j]] for j in src]} for s, src in said]
         cited = list(dict.fromkeys(i for s in sentences for i in s["evidence_ids"]))
-        w("report", text=report, evidence_ids=[env.ids[i] for i in final], cited_ids=cited, sentences=sentences)
-        final_kpr = kpr((env.labels[i] for i in final), r.kp_ids)
+        r.w("report", text=report, evidence_ids=[env.ids[i] for i in final], cited_ids=cited, sentences=sentences)
+
+    def _totals(self, r: _Run, query, final: list[int], kpr_before: float, t_start: float) -> dict:
+        """The run_end event's totals."""
+        stats, led = r.stats, r.led
+        final_kpr = kpr((self.env.labels[i] for i in final), r.kp_ids)
         totals = {
             "nodes": stats["nodes"],
             "retrieval_calls": stats["retrieval_calls"],
@@ -291,17 +345,15 @@ class Runner(Expander):
             "expansions_with_gain": stats["expansions_with_gain"],
             "gain_by_origin": {k: {"expanded": v[0], "with_gain": v[1]} for k, v in sorted(r.by_origin.items())},
             "n_evidence": len(r.emitted),
-            "n_context": len(context),
+            "n_context": len(r.context),
             "n_final": len(final),
             "tokens_by_stage": dict(sorted(led.tokens.items())),
             "wall_by_stage": {k: round(v, 4) for k, v in sorted(led.wall.items())},
         }
-        if budget.limited:
-            totals["budget"] = {**budget.totals(), "deferred": r.n_deferred, "revisited": r.n_revisited}
+        if r.budget.limited:
+            totals["budget"] = {**r.budget.totals(), "deferred": r.n_deferred, "revisited": r.n_revisited}
         if r.protected:
             totals["n_protected"] = len(r.protected)
-        w("run_end", status="ok", totals=totals)
-        self._run = None
         return totals
 
     def _log(self, stage: str, scores) -> None:

@@ -88,6 +88,7 @@ def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
     assert report["offline_eval_by_depth"] and report["queries"] == {"train": 12, "eval": 10}
 
 
+@pytest.mark.slow
 def test_report_has_every_policy_and_plausible_values(bench):
     d, _, rep = bench
     assert {"policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "encoder",
@@ -142,6 +143,7 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert (d / "out" / "kpr_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_loop(bench, capsys):
     d, argv, first = bench
     out = d / "out"
@@ -164,20 +166,22 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
     assert {k: after[k] for k in points} == points  # only the new point was simulated
 
 
+@pytest.mark.slow
 def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
     d, argv, first = bench
     out = d / "out"
-    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  greedy_taus: [0.5]\n  stop_taus: [0.5]\n  root_taus: [0.1]\n  greedy_root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:"))
+    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:")
+                                  + "experimental:\n  stop_taus: [0.5]\n  greedy_root_taus: [0.1]\n")
     argv = [a if a != str(d / "tiny.yaml") else str(d / "tiny2.yaml") for a in argv]
     argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
-    # simulation and baselines reused; the first gate only adds its set-aware and stopping points
+    # simulation and baselines reused; the first gate only adds its variants' points (root, and the experimental ones)
     assert rep["steps_run"] == ["keypoints/closed_loop"] + [f"citations/{s}" for s in SOURCE_STEPS]
-    assert "gate+greedy@tau=0.5" in set(rep["policies"]) and not any("]+greedy" in k for k in rep["policies"])
-    assert rep["by_labels"]["keypoints"]["greedy"]["family"] == "gate+greedy"
-    assert set(rep["by_labels"]["keypoints"]["greedy"]["gate_vs"]) == set(rep["gate_vs"])
-    assert "gate+stop@tau=0.5" in set(rep["policies"]) and rep["by_labels"]["keypoints"]["stop"]["family"] == "gate+stop"
+    assert "gate+stop@tau=0.5" in set(rep["policies"]) and not any("]+" in k for k in rep["policies"])
+    assert rep["by_labels"]["keypoints"]["stop"]["family"] == "gate+stop"
+    assert set(rep["by_labels"]["keypoints"]["stop"]["gate_vs"]) == set(rep["gate_vs"])
+    assert rep["policies"]["gate+stop@tau=0.5"]["spec"].endswith(",tau=0.5,fallback=root")
     assert rep["policies"]["gate+root@tau=0.1"]["spec"].endswith(",tau=0.1,root_tau=0.6")
     assert rep["by_labels"]["keypoints"]["root"]["family"] == "gate+root"
     assert rep["policies"]["gate+greedy_root@tau=0.1"]["spec"].endswith(",tau=0.1,greedy=1,root_tau=0.6")
@@ -192,18 +196,19 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert rep["labels"]["source"] == "keypoints"  # the first source stays the report's headline gate
     assert set(cit["real"]["dataset"]) == {"gate", *NAMES}
     md = (out / "report.md").read_text()
-    assert "## Label sources compared" in md and "| gate[citations] |" in md and "| gate+greedy |" in md
-    assert any("`gate+greedy` (labels `keypoints`)" in f for f in rep["findings"])
+    assert "## Label sources compared" in md and "| gate[citations] |" in md and "| gate+stop |" in md
+    assert any("`gate+greedy_root` (labels `keypoints`)" in f for f in rep["findings"])
     assert "AUROC on dataset" in md
 
 
+@pytest.mark.slow
 def test_train_seeds_add_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
     import shutil
 
     d, argv, _ = bench
     out = tmp_path / "out"
     shutil.copytree(d / "out", out)
-    (tmp_path / "seeds.yaml").write_text(TINY.replace("RATES", "0.5") + "train_seeds: [0, 1]\n")
+    (tmp_path / "seeds.yaml").write_text(TINY.replace("RATES", "0.5") + "experimental:\n  train_seeds: [0, 1]\n")
     argv = [str(tmp_path / "seeds.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
             for a in argv]
     assert main(argv) == 0
@@ -213,7 +218,7 @@ def test_train_seeds_add_training_runs_and_leave_the_eval_steps_cached(bench, tm
     assert json.loads((out / "closed_loop" / "done.json").read_text())["inputs"]["seeds"] == [0]
     assert len(list((out / "simulate" / "seed1" / "traces").glob("*.jsonl"))) == 12  # seed 1's run of each train query
     assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
-    (tmp_path / "none.yaml").write_text(TINY.replace("RATES", "0.5") + "train_seeds: []\n")
+    (tmp_path / "none.yaml").write_text(TINY.replace("RATES", "0.5") + "experimental:\n  train_seeds: []\n")
     argv = [str(tmp_path / "none.yaml") if a == str(tmp_path / "seeds.yaml") else a for a in argv]
     capsys.readouterr()
     assert main(argv) == 2 and "train_seeds" in capsys.readouterr().err
@@ -276,7 +281,7 @@ def test_plot_gives_every_curve_a_colour_however_many_gates(tmp_path):
 
 
 def _own_bench(bench, tmp_path, config: str):
-    """A copy of the shared bench's output run once with the tiny config at ``tmp_path/config``: the tree-only state
+    """A copy of the shared bench's output run once with the tiny config at ``tmp_path/config``: the default state
     a test starts from (other tests change the shared bench's). Returns ``(out, argv)``."""
     import shutil
 
@@ -302,34 +307,54 @@ def _rerun_with_more_training_runs(out, argv, config, extra: str, sub: str) -> N
     assert json.loads((out / "simulate" / "done.json").read_text())["result"]["runs"] == 24
 
 
-def test_chain_training_runs_join_the_tree_runs_and_leave_the_eval_steps_cached(bench, tmp_path, capsys):
-    out, argv = _own_bench(bench, tmp_path, "chain.yaml")
-    _rerun_with_more_training_runs(out, argv, tmp_path / "chain.yaml", "train_shapes: [tree, chain]\nchain_depth: 3\n",
-                                   "chain")
-    (tmp_path / "bad.yaml").write_text(TINY.replace("RATES", "0.5") + "train_shapes: [tree, star]\n")
-    argv = [str(tmp_path / "bad.yaml") if a == str(tmp_path / "chain.yaml") else a for a in argv]
-    capsys.readouterr()
-    assert main(argv) == 2 and "train_shapes" in capsys.readouterr().err
-
-
 def test_train_trees_are_checked_before_any_work():
-    from branchgate.bench.pipeline import train_trees
+    from branchgate.bench.settings import train_trees
     from branchgate.errors import InputError
 
-    assert train_trees({}) == []
-    assert train_trees({"train_trees": [{"breadth": 8, "depth": "2"}, {"breadth": 2, "oversample": 1}]}) == [
+    def trees(value):
+        return train_trees({"experimental": {"train_trees": value}})
+
+    assert train_trees({}) == [] and trees([]) == []
+    assert trees([{"breadth": 8, "depth": "2"}, {"breadth": 2, "oversample": 1}]) == [
         {"breadth": 8, "depth": 2}, {"breadth": 2, "oversample": 1.0}]
-    for bad, field in ((["wide"], "train_trees[0]"), ([{"width": 3}], "train_trees[0]"),
-                       ([{"breadth": 2}, {"breadth": 0}], "train_trees[1]"), ([{"depth": "x"}], "train_trees[0]"),
-                       ([{"breadth": 2}, {"breadth": 2}], "train_trees"), ({"breadth": 2}, "train_trees")):
+    for bad, at in ((["wide"], "[0]"), ([{"width": 3}], "[0]"), ([{"breadth": 2}, {"breadth": 0}], "[1]"),
+                    ([{"depth": "x"}], "[0]"), ([{"breadth": 2}, {"breadth": 2}], ""), ({"breadth": 2}, "")):
+        field = "experimental.train_trees" + at
         with pytest.raises(InputError) as e:
-            train_trees({"train_trees": bad})
+            trees(bad)
         assert e.value.file == field and str(e.value).startswith(field + ": "), bad
 
 
+def test_experimental_options_are_off_by_default_and_misplaced_or_removed_ones_are_named(tmp_path):
+    """Issue 49: the options that measured no gain sit in the config's ``experimental`` section, off by default;
+    one given where it used to be (``policies.stop_taus``) or a removed one (``train_shapes``) is an error naming
+    it, not silently ignored."""
+    from branchgate.bench.policies import variant_taus
+    from branchgate.bench.settings import load_config, seed_lists, train_trees
+    from branchgate.errors import InputError
+
+    cfg = load_config("bench")
+    assert set(cfg["experimental"]) == {"train_seeds", "train_trees", "stop_taus", "greedy_root_taus"}
+    assert variant_taus(cfg) == {"stop": [], "root": [], "greedy_root": []}
+    assert train_trees(cfg) == [] and seed_lists(cfg) == ([0], [0])
+    (tmp_path / "mine.yaml").write_text("experimental:\n  stop_taus: [0.5]\n  train_seeds: [0, 1]\n")
+    mine = load_config(str(tmp_path / "mine.yaml"))
+    assert variant_taus(mine)["stop"] == [0.5] and seed_lists(mine) == ([0], [0, 1])
+    assert mine["experimental"]["greedy_root_taus"] == [] and mine["policies"] == cfg["policies"]
+    for text, key in (("policies:\n  stop_taus: [0.5]\n", "stop_taus"), ("train_shapes: [tree, chain]\n", "train_shapes"),
+                      ("policies:\n  greedy_taus: [0.5]\n", "greedy_taus"), ("experimental: [1]\n", "experimental")):
+        (tmp_path / "old.yaml").write_text(text)
+        with pytest.raises(InputError) as e:
+            load_config(str(tmp_path / "old.yaml"))
+        assert key in str(e.value) and "old.yaml" in e.value.file, text
+        assert "experimental" in str(e.value), text
+
+
+@pytest.mark.slow
 def test_train_trees_add_wider_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path):
     out, argv = _own_bench(bench, tmp_path, "trees.yaml")
     rows = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
-    _rerun_with_more_training_runs(out, argv, tmp_path / "trees.yaml", "train_trees: [{breadth: 4, depth: 1}]\n", "tree0")
+    _rerun_with_more_training_runs(out, argv, tmp_path / "trees.yaml",
+                                   "experimental:\n  train_trees: [{breadth: 4, depth: 1}]\n", "tree0")
     wide = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
     assert wide == rows + 12 * 6  # each one-level run adds one frame of ceil(4 × 1.5) = 6 candidates

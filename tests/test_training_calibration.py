@@ -87,12 +87,10 @@ def test_auroc_is_sklearns_with_ties_and_rejects_nan():
         safe_auroc([0, 1, 1], [0.1, np.nan, 0.3])
 
 
-def test_depth_balance_weighs_each_depth_s_classes_equally():
-    import torch
-    import torch.nn.functional as F
-
+def test_depth_weights_weigh_each_depth_s_classes_equally():
+    """``depth_weights`` (recorded in the controller's ``train_stats``; the loss option that used them,
+    ``model.balance: depth``, was removed: docs/research/balance-capacity.md)."""
     from branchgate.data.datamodule import depth_weights
-    from branchgate.training.module import ControllerModule
 
     depth = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2])
     label = np.array([1, 1, 1, 0, 1, 0, 0, 0, -1, 0, 0])
@@ -103,19 +101,3 @@ def test_depth_balance_weighs_each_depth_s_classes_equally():
     for k in (0, 1):  # within a depth both classes weigh the same in total
         yk = label[lab & (depth == k)]
         assert (yk == 1).sum() * w[k][1] == pytest.approx((yk == 0).sum() * w[k][0])
-
-    m = ControllerModule(w_reg=0.0, w_rank=0.0, balance="depth")
-    m._depth_weights = torch.tensor(w)
-    batch = {"label": torch.tensor([label[:4].tolist() + [-1], label[4:9].tolist()]),
-             "utility": torch.full((2, 5), float("nan")), "mask": torch.tensor([[True] * 4 + [False], [True] * 5]),
-             "features": torch.tensor([[[0.0]] * 5, [[1.0]] * 5])}
-    logit = torch.tensor([[0.5, -1.0, 2.0, 0.3, 0.0], [1.0, -0.2, 0.4, -2.0, 3.0]])
-    _, bce, _ = m._loss(batch, logit, torch.zeros(2, 5))
-    y = torch.tensor([1.0, 1, 1, 0, 1, 0, 0, 0])
-    rows = torch.tensor([0.5, -1.0, 2.0, 0.3, 1.0, -0.2, 0.4, -2.0])
-    weight = torch.tensor([2 / 3] * 3 + [2.0] + [2.0] + [2 / 3] * 3)
-    assert float(bce) == pytest.approx(float(F.binary_cross_entropy_with_logits(rows, y, weight=weight)), rel=1e-6)
-    glob = ControllerModule(w_reg=0.0, w_rank=0.0)
-    assert float(glob._loss(batch, logit, torch.zeros(2, 5))[1]) != pytest.approx(float(bce))
-    with pytest.raises(ValueError, match="balance"):
-        ControllerModule(balance="per_depth")

@@ -2,9 +2,9 @@
 
 Loss = w_bce · BCE(keep logit, y) with positive-class weight (class balancing; ``pos_weight: null`` =
 n_neg / n_pos on train) over rows with label != -1, plus w_reg · Huber(ĝ, g) on standardised utility over
-rows with a finite g. Validation logs ``val_auroc`` (early stopping / checkpoint selection by default),
-``val_auroc_deep`` (the rows below the root frame, depth ≥ 1: a monitor that the root frame's easy positives do
-not dominate) and ``val_loss``.
+rows with a finite g. Validation logs ``val_auroc`` (early stopping / checkpoint selection), ``val_auroc_deep``
+(the rows below the root frame, depth ≥ 1, which the root frame's easy positives do not dominate: a diagnostic;
+as the monitor it chose the same epochs, docs/research/checkpoint-monitor.md) and ``val_loss``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 class ControllerModule(L.LightningModule):
     def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
                  w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
-                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full", order: bool = True,
-                 balance: str = "global"):
+                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full", order: bool = True):
         """
         Args:
             hidden: width of the towers and the MLP.
@@ -44,19 +43,13 @@ class ControllerModule(L.LightningModule):
                 (models/value_model.py).
             order: whether a candidate's position in its list is an input; false makes every decision's scores
                 independent of the order its candidates are listed in.
-            balance: how the BCE loss balances the classes: ``global`` (one ``pos_weight``) or ``depth`` (class
-                balance within each depth, each depth keeping its share of the rows: the root frame's many easy
-                positives no longer carry most of the positive weight; ``pos_weight`` is then unused).
         """
-        if balance not in ("global", "depth"):
-            raise ValueError(f"model.balance must be 'global' or 'depth', not {balance!r}")
         super().__init__()
         self.save_hyperparameters()
         self.net: ValueNet | None = None
         self.meta: dict = {}
         self.tau: float | None = None
         self._pos_weight = 1.0
-        self._depth_weights = torch.ones((1, 2))
         self._val: list[tuple[np.ndarray, np.ndarray]] = []
         self._scalars: dict[str, torch.Tensor] = {}  # split → [rows, S] scalar features (see split_scalars)
 
@@ -75,7 +68,6 @@ class ControllerModule(L.LightningModule):
             self.build(dm.dim)
         stats = dm.train_stats()
         self._pos_weight = float(self.hparams.pos_weight) if self.hparams.pos_weight is not None else stats["pos_weight"]
-        self._depth_weights = torch.tensor(stats["depth_weights"], dtype=torch.float32)
         if stage == "fit":  # clamp structured features to the train split's range (before any scalars are computed)
             rng = train_feature_range(dm.sets["train"].features)
             if rng is not None:
@@ -103,14 +95,8 @@ class ControllerModule(L.LightningModule):
         bce = reg = None
         if lab.any():
             y = label[lab].to(logit.dtype)
-            if self.hparams.get("balance", "global") == "depth":
-                table = self._depth_weights.to(logit.dtype)
-                depth = batch["features"][..., 0][lab].long().clamp(0, len(table) - 1)
-                w = table[depth, label[lab].long()]
-                bce = F.binary_cross_entropy_with_logits(logit[lab], y, weight=w)
-            else:
-                pw = torch.tensor(self._pos_weight, dtype=logit.dtype)
-                bce = F.binary_cross_entropy_with_logits(logit[lab], y, pos_weight=pw)
+            pw = torch.tensor(self._pos_weight, dtype=logit.dtype)
+            bce = F.binary_cross_entropy_with_logits(logit[lab], y, pos_weight=pw)
             terms = terms + self.hparams.w_bce * bce
         fin = torch.isfinite(util) & batch["mask"]
         if fin.any() and self.hparams.w_reg > 0:

@@ -153,116 +153,154 @@ class GPTResearcherReader:
         if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
             report.skip(path, None, "not a GPT-Researcher log: missing 'events' list", strict)
             return
-        events = list(self._events(path, doc, strict, report))
+        events = list(_LogMapper(path, doc, strict, report).events())
         report.events += len(events)
         yield Run(path.stem, events, str(path), "gptr")
 
-    def _events(self, path: Path, doc: dict, strict: bool, report: ReadReport):
-        run_id, warn = path.stem, report.warn
-        content = doc.get("content") if isinstance(doc.get("content"), dict) else {}
-        if not isinstance(doc.get("content"), dict):
-            warn(W + "missing 'content' object (no query, report or costs)")
-        seq = iter(range(1 << 30))
 
-        def ev(cls, ts=None, **kw):
-            return cls(run_id=run_id, seq=next(seq), ts=ts, **kw)
+class _LogMapper:
+    """The canonical events of one GPT-Researcher log (the table in the module docstring), in log order."""
 
-        started: list[str] = []
+    def __init__(self, path: Path, doc: dict, strict: bool, report: ReadReport):
+        self.path, self.doc, self.strict, self.report, self.warn = path, doc, strict, report, report.warn
+        self.run_id = path.stem
+        self.seq = iter(range(1 << 30))
+        self.content: dict = {}
+        self.started: list[str] = []  # queries of the 'starting_research' logs
+        self.root = ""
+        self.frames: list[list[Candidate]] = []  # candidates per frame, in order
+        self.announced = _Announced()
+        self.expanded: set[str] = set()
+        self.urls: set[str] = set()
+        self.cost = None
+
+    def ev(self, cls, ts=None, **kw):
+        return cls(run_id=self.run_id, seq=next(self.seq), ts=ts, **kw)
+
+    def events(self):
+        yield self.run_start()
+        for i, item in enumerate(self.doc["events"]):
+            yield from self.log_event(f"events[{i}]", item)
+        yield from self.content_events()
+
+    def run_start(self) -> RunStart:
+        """``run_start``; the root query is ``content.query``, else the first 'starting_research' log's."""
+        doc, content = self.doc, self.doc.get("content")
+        self.content = content if isinstance(content, dict) else {}
+        if not isinstance(content, dict):
+            self.warn(W + "missing 'content' object (no query, report or costs)")
         for item in doc["events"]:
             if isinstance(item, dict):
                 tag, data = _unwrap(item)
                 if tag == "starting_research":
                     m = STARTING.search(str(data.get("output") or ""))
                     if m:
-                        started.append(m.group(1))
-        root = content.get("query") if isinstance(content.get("query"), str) and content.get("query") else ""
-        if not root:
-            root = started[0] if started else ""
-            warn(W + ("root query taken from the first 'starting_research' log" if root else "root query unknown"))
-        yield ev(RunStart, ts=_ts(doc.get("timestamp")), root_query=root, system="gpt-researcher",
-                 config={"format": "gptr"})
+                        self.started.append(m.group(1))
+        query = self.content.get("query")
+        self.root = query if isinstance(query, str) and query else ""
+        if not self.root:
+            self.root = self.started[0] if self.started else ""
+            self.warn(W + ("root query taken from the first 'starting_research' log" if self.root
+                           else "root query unknown"))
+        return self.ev(RunStart, ts=_ts(doc.get("timestamp")), root_query=self.root, system="gpt-researcher",
+                       config={"format": "gptr"})
 
-        frames: list[list[Candidate]] = []  # candidates per frame, in order
-        announced = _Announced()
-        expanded: set[str] = set()
-        urls: set[str] = set()
-        cost = None
-        for i, item in enumerate(doc["events"]):
-            where = f"events[{i}]"
-            if not isinstance(item, dict):
-                report.skip(path, None, f"{where}: event is not a JSON object", strict)
-                continue
-            tag, data = _unwrap(item)
-            ts = _ts(item.get("timestamp"))
-            if data.get("type") == "logs" and not isinstance(tag, str):
-                report.skip(path, None, f"{where}: logs event without a 'content' tag", strict)
-                continue
-            output = str(data.get("output") or "")
-            if tag == "subqueries":
-                queries = _subqueries(data)
-                if queries is None:
-                    report.skip(path, None, f"{where}: 'subqueries' log without a list of queries", strict)
-                    continue
-                fid = f"f{len(frames)}"
-                own = queries[-1] if queries else ""
-                if own and own == root:
-                    frame_query, depth = root, 0
-                else:
-                    frame_query, depth = (own, 1) if own in started else ("", 1)
-                    warn(W + "frame below the root: parent and exact depth not logged (depth set to 1)")
-                    if not frame_query:
-                        warn(W + "frame query unknown")
-                yield ev(FrameOpen, ts=ts, frame_id=fid, parent_frame=None, parent_candidate=None, depth=depth,
-                         frame_query=frame_query, parent_goal="")
-                cands = []
-                for k, q in enumerate(queries):
-                    cand = ev(Candidate, ts=ts, frame_id=fid, candidate_id=f"{fid}.c{k}", order=k, query=q, goal="")
-                    cands.append(cand)
-                    yield cand
-                warn(W + "research goals are not logged (goal left empty)", len(queries))
-                announced.add(cands)
-                frames.append(cands)
-            elif tag in RUNNING_TAGS or (tag is None and item.get("type") == "sub_query"):
-                if tag:
-                    m = RUNNING.search(output)
-                    query = m.group(1) if m else None
-                else:  # JSONResearchHandler: {"type": "sub_query", "data": {"query": ...}}
-                    inner = item.get("data")
-                    query = inner.get("query") if isinstance(inner, dict) else None
-                cand = announced.run(query)
-                if cand is None:
-                    warn(W + "subquery run that no 'subqueries' log announced (kept as raw)")
-                    yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
-                    continue
-                expanded.add(cand.candidate_id)
-                yield ev(Decision, ts=ts, candidate_id=cand.candidate_id, action="expand", actor="default")
-            elif tag == "subquery_context_not_found":
-                m = NOT_FOUND.search(output)
-                cand = announced.ran(m.group(1) if m else None)
-                if cand is None:
-                    yield ev(Raw, ts=ts, source_type=f"gptr:{tag}", data=item)
-                    continue
-                yield ev(Retrieval, ts=ts, candidate_id=cand.candidate_id, query=cand.query, evidence_ids=[], tokens=0)
-            elif tag == "added_source_url":
-                meta = data.get("metadata")
-                m = URL.search(output)
-                url = meta if isinstance(meta, str) and meta else (m.group(1) if m else "")
-                if not url:
-                    report.skip(path, None, f"{where}: 'added_source_url' log without a URL", strict)
-                    continue
-                if url not in urls:
-                    urls.add(url)
-                    warn(W + "source not linked to a subquery and its text not logged")
-                    yield ev(Evidence, ts=ts, evidence_id=url, text="", source=url, tokens=0)
+    def log_event(self, where: str, item):
+        """The events of one entry of the log's ``events`` list (a bad entry is skipped and reported)."""
+        if not isinstance(item, dict):
+            self.report.skip(self.path, None, f"{where}: event is not a JSON object", self.strict)
+            return
+        tag, data = _unwrap(item)
+        ts = _ts(item.get("timestamp"))
+        if data.get("type") == "logs" and not isinstance(tag, str):
+            self.report.skip(self.path, None, f"{where}: logs event without a 'content' tag", self.strict)
+            return
+        output = str(data.get("output") or "")
+        if tag == "subqueries":
+            yield from self.subqueries(where, data, ts)
+        elif tag in RUNNING_TAGS or (tag is None and item.get("type") == "sub_query"):
+            yield self.subquery_run(tag, item, output, ts)
+        elif tag == "subquery_context_not_found":
+            m = NOT_FOUND.search(output)
+            cand = self.announced.ran(m.group(1) if m else None)
+            if cand is None:
+                yield self.ev(Raw, ts=ts, source_type=f"gptr:{tag}", data=item)
             else:
-                if tag == "research_step_finalized":
-                    m = COST.search(output)
-                    found = _cost(m.group(1)) if m else None
-                    if m and found is None:
-                        warn(W + "unreadable cost in a 'research_step_finalized' log (ignored)")
-                    cost = found if found is not None else cost
-                yield ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
+                yield self.ev(Retrieval, ts=ts, candidate_id=cand.candidate_id, query=cand.query, evidence_ids=[],
+                              tokens=0)
+        elif tag == "added_source_url":
+            yield from self.source_url(where, data, output, ts)
+        else:
+            if tag == "research_step_finalized":
+                self.read_cost(output)
+            yield self.ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
 
+    def subqueries(self, where: str, data: dict, ts):
+        """A ``frame_open`` and its candidates for a 'subqueries' log."""
+        queries = _subqueries(data)
+        if queries is None:
+            self.report.skip(self.path, None, f"{where}: 'subqueries' log without a list of queries", self.strict)
+            return
+        fid = f"f{len(self.frames)}"
+        own = queries[-1] if queries else ""
+        if own and own == self.root:
+            frame_query, depth = self.root, 0
+        else:
+            frame_query, depth = (own, 1) if own in self.started else ("", 1)
+            self.warn(W + "frame below the root: parent and exact depth not logged (depth set to 1)")
+            if not frame_query:
+                self.warn(W + "frame query unknown")
+        yield self.ev(FrameOpen, ts=ts, frame_id=fid, parent_frame=None, parent_candidate=None, depth=depth,
+                      frame_query=frame_query, parent_goal="")
+        cands = []
+        for k, q in enumerate(queries):
+            cand = self.ev(Candidate, ts=ts, frame_id=fid, candidate_id=f"{fid}.c{k}", order=k, query=q, goal="")
+            cands.append(cand)
+            yield cand
+        self.warn(W + "research goals are not logged (goal left empty)", len(queries))
+        self.announced.add(cands)
+        self.frames.append(cands)
+
+    def subquery_run(self, tag, item: dict, output: str, ts):
+        """An expand ``decision`` for a log that runs an announced subquery, else a ``raw`` event."""
+        if tag:
+            m = RUNNING.search(output)
+            query = m.group(1) if m else None
+        else:  # JSONResearchHandler: {"type": "sub_query", "data": {"query": ...}}
+            inner = item.get("data")
+            query = inner.get("query") if isinstance(inner, dict) else None
+        cand = self.announced.run(query)
+        if cand is None:
+            self.warn(W + "subquery run that no 'subqueries' log announced (kept as raw)")
+            return self.ev(Raw, ts=ts, source_type=f"gptr:{tag or item.get('type')}", data=item)
+        self.expanded.add(cand.candidate_id)
+        return self.ev(Decision, ts=ts, candidate_id=cand.candidate_id, action="expand", actor="default")
+
+    def source_url(self, where: str, data: dict, output: str, ts):
+        """An ``evidence`` event for an 'added_source_url' log naming a new URL."""
+        meta = data.get("metadata")
+        m = URL.search(output)
+        url = meta if isinstance(meta, str) and meta else (m.group(1) if m else "")
+        if not url:
+            self.report.skip(self.path, None, f"{where}: 'added_source_url' log without a URL", self.strict)
+            return
+        if url not in self.urls:
+            self.urls.add(url)
+            self.warn(W + "source not linked to a subquery and its text not logged")
+            yield self.ev(Evidence, ts=ts, evidence_id=url, text="", source=url, tokens=0)
+
+    def read_cost(self, output: str) -> None:
+        """The running cost of a 'research_step_finalized' log (an unreadable one is counted and ignored)."""
+        m = COST.search(output)
+        found = _cost(m.group(1)) if m else None
+        if m and found is None:
+            self.warn(W + "unreadable cost in a 'research_step_finalized' log (ignored)")
+        self.cost = found if found is not None else self.cost
+
+    def content_events(self):
+        """After the logs: evidence for ``content.sources`` not yet added, the rest of ``content`` as ``raw``,
+        the ``report`` and ``run_end``."""
+        content, urls, warn = self.content, self.urls, self.warn
         sources = content.get("sources") if isinstance(content.get("sources"), list) else []
         for src in sources:
             url = src if isinstance(src, str) else src.get("url") if isinstance(src, dict) else None
@@ -271,35 +309,35 @@ class GPTResearcherReader:
                 body = next((src[k] for k in ("content", "raw_content") if isinstance(src, dict)
                              and isinstance(src.get(k), str)), "")
                 warn(W + "source not linked to a subquery" + ("" if body else " and its text not logged"))
-                yield ev(Evidence, evidence_id=url, text=body, source=url, tokens=len(body.split()))
+                yield self.ev(Evidence, evidence_id=url, text=body, source=url, tokens=len(body.split()))
         rest = {k: v for k, v in content.items() if k not in ("query", "report")}
         if rest:
-            yield ev(Raw, source_type="gptr:content", data=rest)
+            yield self.ev(Raw, source_type="gptr:content", data=rest)
         text = content.get("report")
         if isinstance(text, str) and text.strip():
-            yield ev(Report, text=text, **self._citations(text, urls, warn))
+            yield self.ev(Report, text=text, **_citations(text, urls, warn))
         costs = content.get("costs")
         if costs is not None and costs != 0 and _cost(costs) is None:
             warn(W + "unreadable 'content.costs' (ignored)")
-        cost = _cost(costs) or cost
-        n_cands = sum(len(f) for f in frames)
-        warn(W + "announced subquery never run (left undecided)", n_cands - len(expanded))
-        yield ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",
-                 totals={"nodes": len(expanded), "retrieval_calls": len(expanded), "candidates": n_cands,
-                         "sources": len(urls), "cost_usd": cost})
+        cost = _cost(costs) or self.cost
+        n_cands = sum(len(f) for f in self.frames)
+        warn(W + "announced subquery never run (left undecided)", n_cands - len(self.expanded))
+        yield self.ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",
+                      totals={"nodes": len(self.expanded), "retrieval_calls": len(self.expanded),
+                              "candidates": n_cands, "sources": len(urls), "cost_usd": cost})
 
-    @staticmethod
-    def _citations(text: str, urls: set[str], warn) -> dict:
-        """The URLs a report cites, and the evidence ids (= logged source URLs) they are."""
-        cited = cited_urls(text)
-        if not cited:
-            if NUMBERED.search(text):
-                warn(W + "report cites by number ([n]) without URLs (citations not mapped)")
-            return {}
-        ids, unmapped = map_urls(cited, {u: [u] for u in urls})
-        warn(W + "cited URL that no log names as a source (not mapped)", unmapped)
-        warn(W + "cited source not tied to a branch (sources are not linked to subqueries)", len(ids))
-        return {"cited_ids": ids, "cited_sources": cited}
+
+def _citations(text: str, urls: set[str], warn) -> dict:
+    """The URLs a report cites, and the evidence ids (= logged source URLs) they are."""
+    cited = cited_urls(text)
+    if not cited:
+        if NUMBERED.search(text):
+            warn(W + "report cites by number ([n]) without URLs (citations not mapped)")
+        return {}
+    ids, unmapped = map_urls(cited, {u: [u] for u in urls})
+    warn(W + "cited URL that no log names as a source (not mapped)", unmapped)
+    warn(W + "cited source not tied to a branch (sources are not linked to subqueries)", len(ids))
+    return {"cited_ids": ids, "cited_sources": cited}
 
 
 class _Announced:

@@ -50,22 +50,18 @@ from __future__ import annotations
 import hashlib
 import json
 from bisect import bisect_left
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from branchgate.errors import InputError
-from branchgate.fileio import load_json
 from branchgate.logs_to_dataset.decisions import MAX_CANDIDATES
 from branchgate.logs_to_dataset.otel_spans import W, Span, at, load_spans
 from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.schema import Candidate, Decision, Evidence, FrameOpen, Retrieval, RunEnd, RunStart
+from branchgate.logs_to_dataset.span_attributes import (call_text, cut_json, documents, forced, last_user,
+                                                        parse_json, root_text, tool_args, tool_calls, tool_output)
 from branchgate.logs_to_dataset.traces import ReadReport
 
 RUNNERS = ("TOOL", "CHAIN", "AGENT")
-CALL_KEY = re.compile(r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
-INPUT_KEY = re.compile(r"^llm\.input_messages\.(\d+)\.message\.(role|content|contents\.(\d+)\.message_content\.text)$")
-DOC_KEY = re.compile(r"^retrieval\.documents\.(\d+)\.document\.(id|content|metadata|score)$")
 CALL_IDS = ("tool.id", "tool_call.id", "gen_ai.tool.call.id")
 
 
@@ -109,7 +105,7 @@ class OpenInferenceReader:
             yield Run(trace_id, events, str(path), "openinference")
 
 
-# -- spans → canonical events ---------------------------------------------------------------------------
+# -- spans → canonical events (what one span's attributes say: logs_to_dataset/span_attributes.py) --------
 def link(spans: list[Span]) -> Span | None:
     """Set each span's ``parent`` (the span of ``spans`` its ``parent_id`` names; the last of a repeated id, else
     None); a span on a cycle of parent links when they loop, else None. One pass: each span is walked up once."""
@@ -144,7 +140,7 @@ class TraceMapper:
                     self.warn(W + "parent span not in the file (span read as a root)")
             else:
                 s.parent.children.append(s)
-            cut = sum(1 for k in ("input.value", "output.value") if _cut_json(s.attrs.get(k)))
+            cut = sum(1 for k in ("input.value", "output.value") if cut_json(s.attrs.get(k)))
             self.warn(W + "input/output value that is cut-off JSON (an attribute length limit; used as text)", cut)
         self.timed: list[tuple[int, int, type, dict]] = []  # (ns, order, event class, fields)
         self.runner_of: dict[str, str] = {}  # executing span id → candidate id
@@ -164,9 +160,9 @@ class TraceMapper:
                 calls = self._calls(s)
                 if calls:
                     frames.append((s, calls))
-        root_query = _root_text(root.attrs.get("input.value"))
+        root_query = root_text(root.attrs.get("input.value"))
         if not root_query and frames:
-            root_query = _last_user(frames[0][0].attrs)
+            root_query = last_user(frames[0][0].attrs)
             self.warn(W + "root query taken from the first decision's user message")
         for i, (span, calls) in enumerate(frames):
             self._frame(f"f{i}", span, calls, root_query)
@@ -188,7 +184,7 @@ class TraceMapper:
         self.timed.append((ns, len(self.timed), cls, fields))
 
     def _calls(self, span: Span) -> list[dict]:
-        calls = _oi_calls(span.attrs) or _genai_calls(span.attrs.get("gen_ai.output.messages"))
+        calls = tool_calls(span.attrs)
         good = []
         for c in calls:
             if not c.get("name"):
@@ -196,7 +192,7 @@ class TraceMapper:
                                                           f"{c['field']})"), self.strict)
                 continue
             good.append(c)
-        if len(good) == 1 and _forced(span.attrs, good[0]["name"]):
+        if len(good) == 1 and forced(span.attrs, good[0]["name"]):
             self.warn(W + "structured output (a forced single tool call), not a decision")
             return []
         self.warn(W + f"tool call past the first {MAX_CANDIDATES} of one LLM span (left out)",
@@ -208,14 +204,14 @@ class TraceMapper:
         parent_cand = self.runner_of[parent.span_id] if parent else None
         parent_frame = parent_cand.rsplit(".", 1)[0] if parent_cand else None
         depth = self.depths[parent_frame] + 1 if parent_frame else 0
-        frame_query = _last_user(span.attrs) or root_query
+        frame_query = last_user(span.attrs) or root_query
         self._add(span.end, FrameOpen, frame_id=fid, parent_frame=parent_frame, parent_candidate=parent_cand,
                   depth=depth, frame_query=frame_query, parent_goal="", span_id=span.span_id)
         self.depths[fid] = depth
         self.counts["decisions"] += 1
         for j, c in enumerate(calls):
             cid = f"{fid}.c{j}"
-            self._add(span.end, Candidate, frame_id=fid, candidate_id=cid, order=j, query=_call_text(c), goal="",
+            self._add(span.end, Candidate, frame_id=fid, candidate_id=cid, order=j, query=call_text(c), goal="",
                       tool=c["name"], tool_call_id=c.get("id"))
             self.counts["candidates"] += 1
             runner = self._runner(span, c)
@@ -253,15 +249,17 @@ class TraceMapper:
     def _input(self, span: Span):
         """What ``_ran`` compares a call's arguments with: a tool's arguments, another span's JSON input."""
         if id(span) not in self.inputs:
-            self.inputs[id(span)] = _tool_args(span) if span.kind == "TOOL" else _json(span.attrs.get("input.value"))
+            attrs = span.attrs
+            self.inputs[id(span)] = tool_args(attrs) if span.kind == "TOOL" else parse_json(attrs.get("input.value"))
         return self.inputs[id(span)]
 
     def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
         """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended)."""
-        docs = [(d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner for d in _documents(s.attrs)]
+        docs = [(d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner
+                for d in documents(s.attrs)]
         if not docs:
             tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
-            docs = [(("", text, ""), s.end) for s in tools for text in [_tool_output(s.attrs)] if text]
+            docs = [(("", text, ""), s.end) for s in tools for text in [tool_output(s.attrs)] if text]
         if not docs:
             self.warn(W + "expanded call without a recorded output (evidence unknown)")
             return
@@ -276,79 +274,8 @@ class TraceMapper:
             if eid not in ids:
                 ids[eid] = None
                 tokens += n
-        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=_call_text(call), evidence_ids=list(ids),
+        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=call_text(call), evidence_ids=list(ids),
                   tokens=tokens)
-
-
-# -- attribute helpers ----------------------------------------------------------------------------------
-def _oi_calls(attrs: dict) -> list[dict]:
-    found: dict[tuple[int, int], dict] = {}
-    for key, value in attrs.items():
-        m = CALL_KEY.match(key)
-        if m:
-            found.setdefault((int(m.group(1)), int(m.group(2))), {})[m.group(3)] = value
-    return [{"id": v.get("id"), "name": v.get("function.name"), "args": _json_args(v.get("function.arguments")),
-             "field": f"llm.output_messages.{i}.message.tool_calls.{j}.tool_call.function.name"}
-            for (i, j), v in sorted(found.items())]
-
-
-def _genai_calls(value) -> list[dict]:
-    messages = _json(value) if isinstance(value, str) else value
-    calls = []
-    for i, m in enumerate(messages if isinstance(messages, list) else []):
-        for k, part in enumerate((m or {}).get("parts") or [] if isinstance(m, dict) else []):
-            if isinstance(part, dict) and part.get("type") == "tool_call":
-                calls.append({"id": part.get("id"), "name": part.get("name"), "args": _json_args(part.get("arguments")),
-                              "field": f"gen_ai.output.messages[{i}].parts[{k}].name"})
-    return calls
-
-
-def _json(text):
-    """An attribute's JSON text (tool arguments, message lists) parsed, or None when it is not JSON."""
-    try:
-        return load_json(text) if isinstance(text, (str, bytes)) else None
-    except InputError:
-        return None
-
-
-def _cut_json(value) -> bool:
-    return isinstance(value, str) and value.lstrip().startswith(("{", "[")) and _json(value) is None
-
-
-def _json_args(value):
-    if isinstance(value, str):
-        parsed = _json(value)
-        return parsed if parsed is not None else value
-    return value if value is not None else {}
-
-
-def _forced(attrs: dict, name: str) -> bool:
-    params = _json(attrs.get("llm.invocation_parameters"))
-    if not isinstance(params, dict):
-        return False
-    choice, tools = params.get("tool_choice"), params.get("tools")
-    if isinstance(choice, dict):
-        choice = (choice.get("function") or {}).get("name") or choice.get("name")
-    return choice in ("any", "required", name) and isinstance(tools, list) and len(tools) == 1
-
-
-def _call_text(call: dict) -> str:
-    args = call.get("args")
-    if isinstance(args, str):
-        return args
-    texts = []
-    for v in (args.values() if isinstance(args, dict) else []):
-        if isinstance(v, str):
-            texts.append(v)
-        elif isinstance(v, list):
-            texts.extend(x for x in v if isinstance(x, str))
-    if texts:
-        return "\n".join(texts)
-    return f"{call['name']} {json.dumps(args, ensure_ascii=False, sort_keys=True)}" if args else call["name"]
-
-
-def _tool_args(span: Span):
-    return _json_args(span.attrs.get("gen_ai.tool.call.arguments", span.attrs.get("input.value")))
 
 
 def _ran(span: Span, call: dict, got) -> bool:
@@ -379,66 +306,6 @@ def _agree(got, want) -> bool:
 def _sublist(part: list, whole: list) -> bool:
     it = iter(whole)
     return all(any(x == y for y in it) for x in part)
-
-
-def _documents(attrs: dict) -> list[tuple[str, str, str]]:
-    docs: dict[int, dict] = {}
-    for key, value in attrs.items():
-        m = DOC_KEY.match(key)
-        if m:
-            docs.setdefault(int(m.group(1)), {})[m.group(2)] = value
-    out = []
-    for _, d in sorted(docs.items()):
-        meta = _json(d.get("metadata")) if isinstance(d.get("metadata"), str) else d.get("metadata")
-        source = next((str(meta[k]) for k in ("url", "source", "href") if isinstance(meta, dict) and meta.get(k)), "")
-        out.append((str(d.get("id") or ""), str(d.get("content") or ""), source))
-    genai = attrs.get("gen_ai.retrieval.documents")
-    for d in (_json(genai) if isinstance(genai, str) else genai) or []:
-        if isinstance(d, dict):
-            out.append((str(d.get("id") or ""), str(d.get("content") or d.get("text") or ""), str(d.get("url") or "")))
-    return [d for d in out if d[1].strip() or d[0]]
-
-
-def _tool_output(attrs: dict) -> str:
-    value = attrs.get("gen_ai.tool.call.result", attrs.get("output.value"))
-    return value if isinstance(value, str) else "" if value is None else json.dumps(value, ensure_ascii=False)
-
-
-def _last_user(attrs: dict) -> str:
-    msgs: dict[int, dict] = {}
-    for key, value in attrs.items():
-        m = INPUT_KEY.match(key)
-        if m:
-            field_ = "content" if m.group(2) != "role" else "role"
-            entry = msgs.setdefault(int(m.group(1)), {})
-            entry[field_] = entry.get(field_, "") + str(value) if field_ == "content" else str(value)
-    users = [m.get("content", "") for _, m in sorted(msgs.items()) if m.get("role") in ("user", "human")]
-    if not users:
-        genai = _json(attrs.get("gen_ai.input.messages")) if isinstance(attrs.get("gen_ai.input.messages"), str) else None
-        for m in genai if isinstance(genai, list) else []:
-            if isinstance(m, dict) and m.get("role") == "user":
-                users.append(" ".join(str(p.get("content") or "") for p in m.get("parts") or [] if isinstance(p, dict)))
-    return users[-1].strip() if users else ""
-
-
-def _root_text(value) -> str:
-    if not isinstance(value, str):
-        return ""
-    parsed = _json(value)
-    if parsed is None:
-        return value.strip() if not value.lstrip().startswith(("{", "[")) else ""
-    if isinstance(parsed, str):
-        return parsed.strip()
-    if isinstance(parsed, dict):
-        for m in parsed.get("messages") or [] if isinstance(parsed.get("messages"), list) else []:
-            if isinstance(m, dict):
-                data = m.get("data") if isinstance(m.get("data"), dict) else m
-                if m.get("type") == "human" or data.get("type") == "human" or m.get("role") == "user":
-                    return str(data.get("content") or "").strip()
-        for k in ("input", "question", "query"):
-            if isinstance(parsed.get(k), str):
-                return parsed[k].strip()
-    return ""
 
 
 def _ancestors(span: Span) -> list[Span]:
