@@ -24,16 +24,36 @@ from branchgate.errors import BranchgateError
 
 # (command path, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
-    (("dataset", "build"), "branchgate.logs_to_dataset.build_cli", "Turn agent run logs into a decision dataset split by run."),
+    (
+        ("dataset", "build"),
+        "branchgate.logs_to_dataset.build_cli",
+        "Turn agent run logs into a decision dataset split by run.",
+    ),
     (("env", "build"), "branchgate.pipeline.env_cli", "Build a local retrieval environment from benchmark data."),
-    (("simulate",), "branchgate.pipeline.simulate_cli", "Run the reference deep-research pipeline and write canonical traces."),
+    (
+        ("simulate",),
+        "branchgate.pipeline.simulate_cli",
+        "Run the reference deep-research pipeline and write canonical traces.",
+    ),
     (("train",), "branchgate.training.cli", "Train the value model (LightningCLI conventions: --config, overrides)."),
-    (("evaluate",), "branchgate.training.evaluate_cli", "Evaluate a checkpoint on a dataset's test split against the baselines."),
+    (
+        ("evaluate",),
+        "branchgate.training.evaluate_cli",
+        "Evaluate a checkpoint on a dataset's test split against the baselines.",
+    ),
     (("export",), "branchgate.export.cli", "Export a checkpoint to an ONNX controller (with parity check)."),
     (("gate",), "branchgate.inference.gate_cli", "Gate one decision read as JSON on stdin with an ONNX controller."),
-    (("bench-gate",), "branchgate.export.bench_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
-    (("bench",), "branchgate.bench.cli", "The held-out experiment in one command: simulate, dataset, train, export, closed loop, report."),
-    (("quickstart",), "branchgate.quickstart", "The whole chain on the bundled sample: simulate, dataset, train, evaluate, export."),
+    (("bench-gate",), "branchgate.export.latency_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
+    (
+        ("bench",),
+        "branchgate.bench.cli",
+        "The held-out experiment in one command: simulate, dataset, train, export, closed loop, report.",
+    ),
+    (
+        ("quickstart",),
+        "branchgate.quickstart",
+        "The whole chain on the bundled sample: simulate, dataset, train, evaluate, export.",
+    ),
 ]
 
 
@@ -70,7 +90,9 @@ def _configure(parser: argparse.ArgumentParser, module: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2

@@ -28,8 +28,9 @@ def threshold_at(depth: int | None, tau: float, root_tau: float | None = None) -
     return float(root_tau) if root_tau is not None and int(depth or 0) == 0 else float(tau)
 
 
-def decide(scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None,
-           fallback: bool = True) -> Decision:
+def decide(
+    scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None, fallback: bool = True
+) -> Decision:
     """Keep ``scores ≥ threshold`` (``≤`` when lower is better), the best ``max_keep`` of them (ties: lower
     index first); with ``fallback`` a non-empty input never yields an empty selection (the best is kept)."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)

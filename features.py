@@ -1,6 +1,6 @@
 """The structured features of a decision's candidates: the one place they are computed (core-safe: numpy).
 
-Dataset rows (``logs_to_dataset.labels``), training batches (``data.decisions``), the torch reference
+Dataset rows (``logs_to_dataset.labels``), training batches (``data.decision_batches``), the torch reference
 (``export.torch_ref``) and the Gate (``inference.gate``) all call ``structured_features``, so the value
 network sees the same numbers in training and in service.
 
@@ -36,5 +36,8 @@ def outside_range(ranges: dict, depth: float, n_candidates: int, n_retained: int
     if not ranges or not n_candidates:
         return []
     feats = structured_features(depth, n_candidates, n_retained)
-    return [name for j, name in enumerate(FEATURE_NAMES) if name in ranges
-            and (feats[:, j].min() < ranges[name][0] or feats[:, j].max() > ranges[name][1])]
+    return [
+        name
+        for j, name in enumerate(FEATURE_NAMES)
+        if name in ranges and (feats[:, j].min() < ranges[name][0] or feats[:, j].max() > ranges[name][1])
+    ]

@@ -6,8 +6,8 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import json
-import re
 import os
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -184,15 +184,18 @@ def check_output_dir(out: str | Path, inputs=(), kind: str = "", in_place: bool 
         if given is None or str(given) == "":
             continue
         inp = Path(os.path.realpath(given))
-        how = ("is" if inp == real else "is inside" if inp in real.parents else
-               "contains" if real in inp.parents else None)
+        how = (
+            "is" if inp == real else "is inside" if inp in real.parents else "contains" if real in inp.parents else None
+        )
         if how:
-            raise InputError(f"{how} the input {given}; an output folder must lie apart from every input",
-                             str(out))
+            raise InputError(f"{how} the input {given}; an output folder must lie apart from every input", str(out))
     _refuse_non_folder(out)
     if out.is_dir() and not is_output_of(out, kind) and _has_files(out):
-        raise InputError(f"is a folder with files that `branchgate {kind}` did not write (no {OUTPUT_MARK}); "
-                         "choose a new or empty folder", str(out))
+        raise InputError(
+            f"is a folder with files that `branchgate {kind}` did not write (no {OUTPUT_MARK}); "
+            "choose a new or empty folder",
+            str(out),
+        )
     target = out if in_place and out.is_dir() else out.parent
     while not target.exists() and not target.is_symlink() and target != target.parent:
         target = target.parent
@@ -250,7 +253,11 @@ def _nothing_parsed_manifest(path: Path) -> bool:
         m = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return False
-    return isinstance(m, dict) and m.get("error") == "nothing parsed" and str(m.get("created_by", "")).startswith("branchgate")
+    return (
+        isinstance(m, dict)
+        and m.get("error") == "nothing parsed"
+        and str(m.get("created_by", "")).startswith("branchgate")
+    )
 
 
 # -- reading JSON from untrusted files -------------------------------------------------------------------
@@ -261,8 +268,12 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 MAX_READ_BYTES = 256 << 20  # a file read whole (the gate's input, its run state): more is refused, not read
 _READ_CHUNK = 1 << 20
-_UTF_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
-             (b"\xfe\xff", "UTF-16"))
+_UTF_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
 
 
 def read_bounded(source, name: str, limit: int = MAX_READ_BYTES) -> bytes:
@@ -298,7 +309,7 @@ def _read_at_most(fh, limit: int) -> bytes:
 
 
 def wide_encoding(head: bytes) -> str | None:
-    """"UTF-16" or "UTF-32" when a file's first bytes are such text (a byte-order mark, or NUL in every other
+    """ "UTF-16" or "UTF-32" when a file's first bytes are such text (a byte-order mark, or NUL in every other
     byte: ASCII as UTF-16), else None."""
     name = next((n for bom, n in _UTF_BOMS if head.startswith(bom)), None)
     if name is None and len(head) >= 4 and b"\x00" in head:
@@ -337,8 +348,9 @@ def load_json(text: str | bytes, file: str | None = None, line: int | None = Non
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON ({exc.msg} at column {exc.colno})", file,
-                         line if line is not None else exc.lineno) from None
+        raise InputError(
+            f"invalid JSON ({exc.msg} at column {exc.colno})", file, line if line is not None else exc.lineno
+        ) from None
     except RecursionError:
         raise InputError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", file, line) from None
     except ValueError as exc:  # e.g. an integer with more digits than int() converts

@@ -37,8 +37,17 @@ def endpoint(base_url: str) -> str:
     return base_url.rstrip("/") + "/chat/completions"
 
 
-def chat(base_url: str, model: str, messages: list[dict], *, api_key: str | None = None, timeout: float = 60.0,
-         retries: int = 0, who: str = "LLM", **params) -> ChatReply:
+def chat(
+    base_url: str,
+    model: str,
+    messages: list[dict],
+    *,
+    api_key: str | None = None,
+    timeout: float = 60.0,
+    retries: int = 0,
+    who: str = "LLM",
+    **params,
+) -> ChatReply:
     """One chat completion of ``messages`` (``params`` such as ``temperature`` go into the request body)."""
     url = endpoint(base_url)
     body = json.dumps({"model": model, "messages": messages, **params}).encode("utf-8")
@@ -88,7 +97,7 @@ def json_in(content: str, kind: type = list):
     if start < 0 or end <= start:
         raise ValueError(f"no JSON {what} in the answer")
     try:
-        value = json.loads(content[start:end + 1])
+        value = json.loads(content[start : end + 1])
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON {what} in the answer ({exc.msg})") from None
     if not isinstance(value, kind):

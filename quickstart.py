@@ -26,9 +26,14 @@ OUTPUT_KIND = "quickstart"  # the command named in the output folder's mark (``f
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="quickstart", help="output folder (default ./quickstart)")
     parser.add_argument("--runs", type=int, default=None, help="simulated runs (default: every sample query once)")
-    parser.add_argument("--encoder", default="packaged",
-                        help="encoder for teachers and the model (default packaged: offline all-MiniLM-L6-v2)")
-    parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs of configs/quickstart.yaml")
+    parser.add_argument(
+        "--encoder",
+        default="packaged",
+        help="encoder for teachers and the model (default packaged: offline all-MiniLM-L6-v2)",
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="override trainer.max_epochs of configs/quickstart.yaml"
+    )
     parser.add_argument("--workers", type=int, default=1, help="simulation workers (default 1)")
     parser.add_argument("--no-export", action="store_true", help="stop after training and evaluation")
 
@@ -52,26 +57,72 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     mark_output_dir(out, OUTPUT_KIND)
     start = time.perf_counter()
-    sim = ["simulate", "--env", "sample", "--out", str(out / "traces"), "--encoder", args.encoder,
-           "--seed", "0", "--workers", str(args.workers)]
+    sim = [
+        "simulate",
+        "--env",
+        "sample",
+        "--out",
+        str(out / "traces"),
+        "--encoder",
+        args.encoder,
+        "--seed",
+        "0",
+        "--workers",
+        str(args.workers),
+    ]
     if args.runs:
         sim += ["--runs", str(args.runs)]
     _step("simulate", sim)
-    _step("dataset", ["dataset", "build", "--traces", str(out / "traces" / "traces"), "--out", str(out / "dataset"),
-                      "--encoder", args.encoder])
-    train = ["train", "--config", "quickstart", "--data.dataset", str(out / "dataset"), "--data.encoder", args.encoder,
-             "--out", str(out / "run")]
+    _step(
+        "dataset",
+        [
+            "dataset",
+            "build",
+            "--traces",
+            str(out / "traces" / "traces"),
+            "--out",
+            str(out / "dataset"),
+            "--encoder",
+            args.encoder,
+        ],
+    )
+    train = [
+        "train",
+        "--config",
+        "quickstart",
+        "--data.dataset",
+        str(out / "dataset"),
+        "--data.encoder",
+        args.encoder,
+        "--out",
+        str(out / "run"),
+    ]
     if args.epochs:
         train.append(f"--trainer.max_epochs={args.epochs}")
     _step("train", train)
     controller = out / "run" / "controller.safetensors"
     shutil.copyfile(out / "run" / "metrics.json", out / "metrics.json")
     if not args.no_export:
-        _step("export", ["export", "--checkpoint", str(controller), "--out", str(out / "controller.onnx"), "--int8",
-                         "--dataset", str(out / "dataset")])
+        _step(
+            "export",
+            [
+                "export",
+                "--checkpoint",
+                str(controller),
+                "--out",
+                str(out / "controller.onnx"),
+                "--int8",
+                "--dataset",
+                str(out / "dataset"),
+            ],
+        )
     metrics = json.loads((out / "metrics.json").read_text())
-    print(f"\nquickstart finished in {time.perf_counter() - start:.0f}s: {out / 'metrics.json'}"
-          + ("" if args.no_export else f", {out / 'controller.onnx'}"))
-    print(f"model AUROC {metrics.get('auroc', float('nan')):.3f}, top-1 {metrics.get('top1_accuracy', float('nan')):.3f}, "
-          f"keep rate {metrics.get('keep_rate', float('nan')):.2f} at tau {metrics.get('tau', float('nan')):.2f}")
+    print(
+        f"\nquickstart finished in {time.perf_counter() - start:.0f}s: {out / 'metrics.json'}"
+        + ("" if args.no_export else f", {out / 'controller.onnx'}")
+    )
+    print(
+        f"model AUROC {metrics.get('auroc', float('nan')):.3f}, top-1 {metrics.get('top1_accuracy', float('nan')):.3f}, "
+        f"keep rate {metrics.get('keep_rate', float('nan')):.2f} at tau {metrics.get('tau', float('nan')):.2f}"
+    )
     return 0

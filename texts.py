@@ -5,6 +5,7 @@ from __future__ import annotations
 if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
+
 def candidate_text(query: str, goal: str = "") -> str:
     """The candidate tower's text: the subquery, then its research goal when there is one."""
     query, goal = (query or "").strip(), (goal or "").strip()

@@ -2,9 +2,9 @@
 
 Modules: ``cli.py`` (the command), ``settings.py`` (the config read and checked; what every step shares),
 ``pipeline.py`` (the steps in order, the report assembled), ``gate_steps.py`` (one label source's gate:
-dataset, train, export, closed loop, offline and real scores), ``budgets.py`` (the run-budgets step),
+dataset, train, export, closed loop, offline and real scores), ``budget_step.py`` (the run-budgets step),
 ``steps.py`` (cached steps with fingerprints), ``stats.py`` (bootstrap intervals, offline metrics of scorers on
-a decision dataset), ``policies.py`` (the closed-loop policy families and their sweeps), ``closed_loop.py``
+a decision dataset), ``sweeps.py`` (the closed-loop policy families and their sweeps), ``closed_loop.py``
 (running them and pairing by query), ``report.py`` (report.json, report.md, the PNG).
 """
 

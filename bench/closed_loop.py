@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench.policies import PolicyPoint
 from branchgate.bench.stats import mean_ci
 from branchgate.bench.steps import fingerprint
+from branchgate.bench.sweeps import PolicyPoint
 from branchgate.fileio import atomic_write_json
 
 KEYS = ("nodes", "tokens", "kpr")
@@ -41,8 +41,17 @@ def per_query(folder: Path) -> dict[str, dict]:
     return out
 
 
-def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, out: Path, upstream: dict,
-               encoder=None, progress: bool = False, workers: int = 1) -> dict[str, dict[str, dict]]:
+def run_points(
+    env: str,
+    sim: dict,
+    pts: list[PolicyPoint],
+    queries_file: str,
+    out: Path,
+    upstream: dict,
+    encoder=None,
+    progress: bool = False,
+    workers: int = 1,
+) -> dict[str, dict[str, dict]]:
     """Simulate every point (reusing folders whose fingerprint matches); {name: {query id: totals}}.
 
     With ``workers`` > 1 the points run in that many processes, each loading the environment and the encoder
@@ -52,9 +61,15 @@ def run_points(env: str, sim: dict, pts: list[PolicyPoint], queries_file: str, o
     todo = []
     for p in pts:
         folder = out / safe_name(p.name)
-        inputs = {"sim": sim, "pre": p.pre, "post": p.post, "synth": p.synth, "queries": upstream["queries"],
-                  **({"export": upstream["export"]} if "gate:" in p.spec else {}),
-                  **({"reference": _file_hash(sim["budget_reference"])} if sim.get("budget_reference") else {})}
+        inputs = {
+            "sim": sim,
+            "pre": p.pre,
+            "post": p.post,
+            "synth": p.synth,
+            "queries": upstream["queries"],
+            **({"export": upstream["export"]} if "gate:" in p.spec else {}),
+            **({"reference": _file_hash(sim["budget_reference"])} if sim.get("budget_reference") else {}),
+        }
         fp = fingerprint(inputs)
         mark = folder / "point.json"
         if folder.exists() and not (mark.is_file() and json.loads(mark.read_text()).get("fingerprint") == fp):
@@ -120,8 +135,13 @@ def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], boot: in
     for p in pts:
         r = runs[p.name]
         qs = sorted(r)
-        out[p.name] = {"spec": p.spec, "family": p.family, "budget": p.budget, "runs": len(qs),
-                       **{k: mean_ci([r[q][k] for q in qs], boot, seed) for k in KEYS}}
+        out[p.name] = {
+            "spec": p.spec,
+            "family": p.family,
+            "budget": p.budget,
+            "runs": len(qs),
+            **{k: mean_ci([r[q][k] for q in qs], boot, seed) for k in KEYS},
+        }
     return out
 
 
@@ -165,8 +185,13 @@ def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0, family
         g, clamped = interpolate(curve, tokens)
         qs = sorted(set(g) & set(r))
         outside = None if not clamped else ("cheaper" if tokens < curve[0][0] else "dearer")
-        out[p.name] = {"tokens": tokens, "kpr_delta": mean_ci([g[q] - r[q]["kpr"] for q in qs], boot, seed),
-                       "extrapolated": clamped, "outside": outside, "queries": len(qs)}
+        out[p.name] = {
+            "tokens": tokens,
+            "kpr_delta": mean_ci([g[q] - r[q]["kpr"] for q in qs], boot, seed),
+            "extrapolated": clamped,
+            "outside": outside,
+            "queries": len(qs),
+        }
     return out
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from branchgate.bench import stats
 from branchgate.bench.closed_loop import safe_name
-from branchgate.bench.policies import gate_points, variant_taus
 from branchgate.bench.settings import Run
 from branchgate.bench.steps import keeps_folder
+from branchgate.bench.sweeps import gate_points, variant_taus
 
 
 def source_steps(run: Run, source: str, family: str, traces: list[str], real_sets: dict, eval_set: dict) -> dict:
@@ -26,18 +26,34 @@ def source_steps(run: Run, source: str, family: str, traces: list[str], real_set
     ds = _dataset(run, source, key, traces)
     tr = _train(run, key, ds)
     ex = _export(run, key, ds, tr)
-    pts = gate_points(run.cfg["policies"], ex["controller"], family,
-                      variants=variant_taus(run.cfg) if family == "gate" else None)
-    gl = run.steps.run(f"{key}/closed_loop", {**run.loop_inputs, "upstream": fp[f"{key}/export"],
-                                              "points": [(p.name, p.spec) for p in pts]},
-                       keeps_folder(lambda folder: run.closed_loop(folder, pts, fp[f"{key}/export"])))
+    pts = gate_points(
+        run.cfg["policies"], ex["controller"], family, variants=variant_taus(run.cfg) if family == "gate" else None
+    )
+    gl = run.steps.run(
+        f"{key}/closed_loop",
+        {**run.loop_inputs, "upstream": fp[f"{key}/export"], "points": [(p.name, p.spec) for p in pts]},
+        keeps_folder(lambda folder: run.closed_loop(folder, pts, fp[f"{key}/export"])),
+    )
     scores = _scores(run, key, tr["checkpoint"], ds["dataset"], real_sets, eval_set)
-    labels = {"source": source, "kind": ds.get("label_kind"), "threshold": ds.get("label_threshold"),
-              "threshold_rule": ds.get("label_threshold_rule"), "positive_rate": ds.get("positive_rate"),
-              "counts": ds.get("labels")}
-    return {"family": family, "labels": labels, "tau": tr.get("tau"), "train_auroc": tr.get("auroc"),
-            "controller": ex["controller"], "export_fp": fp[f"{key}/export"], **scores, "points": pts,
-            "runs": gl["runs"]}
+    labels = {
+        "source": source,
+        "kind": ds.get("label_kind"),
+        "threshold": ds.get("label_threshold"),
+        "threshold_rule": ds.get("label_threshold_rule"),
+        "positive_rate": ds.get("positive_rate"),
+        "counts": ds.get("labels"),
+    }
+    return {
+        "family": family,
+        "labels": labels,
+        "tau": tr.get("tau"),
+        "train_auroc": tr.get("auroc"),
+        "controller": ex["controller"],
+        "export_fp": fp[f"{key}/export"],
+        **scores,
+        "points": pts,
+        "runs": gl["runs"],
+    }
 
 
 def _dataset(run: Run, source: str, key: str, traces: list[str]) -> dict:
@@ -48,19 +64,35 @@ def _dataset(run: Run, source: str, key: str, traces: list[str]) -> dict:
     def step(folder: Path) -> dict:
         from branchgate.logs_to_dataset.build import build
 
-        m = build(traces, folder / "dataset", encoder=run.enc, labels=source,
-                  positive_rate=float(cfg["positive_rate"]), label_options=dict(cfg.get("label_options") or {}),
-                  progress=run.progress, split_by=split_by)
-        return {"dataset": str(folder / "dataset"), "n_runs": m.get("n_runs"),
-                "n_rows": (m.get("n_decisions") or {}).get("total"),
-                "label_kind": m.get("label_kind"), "label_threshold": m.get("label_threshold"),
-                "label_threshold_rule": m.get("label_threshold_rule"),
-                "positive_rate": (m.get("positive_rate") or {}).get(m.get("label_kind")),
-                "labels": m.get("labels")}
+        m = build(
+            traces,
+            folder / "dataset",
+            encoder=run.enc,
+            labels=source,
+            positive_rate=float(cfg["positive_rate"]),
+            label_options=dict(cfg.get("label_options") or {}),
+            progress=run.progress,
+            split_by=split_by,
+        )
+        return {
+            "dataset": str(folder / "dataset"),
+            "n_runs": m.get("n_runs"),
+            "n_rows": (m.get("n_decisions") or {}).get("total"),
+            "label_kind": m.get("label_kind"),
+            "label_threshold": m.get("label_threshold"),
+            "label_threshold_rule": m.get("label_threshold_rule"),
+            "positive_rate": (m.get("positive_rate") or {}).get(m.get("label_kind")),
+            "labels": m.get("labels"),
+        }
 
-    inputs = {"upstream": run.steps.fingerprints["simulate"], "labels": source, "positive_rate": cfg["positive_rate"],
-              "label_options": cfg.get("label_options"), "encoder": run.enc_id,
-              **({"split_by": split_by} if split_by != "run" else {})}
+    inputs = {
+        "upstream": run.steps.fingerprints["simulate"],
+        "labels": source,
+        "positive_rate": cfg["positive_rate"],
+        "label_options": cfg.get("label_options"),
+        "encoder": run.enc_id,
+        **({"split_by": split_by} if split_by != "run" else {}),
+    }
     return run.steps.run(f"{key}/dataset", inputs, step)
 
 
@@ -72,13 +104,28 @@ def _train(run: Run, key: str, ds: dict) -> dict:
         from branchgate.training.cli import resolve_config_names
         from branchgate.training.fit import train as fit
 
-        argv = ["--config", train["config"], "--data.dataset", ds["dataset"], "--data.encoder", run.enc,
-                "--out", str(folder / "run"), "--wandb.mode", "disabled", *map(str, train["overrides"] or [])]
+        argv = [
+            "--config",
+            train["config"],
+            "--data.dataset",
+            ds["dataset"],
+            "--data.encoder",
+            run.enc,
+            "--out",
+            str(folder / "run"),
+            "--wandb.mode",
+            "disabled",
+            *map(str, train["overrides"] or []),
+        ]
         if not run.progress:
             argv.append("--trainer.enable_progress_bar=false")
         m = fit(resolve_config_names(argv))
-        return {"checkpoint": str(folder / "run" / "controller.safetensors"), "tau": m.get("tau"),
-                "auroc": m.get("auroc"), "epochs": m.get("epochs")}
+        return {
+            "checkpoint": str(folder / "run" / "controller.safetensors"),
+            "tau": m.get("tau"),
+            "auroc": m.get("auroc"),
+            "epochs": m.get("epochs"),
+        }
 
     return run.steps.run(f"{key}/train", {"upstream": run.steps.fingerprints[f"{key}/dataset"], "train": train}, step)
 
@@ -104,13 +151,17 @@ def _scores(run: Run, key: str, checkpoint: str, dataset: str, real_sets: dict, 
 
     def offline_step(folder: Path) -> dict:
         rows = stats.controller_rows(checkpoint, dataset, ("test",))
-        return {"offline": stats.scorer_metrics(rows, boot, ref="gate"),
-                "offline_by_depth": stats.by_depth(rows, boot, ref="gate")}
+        return {
+            "offline": stats.scorer_metrics(rows, boot, ref="gate"),
+            "offline_by_depth": stats.by_depth(rows, boot, ref="gate"),
+        }
 
     def offline_eval_step(folder: Path) -> dict:
         rows = stats.controller_rows(checkpoint, eval_set["dataset"], ("train", "validation", "test"))
-        return {"offline_eval": stats.scorer_metrics(rows, boot, ref="gate"),
-                "offline_eval_by_depth": stats.by_depth(rows, boot, ref="gate")}
+        return {
+            "offline_eval": stats.scorer_metrics(rows, boot, ref="gate"),
+            "offline_eval_by_depth": stats.by_depth(rows, boot, ref="gate"),
+        }
 
     def real_rows():
         for name, path in real_sets["datasets"].items():
@@ -122,19 +173,35 @@ def _scores(run: Run, key: str, checkpoint: str, dataset: str, real_sets: dict, 
     def real_by_depth_step(folder: Path) -> dict:
         """The real decisions per depth stratum: depth 0 is a sequential agent's first search (no search state
         yet), where every relevance scorer ranks alike; depth ≥ 1 has earlier searches to judge against."""
-        return {name: {k: real_table(t) for k, t in stats.by_depth(rows, boot, ref="gate").items()}
-                for name, rows in real_rows()}
+        return {
+            name: {k: real_table(t) for k, t in stats.by_depth(rows, boot, ref="gate").items()}
+            for name, rows in real_rows()
+        }
 
     off = run.steps.run(f"{key}/offline", trained, offline_step)
-    oe = ({"offline_eval": {}, "offline_eval_by_depth": {}} if not eval_set.get("dataset") else
-          run.steps.run(f"{key}/offline_eval", {**trained, "eval_data": fp["eval_data"]}, offline_eval_step))
+    oe = (
+        {"offline_eval": {}, "offline_eval_by_depth": {}}
+        if not eval_set.get("dataset")
+        else run.steps.run(f"{key}/offline_eval", {**trained, "eval_data": fp["eval_data"]}, offline_eval_step)
+    )
     real_inputs = {"upstream": fp[f"{key}/train"], "real": fp["real_data"], "bootstrap": boot}
-    return {**off, **oe, "real": run.steps.run(f"{key}/real", real_inputs, real_step),
-            "real_by_depth": run.steps.run(f"{key}/real_by_depth", real_inputs, real_by_depth_step)}
+    return {
+        **off,
+        **oe,
+        "real": run.steps.run(f"{key}/real", real_inputs, real_step),
+        "real_by_depth": run.steps.run(f"{key}/real_by_depth", real_inputs, real_by_depth_step),
+    }
 
 
 def real_table(table: dict) -> dict:
     """A real-decision table as reported: per scorer AUROC, AUPRC, CI and (not the gate) gate − scorer."""
-    return {k: {"auroc": m["auroc"], "auprc": m["auprc"], "ci95": m["ci95_auroc"], "n_rows": m["n_rows"],
-                **({"delta_vs_gate": m["delta_vs_gate"]} if "delta_vs_gate" in m else {})}
-            for k, m in table.items()}
+    return {
+        k: {
+            "auroc": m["auroc"],
+            "auprc": m["auprc"],
+            "ci95": m["ci95_auroc"],
+            "n_rows": m["n_rows"],
+            **({"delta_vs_gate": m["delta_vs_gate"]} if "delta_vs_gate" in m else {}),
+        }
+        for k, m in table.items()
+    }

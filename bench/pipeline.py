@@ -1,6 +1,6 @@
 """The bench's steps in order (``run_bench``), each a cached ``Steps.run`` with the inputs it depends on: the
 shared steps here (``simulate``, ``closed_loop``, ``real_data``, ``eval_data``), each label source's gate in
-``gate_steps.py``, the ``budgets`` step in ``budgets.py``; then the report assembled."""
+``gate_steps.py``, the ``budgets`` step in ``budget_step.py``; then the report assembled."""
 
 from __future__ import annotations
 
@@ -13,34 +13,49 @@ import time
 from pathlib import Path
 
 from branchgate.bench import closed_loop, settings
-from branchgate.bench.budgets import budget_step
+from branchgate.bench.budget_step import budget_step
 from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.gate_steps import source_steps
-from branchgate.bench.policies import VARIANTS, baseline_points, gate_family, variant_family
 from branchgate.bench.report import write
 from branchgate.bench.settings import SIM_KEYS, Run, write_ids
 from branchgate.bench.steps import Steps, keeps_folder
+from branchgate.bench.sweeps import VARIANTS, baseline_points, gate_family, variant_family
 from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir, is_output_of, mark_output_dir
 
 OUTPUT_KIND = "bench"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
 
-def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str] = (),
-              progress: bool = False, command: str | None = None):
+def run_bench(
+    env_path: str,
+    train_file: str,
+    eval_file: str,
+    out: str | Path,
+    cfg: dict,
+    real: list[str] = (),
+    progress: bool = False,
+    command: str | None = None,
+):
     """Run (or reuse) every step; returns ``(report, paths, steps)`` (``command``, the invocation, is recorded)."""
     started = time.perf_counter()
     run, real_fp = prepare(env_path, train_file, eval_file, out, cfg, real, progress)
     sim = _simulate(run)
     baselines = baseline_points(run.cfg["policies"])
-    cl = run.steps.run("closed_loop", {**run.loop_inputs, "points": [(p.name, p.spec) for p in baselines]},
-                       keeps_folder(lambda folder: run.closed_loop(folder, baselines, "")))
-    real_sets = run.steps.run("real_data", {"real": [str(p) for p in real], "manifests": real_fp,
-                                            "encoder": run.enc_id},
-                              lambda folder: _real_datasets(real, folder, run.enc, progress))
-    eval_set = run.steps.run("eval_data", {**run.loop_inputs, "point": ("none", "none")},  # the unpruned runs' inputs
-                             lambda folder: _eval_dataset(run.steps.out / "closed_loop", run.seeds, folder, run.enc,
-                                                          progress))
+    cl = run.steps.run(
+        "closed_loop",
+        {**run.loop_inputs, "points": [(p.name, p.spec) for p in baselines]},
+        keeps_folder(lambda folder: run.closed_loop(folder, baselines, "")),
+    )
+    real_sets = run.steps.run(
+        "real_data",
+        {"real": [str(p) for p in real], "manifests": real_fp, "encoder": run.enc_id},
+        lambda folder: _real_datasets(real, folder, run.enc, progress),
+    )
+    eval_set = run.steps.run(
+        "eval_data",
+        {**run.loop_inputs, "point": ("none", "none")},  # the unpruned runs' inputs
+        lambda folder: _eval_dataset(run.steps.out / "closed_loop", run.seeds, folder, run.enc, progress),
+    )
     pts, runs = list(baselines), dict(cl["runs"])
     per_source = {}
     for i, source in enumerate(run.sources):
@@ -56,11 +71,12 @@ def run_bench(env_path: str, train_file: str, eval_file: str, out: str | Path, c
     return report, write(run.steps.out, report), run.steps
 
 
-def prepare(env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str],
-            progress: bool) -> tuple[Run, list[str]]:
+def prepare(
+    env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str], progress: bool
+) -> tuple[Run, list[str]]:
     """Check every setting and input before any work, then claim ``out`` (``fileio.check_output_dir``): the
     ``Run`` and the ``--real`` inputs' fingerprints."""
-    from branchgate.logs_to_dataset.decisions import check_split_by
+    from branchgate.logs_to_dataset.decision_points import check_split_by
     from branchgate.models.encoder import resolve
     from branchgate.pipeline import env as envmod
 
@@ -72,13 +88,25 @@ def prepare(env_path: str, train_file: str, eval_file: str, out: str | Path, cfg
     train_ids, eval_ids = settings.read_ids(env, train_file), settings.read_ids(env, eval_file)
     settings.check_disjoint(train_file, train_ids, eval_file, eval_ids)
     real_fp = [_manifest_hash(p) for p in real]  # a missing --real path fails before any work
-    out = check_output_dir(out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND,
-                           in_place=True)
+    out = check_output_dir(
+        out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND, in_place=True
+    )
     out.mkdir(parents=True, exist_ok=True)
     mark_output_dir(out, OUTPUT_KIND)
-    run = Run(env_path=env_path, cfg=cfg, steps=Steps(out), sources=sources, train_ids=train_ids, eval_ids=eval_ids,
-              seeds=seeds, train_seeds=train_seeds, trees=trees, enc_id=resolve(cfg["encoder"]).id,
-              env_fp=env.fingerprint(), progress=progress)
+    run = Run(
+        env_path=env_path,
+        cfg=cfg,
+        steps=Steps(out),
+        sources=sources,
+        train_ids=train_ids,
+        eval_ids=eval_ids,
+        seeds=seeds,
+        train_seeds=train_seeds,
+        trees=trees,
+        enc_id=resolve(cfg["encoder"]).id,
+        env_fp=env.fingerprint(),
+        progress=progress,
+    )
     return run, real_fp
 
 
@@ -95,14 +123,25 @@ def _simulate(run: Run) -> dict:
         runs, traces = 0, []
         for sub, extra in kinds:
             for seed in run.train_seeds:
-                s = simulate(run.env_path, Config(**{**run.sim(seed), **extra}, pre="none"), sub / f"seed{seed}",
-                             queries_file=qf, progress=run.progress, workers=run.workers)
+                s = simulate(
+                    run.env_path,
+                    Config(**{**run.sim(seed), **extra}, pre="none"),
+                    sub / f"seed{seed}",
+                    queries_file=qf,
+                    progress=run.progress,
+                    workers=run.workers,
+                )
                 runs += s["n_runs"]
                 traces.append(str(sub / f"seed{seed}" / "traces"))
         return {"runs": runs, "traces": traces}
 
-    inputs = {**run.base, "sim": {k: run.cfg[k] for k in SIM_KEYS}, "seeds": run.train_seeds,
-              "queries": run.train_ids, **({"trees": run.trees} if run.trees else {})}
+    inputs = {
+        **run.base,
+        "sim": {k: run.cfg[k] for k in SIM_KEYS},
+        "seeds": run.train_seeds,
+        "queries": run.train_ids,
+        **({"trees": run.trees} if run.trees else {}),
+    }
     return run.steps.run("simulate", inputs, step)
 
 
@@ -122,13 +161,23 @@ def _report(run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | N
             if any(p.family == curve for p in pts):
                 res[variant] = {"family": curve, "gate_vs": closed_loop.gate_vs(pts, runs, boot, family=curve)}
     first = per_source[run.sources[0]]
-    report = {"policies": closed_loop.summarize(pts, runs, boot), "gate_vs": first["gate_vs"],
-              "offline": first["offline"], "offline_by_depth": first["offline_by_depth"],
-              "offline_eval_by_depth": first["offline_eval_by_depth"], "real": first["real"],
-              "real_by_depth": first["real_by_depth"], "labels": first["labels"], "by_labels": per_source,
-              "encoder": run.enc_id, "timings": {**run.steps.timings, "total": round(seconds, 2)},
-              "queries": {"train": len(run.train_ids), "eval": len(run.eval_ids)}, "tau": first["tau"],
-              "steps_run": list(run.steps.ran), "fingerprints": dict(run.steps.fingerprints)}
+    report = {
+        "policies": closed_loop.summarize(pts, runs, boot),
+        "gate_vs": first["gate_vs"],
+        "offline": first["offline"],
+        "offline_by_depth": first["offline_by_depth"],
+        "offline_eval_by_depth": first["offline_eval_by_depth"],
+        "real": first["real"],
+        "real_by_depth": first["real_by_depth"],
+        "labels": first["labels"],
+        "by_labels": per_source,
+        "encoder": run.enc_id,
+        "timings": {**run.steps.timings, "total": round(seconds, 2)},
+        "queries": {"train": len(run.train_ids), "eval": len(run.eval_ids)},
+        "tau": first["tau"],
+        "steps_run": list(run.steps.ran),
+        "fingerprints": dict(run.steps.fingerprints),
+    }
     if budgets is not None:
         report["budgets"] = budgets
     report = clean(report)
@@ -186,5 +235,6 @@ def _manifest_hash(path) -> str:
     if not path.exists():
         raise InputError("not found (--real takes decision datasets or trace folders)", str(path))
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return fingerprint([(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns)
-                        for p in files])
+    return fingerprint(
+        [(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    )

@@ -9,16 +9,31 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
 
 from pathlib import Path
 
+from branchgate.bench.sweeps import VARIANTS
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
-from branchgate.bench.policies import VARIANTS
 
-REPORT_KEYS = ("policies", "gate_vs", "offline", "offline_by_depth", "offline_eval_by_depth", "real", "real_by_depth", "labels",
-               "by_labels", "budgets", "findings", "encoder", "timings")  # "budgets" only when the budgets step ran (policies.budget_fractions)
+REPORT_KEYS = (
+    "policies",
+    "gate_vs",
+    "offline",
+    "offline_by_depth",
+    "offline_eval_by_depth",
+    "real",
+    "real_by_depth",
+    "labels",
+    "by_labels",
+    "budgets",
+    "findings",
+    "encoder",
+    "timings",
+)  # "budgets" only when the budgets step ran (policies.budget_fractions)
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
 ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
-REAL_STRATA = {"depth0": "the root frame: a sequential agent's first search, before any search state",
-               "depth1+": "below the root: each judged against the searches before it"}
+REAL_STRATA = {
+    "depth0": "the root frame: a sequential agent's first search, before any search state",
+    "depth1+": "below the root: each judged against the searches before it",
+}
 PLOT = "kpr_vs_tokens.png"
 REAL_PLOT = "real_auroc.png"
 
@@ -32,7 +47,9 @@ def _mc(d: dict, fmt=".3f") -> str:
     return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
 
 
-def markdown(report: dict, level: int = 1, images: str = "", title: str = "branchgate bench", fold: bool = False) -> str:
+def markdown(
+    report: dict, level: int = 1, images: str = "", title: str = "branchgate bench", fold: bool = False
+) -> str:
     """The report as Markdown: ``level`` is the title's heading level (sections one deeper), ``images`` the
     folder the PNG links point into (README: ``docs/bench/``); ``fold`` puts the long tables (every policy
     point, the per-depth offline tables) in collapsed ``<details>`` blocks."""
@@ -42,12 +59,17 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     by = report.get("by_labels") or {}
     lines = [f"{'#' * level} {title}", ""]
     if report.get("command"):
-        lines += [f"Made by `{report['command']}`" + (f" at commit {report['commit']}" if report.get("commit") else "")
-                  + ".", ""]
-    lines += [f"Labels: `{lab['source']}` (threshold {_f(lab.get('threshold'), '.4g')}"
-              f"{'; ' + lab['threshold_rule'] if lab.get('threshold_rule') else ''}); encoder: `{report['encoder']}`; "
-              f"{report['queries']['train']} train and {report['queries']['eval']} eval queries. "
-              "Every KPR is ground-truth key-point recall on the eval queries, whatever the gate was trained on.", ""]
+        lines += [
+            f"Made by `{report['command']}`" + (f" at commit {report['commit']}" if report.get("commit") else "") + ".",
+            "",
+        ]
+    lines += [
+        f"Labels: `{lab['source']}` (threshold {_f(lab.get('threshold'), '.4g')}"
+        f"{'; ' + lab['threshold_rule'] if lab.get('threshold_rule') else ''}); encoder: `{report['encoder']}`; "
+        f"{report['queries']['train']} train and {report['queries']['eval']} eval queries. "
+        "Every KPR is ground-truth key-point recall on the eval queries, whatever the gate was trained on.",
+        "",
+    ]
     if report.get("findings"):
         lines += [f"{h} Findings (stated by the bench from the figures below)", ""]
         lines += [f"- {f}" for f in report["findings"]] + [""]
@@ -58,32 +80,54 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
     lines += opened(f"Every policy point ({len(report['policies'])})") if fold else []
     lines += ["| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
     for name, p in report["policies"].items():
-        lines.append(f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
-                     f"| {_mc(p['kpr'])} |")
+        lines.append(
+            f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
+            f"| {_mc(p['kpr'])} |"
+        )
     lines += closed
     if report.get("budgets"):
         lines += [""] + budget_table(report["budgets"], h)
-    lines += ["", f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
-              f"labels `{lab['source']}`)", "", "| baseline | tokens | Δ KPR [95% CI] | |", "|---|---|---|---|"]
+    lines += [
+        "",
+        f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
+        f"labels `{lab['source']}`)",
+        "",
+        "| baseline | tokens | Δ KPR [95% CI] | |",
+        "|---|---|---|---|",
+    ]
     for name, g in report["gate_vs"].items():
         lines.append(f"| {name} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} | {_outside(g)} |")
     for ds, table in real_tables(report).items():
-        lines += ["", f"{h} Real decisions: {ds} (labelled by their own key points; 95% CI over runs)", "",
-                  "| scorer | AUROC [95% CI] | AUPRC | first gate − scorer [95% CI] |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"{h} Real decisions: {ds} (labelled by their own key points; 95% CI over runs)",
+            "",
+            "| scorer | AUROC [95% CI] | AUPRC | first gate − scorer [95% CI] |",
+            "|---|---|---|---|",
+        ]
         for name, m in table.items():
             d = m.get("delta_vs_gate")
-            lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_f(m.get('auprc'))} "
-                         f"| {_mc(d, '+.3f') if d else ''} |")
+            lines.append(
+                f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_f(m.get('auprc'))} "
+                f"| {_mc(d, '+.3f') if d else ''} |"
+            )
     if report["real"]:
         lines += ["", f"![AUROC on real decisions]({images}{REAL_PLOT})"]
     for ds, strata in (report.get("real_by_depth") or {}).items():
         for stratum, table in strata.items():
-            lines += ["", f"{h} Real decisions: {ds}, {stratum} (the first gate; {_rows(table)} decisions; "
-                      f"{REAL_STRATA.get(stratum, stratum)})", "",
-                      "| scorer | AUROC [95% CI] | gate − scorer [95% CI] |", "|---|---|---|"]
+            lines += [
+                "",
+                f"{h} Real decisions: {ds}, {stratum} (the first gate; {_rows(table)} decisions; "
+                f"{REAL_STRATA.get(stratum, stratum)})",
+                "",
+                "| scorer | AUROC [95% CI] | gate − scorer [95% CI] |",
+                "|---|---|---|",
+            ]
             for name, m in table.items():
                 d = m.get("delta_vs_gate")
-                lines.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_mc(d, '+.3f') if d else ''} |")
+                lines.append(
+                    f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95']})} | {_mc(d, '+.3f') if d else ''} |"
+                )
     sections = [(src, res) for src, res in by.items()] or [(lab["source"], report)]
     for src, res in sections:
         lines += ["", f"{h} Offline (labels `{src}`: the dataset's test split, its own labels; 95% CI over runs)", ""]
@@ -93,8 +137,12 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
             lines += ["", f"{h}# {stratum}", ""] + _offline_table(table)
         lines += closed
         for stratum, table in (res.get("offline_eval_by_depth") or {}).items():
-            lines += ["", f"{h} Offline on the eval queries' unpruned runs, {stratum} (gate trained on `{src}`; every "
-                      "candidate labelled by its key points; queries never trained on; 95% CI over runs)", ""]
+            lines += [
+                "",
+                f"{h} Offline on the eval queries' unpruned runs, {stratum} (gate trained on `{src}`; every "
+                "candidate labelled by its key points; queries never trained on; 95% CI over runs)",
+                "",
+            ]
             lines += _offline_table(table, deltas=True)
     lines += ["", f"{h} Timings (seconds; 0 = reused)", "", "| step | s |", "|---|---|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in report["timings"].items()]
@@ -104,15 +152,21 @@ def markdown(report: dict, level: int = 1, images: str = "", title: str = "branc
 def budget_table(b: dict, h: str = "##") -> list[str]:
     """The "Budgets" section: each budgeted point (budget = a fraction of each query's own unpruned tokens), then
     the budgeted gate's KPR minus each baseline's at the same budget, paired over queries."""
-    lines = [f"{h} Budgets (per query: budget = fraction × that query's unpruned tokens; {b['queries']} eval queries; "
-             "mean [95% CI over queries])", "",
-             f"Runs over their budget: **{b['violations']}** of {b['checked_runs']} (tokens counted from each trace's "
-             "llm_call events).", "",
-             "| fraction | policy | budget (mean tokens) | tokens | share of budget | nodes | KPR |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{h} Budgets (per query: budget = fraction × that query's unpruned tokens; {b['queries']} eval queries; "
+        "mean [95% CI over queries])",
+        "",
+        f"Runs over their budget: **{b['violations']}** of {b['checked_runs']} (tokens counted from each trace's "
+        "llm_call events).",
+        "",
+        "| fraction | policy | budget (mean tokens) | tokens | share of budget | nodes | KPR |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, p in sorted(b["policies"].items(), key=lambda kv: (kv[1]["fraction"], kv[0])):
-        lines.append(f"| {p['fraction']:g} | {name} | {_f(p.get('budget_tokens'), '.0f')} | {_mc(p['tokens'], '.0f')} "
-                     f"| {_mc(p['budget_share'], '.2f')} | {_mc(p['nodes'], '.2f')} | {_mc(p['kpr'])} |")
+        lines.append(
+            f"| {p['fraction']:g} | {name} | {_f(p.get('budget_tokens'), '.0f')} | {_mc(p['tokens'], '.0f')} "
+            f"| {_mc(p['budget_share'], '.2f')} | {_mc(p['nodes'], '.2f')} | {_mc(p['kpr'])} |"
+        )
     lines += ["", "| fraction | comparison | Δ KPR [95% CI] | queries |", "|---|---|---|---|"]
     for f, table in b["vs"].items():
         for name, d in table.items():
@@ -123,27 +177,39 @@ def budget_table(b: dict, h: str = "##") -> list[str]:
 def budget_findings(b: dict) -> list[str]:
     """The budgets step in sentences: the violation count, then per comparison which fractions it wins, ties, loses."""
     v = b["violations"]
-    lead = "no run exceeded its budget" if not v else f"{v} run{' exceeded its' if v == 1 else 's exceeded their'} budget"
-    out = [f"Budgets: {lead} ({b['checked_runs']} runs checked against their own llm_call tokens"
-           + (f"; {b['total_mismatches']} runs reported totals that differ from their llm_call events"
-              if b.get("total_mismatches") else "") + ")."]
+    lead = (
+        "no run exceeded its budget" if not v else f"{v} run{' exceeded its' if v == 1 else 's exceeded their'} budget"
+    )
+    out = [
+        f"Budgets: {lead} ({b['checked_runs']} runs checked against their own llm_call tokens"
+        + (
+            f"; {b['total_mismatches']} runs reported totals that differ from their llm_call events"
+            if b.get("total_mismatches")
+            else ""
+        )
+        + ")."
+    ]
     names = list(dict.fromkeys(name for table in b["vs"].values() for name in table))
     for name in names:
         verdict = {1: [], 0: [], -1: []}
         for f, table in b["vs"].items():
             if name in table:
                 verdict[_sig(table[name]["kpr_delta"])].append(f"{float(f):.0%}")
-        out.append(f"Budgets, {name} (paired KPR over queries, 95% intervals): better at "
-                   f"{', '.join(verdict[1]) or '–'}, tied at {', '.join(verdict[0]) or '–'}, worse at "
-                   f"{', '.join(verdict[-1]) or '–'} of the unpruned tokens.")
+        out.append(
+            f"Budgets, {name} (paired KPR over queries, 95% intervals): better at "
+            f"{', '.join(verdict[1]) or '–'}, tied at {', '.join(verdict[0]) or '–'}, worse at "
+            f"{', '.join(verdict[-1]) or '–'} of the unpruned tokens."
+        )
     return out
 
 
 def _outside(g: dict) -> str:
     side = g.get("outside") or ("outside" if g.get("extrapolated") else None)
-    return {"cheaper": "cheaper than every gate point: gate at its cheapest (spends more)",
-            "dearer": "dearer than every gate point: gate at its dearest (spends less)",
-            "outside": "outside the gate sweep (clamped)"}.get(side, "")
+    return {
+        "cheaper": "cheaper than every gate point: gate at its cheapest (spends more)",
+        "dearer": "dearer than every gate point: gate at its dearest (spends less)",
+        "outside": "outside the gate sweep (clamped)",
+    }.get(side, "")
 
 
 def _sig(d: dict) -> int:
@@ -172,42 +238,57 @@ def findings(report: dict) -> list[str]:
                     unfair.append(name)
                 else:
                     verdict[sig].append(name)
-            out.append(f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
-                       f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
-                       f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries)"
-                       + (f"; outside its τ sweep, not compared: {', '.join(unfair)}" if unfair else "") + ".")
-            toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None]
+            out.append(
+                f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
+                f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
+                f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries)"
+                + (f"; outside its τ sweep, not compared: {', '.join(unfair)}" if unfair else "")
+                + "."
+            )
+            toks = [
+                p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None
+            ]
             if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
-                out.append(f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
-                           f"{max(toks):.0f} tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% "
-                           "of unpruned), so τ gives no control over cost.")
+                out.append(
+                    f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
+                    f"{max(toks):.0f} tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% "
+                    "of unpruned), so τ gives no control over cost."
+                )
         own = (res["offline"].get("gate") or {}).get("auroc")
         for ds, table in res["real"].items():
             g = table.get("gate", {}).get("auroc")
             if own is not None and g is not None and own - g > OVERFIT:
-                out.append(f"`{fam}` fits its own labels (test AUROC {own:.3f}) far better than it ranks the real "
-                           f"decisions of {ds} ({g:.3f}): its labels do not carry what makes a branch valuable.")
+                out.append(
+                    f"`{fam}` fits its own labels (test AUROC {own:.3f}) far better than it ranks the real "
+                    f"decisions of {ds} ({g:.3f}): its labels do not carry what makes a branch valuable."
+                )
             worse = [(k, m) for k, m in table.items() if k != "gate" and _sig(m.get("delta_vs_gate") or {}) < 0]
             if worse:
                 k, m = max(worse, key=lambda km: km[1]["auroc"] or 0)
-                out.append(f"On {ds}, `{fam}` (AUROC {g:.3f}) ranks below {len(worse)} teacher(s), the best {k} "
-                           f"({m['auroc']:.3f}; gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}).")
+                out.append(
+                    f"On {ds}, `{fam}` (AUROC {g:.3f}) ranks below {len(worse)} teacher(s), the best {k} "
+                    f"({m['auroc']:.3f}; gate − {k} {_mc(m['delta_vs_gate'], '+.3f')})."
+                )
         deep = (res.get("offline_eval_by_depth") or {}).get("depth1+") or {}
         rivals = [(k, m) for k, m in deep.items() if k != "gate" and m.get("delta_vs_gate")]
         if deep.get("gate", {}).get("auroc") is not None and rivals:
             k, m = min(rivals, key=lambda km: (km[1]["delta_vs_gate"].get("ci95") or [float("inf")])[0])
             ahead = all(_sig(r["delta_vs_gate"]) > 0 for _, r in rivals)
-            out.append(f"Within depth ≥ 1 on the eval queries' unpruned runs ({deep['gate']['n_rows']} candidates), "
-                       f"`{fam}` (AUROC {deep['gate']['auroc']:.3f}) is "
-                       + ("ahead of every teacher" if ahead else "not ahead of every teacher")
-                       + f"; the closest, {k} ({m['auroc']:.3f}): gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}.")
+            out.append(
+                f"Within depth ≥ 1 on the eval queries' unpruned runs ({deep['gate']['n_rows']} candidates), "
+                f"`{fam}` (AUROC {deep['gate']['auroc']:.3f}) is "
+                + ("ahead of every teacher" if ahead else "not ahead of every teacher")
+                + f"; the closest, {k} ({m['auroc']:.3f}): gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}."
+            )
     if report.get("budgets"):
         out += budget_findings(report["budgets"])
     gate = report["offline"].get("gate") or {}
     deep = (report.get("offline_by_depth") or {}).get("depth1+", {}).get("gate") or {}
     if gate.get("auroc") is not None and deep.get("auroc") is not None and gate["auroc"] - deep["auroc"] > ROOT_GAP:
-        out.append(f"The pooled offline AUROC ({gate['auroc']:.3f}) mostly measures the root frame: within depth ≥ 1 "
-                   f"the gate scores {deep['auroc']:.3f}.")
+        out.append(
+            f"The pooled offline AUROC ({gate['auroc']:.3f}) mostly measures the root frame: within depth ≥ 1 "
+            f"the gate scores {deep['auroc']:.3f}."
+        )
     return out
 
 
@@ -233,31 +314,48 @@ def real_tables(report: dict) -> dict[str, dict]:
 
 def _sources_tables(report: dict, h: str = "##") -> list[str]:
     by = report["by_labels"]
-    lines = [f"{h} Label sources compared (one gate per source)", "",
-             "| labels | gate | threshold | train positive rate | AUROC on own test labels | "
-             + " | ".join(f"AUROC on {ds}" for ds in report["real"]) + " |",
-             "|---|---|---|---|---|" + "---|" * len(report["real"])]
+    lines = [
+        f"{h} Label sources compared (one gate per source)",
+        "",
+        "| labels | gate | threshold | train positive rate | AUROC on own test labels | "
+        + " | ".join(f"AUROC on {ds}" for ds in report["real"])
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(report["real"]),
+    ]
     for src, res in by.items():
         g = res["offline"].get("gate", {})
-        real = [_mc({"mean": res["real"][ds]["gate"]["auroc"], "ci95": res["real"][ds]["gate"]["ci95"]})
-                for ds in report["real"]]
-        lines.append(f"| `{src}` | {res['family']} | {_f(res['labels'].get('threshold'), '.4g')} "
-                     f"| {_f((res['labels'].get('positive_rate') or {}).get('train'))} "
-                     f"| {_mc({'mean': g.get('auroc'), 'ci95': g.get('ci95_auroc')})} | " + " | ".join(real)
-                     + (" |" if real else "|"))
+        real = [
+            _mc({"mean": res["real"][ds]["gate"]["auroc"], "ci95": res["real"][ds]["gate"]["ci95"]})
+            for ds in report["real"]
+        ]
+        lines.append(
+            f"| `{src}` | {res['family']} | {_f(res['labels'].get('threshold'), '.4g')} "
+            f"| {_f((res['labels'].get('positive_rate') or {}).get('train'))} "
+            f"| {_mc({'mean': g.get('auroc'), 'ci95': g.get('ci95_auroc')})} | "
+            + " | ".join(real)
+            + (" |" if real else "|")
+        )
     baselines = list(next(iter(by.values()))["gate_vs"])
     curves = [c for res in by.values() for c in _curves(res)]
-    lines += ["", "Each gate's KPR at a baseline's token budget minus the baseline's (paired over eval queries; "
-              "↓ = the baseline is cheaper than the gate's cheapest point, ↑ = dearer than its dearest: the gate's "
-              "end point is used):", "",
-              "| baseline | tokens | " + " | ".join(name for name, _ in curves) + " |",
-              "|---|---|" + "---|" * len(curves)]
+    lines += [
+        "",
+        "Each gate's KPR at a baseline's token budget minus the baseline's (paired over eval queries; "
+        "↓ = the baseline is cheaper than the gate's cheapest point, ↑ = dearer than its dearest: the gate's "
+        "end point is used):",
+        "",
+        "| baseline | tokens | " + " | ".join(name for name, _ in curves) + " |",
+        "|---|---|" + "---|" * len(curves),
+    ]
     for b in baselines:
         cells = []
         for _, vs in curves:
             g = vs.get(b)
-            cells.append("" if g is None else _mc(g["kpr_delta"], "+.3f") + ({"cheaper": " ↓", "dearer": " ↑"}.get(
-                g.get("outside"), " *" if g["extrapolated"] else "")))
+            cells.append(
+                ""
+                if g is None
+                else _mc(g["kpr_delta"], "+.3f")
+                + ({"cheaper": " ↓", "dearer": " ↑"}.get(g.get("outside"), " *" if g["extrapolated"] else ""))
+            )
         tokens = next(iter(by.values()))["gate_vs"][b]["tokens"]
         lines.append(f"| {b} | {tokens:.0f} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -269,8 +367,10 @@ def _offline_table(table: dict, deltas: bool = False) -> list[str]:
     rows = ["| scorer | AUROC [95% CI] | AUPRC | top-1 | rows |" + extra[0], "|---|---|---|---|---|" + extra[1]]
     for name, m in table.items():
         d = m.get("delta_vs_gate") if deltas else None
-        rows.append(f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95_auroc']})} | {_f(m['auprc'])} "
-                    f"| {_f(m['top1'])} | {m['n_rows']} |" + ((f" {_mc(d, '+.3f')} |" if d else " |") if deltas else ""))
+        rows.append(
+            f"| {name} | {_mc({'mean': m['auroc'], 'ci95': m['ci95_auroc']})} | {_f(m['auprc'])} "
+            f"| {_f(m['top1'])} | {m['n_rows']} |" + ((f" {_mc(d, '+.3f')} |" if d else " |") if deltas else "")
+        )
     return rows
 
 
@@ -281,7 +381,7 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fams: dict[str, list] = {}
-    for name, p in report["policies"].items():
+    for _name, p in report["policies"].items():
         fams.setdefault(p["family"], []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
@@ -289,8 +389,10 @@ def plot(report: dict, path: Path) -> None:
     muted = plt.get_cmap("Dark2").colors + plt.get_cmap("tab20").colors[1::2]
     gates = [f for f in fams if f.startswith("gate")]
     others = [f for f in fams if f != "none" and not f.startswith("gate")]
-    colours = {**{f: muted[i % len(muted)] for i, f in enumerate(others)},
-               **{f: strong[i % len(strong)] for i, f in enumerate(gates)}}
+    colours = {
+        **{f: muted[i % len(muted)] for i, f in enumerate(others)},
+        **{f: strong[i % len(strong)] for i, f in enumerate(gates)},
+    }
     for fam, pts in fams.items():
         pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
         x = [p["tokens"]["mean"] for p in pts]
@@ -298,12 +400,29 @@ def plot(report: dict, path: Path) -> None:
         lo = [p["kpr"]["ci95"][0] if p["kpr"]["ci95"][0] is not None else p["kpr"]["mean"] for p in pts]
         hi = [p["kpr"]["ci95"][1] if p["kpr"]["ci95"][1] is not None else p["kpr"]["mean"] for p in pts]
         if fam == "none":  # the no-pruning point: a star with its interval
-            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], label="no pruning",
-                        marker="*", markersize=14, linestyle="none", color="black", capsize=3)
+            ax.errorbar(
+                x,
+                y,
+                yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]],
+                label="no pruning",
+                marker="*",
+                markersize=14,
+                linestyle="none",
+                color="black",
+                capsize=3,
+            )
             continue
         gate = fam.startswith("gate")
-        (line,) = ax.plot(x, y, marker="o", linewidth=2.5 if gate else 1.2, markersize=5 if gate else 4, label=fam,
-                          zorder=3 if gate else 2, color=colours[fam])
+        (line,) = ax.plot(
+            x,
+            y,
+            marker="o",
+            linewidth=2.5 if gate else 1.2,
+            markersize=5 if gate else 4,
+            label=fam,
+            zorder=3 if gate else 2,
+            color=colours[fam],
+        )
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15 if gate else 0.06, linewidth=0)
     ax.set_xlabel("tokens per run (mean)")
     ax.set_ylabel("key-point recall (mean; bands: 95% CI over queries)")
@@ -329,8 +448,10 @@ def plot_real(report: dict, path: Path) -> None:
     for ax, (ds, table) in zip(axes[0], real.items()):
         names = list(table)
         y = [table[n]["auroc"] or 0.0 for n in names]
-        err = [[max(0.0, v - (table[n]["ci95"][0] if table[n]["ci95"][0] is not None else v)) for n, v in zip(names, y)],
-               [max(0.0, (table[n]["ci95"][1] if table[n]["ci95"][1] is not None else v) - v) for n, v in zip(names, y)]]
+        err = [
+            [max(0.0, v - (table[n]["ci95"][0] if table[n]["ci95"][0] is not None else v)) for n, v in zip(names, y)],
+            [max(0.0, (table[n]["ci95"][1] if table[n]["ci95"][1] is not None else v) - v) for n, v in zip(names, y)],
+        ]
         ax.bar(names, y, yerr=err, capsize=3, color=["tab:blue" if n.startswith("gate") else "tab:gray" for n in names])
         ax.axhline(0.5, color="black", linewidth=0.8, linestyle=":")
         ax.set_ylim(0, 1)

@@ -119,8 +119,11 @@ def read_ids(env, path: str) -> list[str]:
 def check_disjoint(train_file: str, train: list[str], eval_file: str, ev: list[str]) -> None:
     common = sorted(set(train) & set(ev))
     if common:
-        raise InputError(f"{len(common)} query ids are in both {train_file} and {eval_file} (e.g. {common[0]!r}); "
-                         "the train and eval sets must not overlap", eval_file)
+        raise InputError(
+            f"{len(common)} query ids are in both {train_file} and {eval_file} (e.g. {common[0]!r}); "
+            "the train and eval sets must not overlap",
+            eval_file,
+        )
 
 
 @dataclass
@@ -173,9 +176,20 @@ class Run:
 
         qf = write_ids(folder, self.eval_ids)
         encoder = Encoder.load(self.enc) if self.workers <= 1 else None
-        by_seed = [closed_loop.run_points(self.env_path, self.sim(seed), pts, qf, folder / f"seed{seed}",
-                                          {"queries": self.eval_ids, "export": upstream}, encoder=encoder,
-                                          progress=self.progress, workers=self.workers) for seed in self.seeds]
+        by_seed = [
+            closed_loop.run_points(
+                self.env_path,
+                self.sim(seed),
+                pts,
+                qf,
+                folder / f"seed{seed}",
+                {"queries": self.eval_ids, "export": upstream},
+                encoder=encoder,
+                progress=self.progress,
+                workers=self.workers,
+            )
+            for seed in self.seeds
+        ]
         return {"runs": closed_loop.average_seeds(by_seed)}
 
 

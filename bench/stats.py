@@ -11,7 +11,7 @@ from __future__ import annotations
 if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -82,9 +82,15 @@ class Rows:
         hits = top1_hits(self.scorers[name][rows], self.utility[rows], self.frames[rows], informative=True)
         return float(np.mean(list(hits.values()))) if hits else np.nan
 
-    def subset(self, mask) -> "Rows":
-        return Rows(self.labels[mask], self.utility[mask], self.runs[mask], self.frames[mask], self.depth[mask],
-                    {k: v[mask] for k, v in self.scorers.items()})
+    def subset(self, mask) -> Rows:
+        return Rows(
+            self.labels[mask],
+            self.utility[mask],
+            self.runs[mask],
+            self.frames[mask],
+            self.depth[mask],
+            {k: v[mask] for k, v in self.scorers.items()},
+        )
 
 
 def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
@@ -94,19 +100,25 @@ def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None 
     everything = np.arange(len(rows.labels))
     for name in rows.scorers:
         auroc = rows.auroc(name, everything)
-        m = {"auroc": None if np.isnan(auroc) else auroc,
-             "auprc": safe_auprc(rows.labels, rows.scorers[name]),
-             "top1": None if np.isnan(t := rows.top1(name, everything)) else t,
-             "top1_informative": None if np.isnan(t := rows.top1_informative(name, everything)) else t,
-             "ci95_auroc": bootstrap_ci(rows.runs, lambda b, n=name: rows.auroc(n, rows.rows_of(b)), boot, seed),
-             "n_rows": int(len(rows.labels))}
+        m = {
+            "auroc": None if np.isnan(auroc) else auroc,
+            "auprc": safe_auprc(rows.labels, rows.scorers[name]),
+            "top1": None if np.isnan(t := rows.top1(name, everything)) else t,
+            "top1_informative": None if np.isnan(t := rows.top1_informative(name, everything)) else t,
+            "ci95_auroc": bootstrap_ci(rows.runs, lambda b, n=name: rows.auroc(n, rows.rows_of(b)), boot, seed),
+            "n_rows": int(len(rows.labels)),
+        }
         if ref is not None and name != ref:
+
             def delta(b, n=name):
                 r = rows.rows_of(b)
                 return rows.auroc(ref, r) - rows.auroc(n, r)
+
             d = rows.auroc(ref, everything) - auroc
-            m["delta_vs_gate"] = {"mean": None if np.isnan(d) else float(d),
-                                  "ci95": bootstrap_ci(rows.runs, delta, boot, seed)}
+            m["delta_vs_gate"] = {
+                "mean": None if np.isnan(d) else float(d),
+                "ci95": bootstrap_ci(rows.runs, delta, boot, seed),
+            }
         out[name] = m
     return out
 
@@ -148,8 +160,15 @@ def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
         scorers.setdefault("gate", []).append(p.astype(np.float64))
         for c in part.column_names:
             if c.startswith("teacher_"):
-                scorers.setdefault(c[len("teacher_"):], []).append(
-                    np.asarray([np.nan if v is None else v for v in part[c]], np.float64))
+                scorers.setdefault(c[len("teacher_") :], []).append(
+                    np.asarray([np.nan if v is None else v for v in part[c]], np.float64)
+                )
     cat = {k: np.concatenate(v) for k, v in cols.items()}
-    return Rows(cat["label"], cat["utility"], cat["run"], cat["frame"], cat["depth"],
-                {k: np.concatenate(v) for k, v in scorers.items()})
+    return Rows(
+        cat["label"],
+        cat["utility"],
+        cat["run"],
+        cat["frame"],
+        cat["depth"],
+        {k: np.concatenate(v) for k, v in scorers.items()},
+    )

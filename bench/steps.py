@@ -18,8 +18,8 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from branchgate import __version__
 from branchgate.fileio import atomic_write_json
@@ -67,8 +67,9 @@ class Steps:
         start = time.perf_counter()
         result = fn(folder)
         seconds = round(time.perf_counter() - start, 2)
-        atomic_write_json(done, {"fingerprint": fp, "inputs": inputs, "result": result, "seconds": seconds,
-                                 "branchgate": __version__})
+        atomic_write_json(
+            done, {"fingerprint": fp, "inputs": inputs, "result": result, "seconds": seconds, "branchgate": __version__}
+        )
         self.ran.append(name)
         self.timings[name] = seconds
         print(f"== {name}: done in {seconds:.1f}s", file=sys.stderr, flush=True)

@@ -34,8 +34,21 @@ from pathlib import Path
 
 
 def simulate(out: Path, runs: int, encoder: str, env: dict) -> Path:
-    cmd = [sys.executable, "-m", "branchgate", "simulate", "--env", "sample", "--out", str(out), "--runs", str(runs),
-           "--encoder", encoder, "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "branchgate",
+        "simulate",
+        "--env",
+        "sample",
+        "--out",
+        str(out),
+        "--runs",
+        str(runs),
+        "--encoder",
+        encoder,
+        "--no-progress",
+    ]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out / "traces"
 
@@ -86,8 +99,24 @@ def tree_rss_kb(pid: int) -> int:
 
 
 def run_build(traces: Path, out: Path, cache: Path, embed: str, encoder: str, workers: int | None, env: dict) -> dict:
-    cmd = [sys.executable, "-m", "branchgate", "dataset", "build", "--traces", str(traces), "--out", str(out),
-           "--encoder", encoder, "--cache", str(cache), "--embed", embed, "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "branchgate",
+        "dataset",
+        "build",
+        "--traces",
+        str(traces),
+        "--out",
+        str(out),
+        "--encoder",
+        encoder,
+        "--cache",
+        str(cache),
+        "--embed",
+        embed,
+        "--no-progress",
+    ]
     if workers:
         cmd += ["--workers", str(workers)]
     t0 = time.perf_counter()
@@ -114,11 +143,19 @@ def run_build(traces: Path, out: Path, cache: Path, embed: str, encoder: str, wo
     t = m["timings"]
     misses = int(m["embedding_cache"]["misses"])
     embed_time = float(t.get("load_s", 0)) + float(t.get("embed_s", 0))
-    return {"embed": embed, "wall_s": wall, "embed_s": embed_time, "texts": misses,
-            "texts_per_s": misses / embed_time if embed_time > 0 else float("nan"),
-            "rows": int(m["n_decisions"]["total"]), "runs": int(m["n_runs"]["total"]),
-            "rss_mb": usage.ru_maxrss / 1024, "tree_rss_mb": peak["tree"] / 1024, "embedder": m.get("embedder"),
-            "out": str(out)}
+    return {
+        "embed": embed,
+        "wall_s": wall,
+        "embed_s": embed_time,
+        "texts": misses,
+        "texts_per_s": misses / embed_time if embed_time > 0 else float("nan"),
+        "rows": int(m["n_decisions"]["total"]),
+        "runs": int(m["n_runs"]["total"]),
+        "rss_mb": usage.ru_maxrss / 1024,
+        "tree_rss_mb": peak["tree"] / 1024,
+        "embedder": m.get("embedder"),
+        "out": str(out),
+    }
 
 
 def compare(a: str, b: str) -> str:
@@ -172,27 +209,46 @@ def main(argv=None) -> int:
         replicate(base, one, 1)
         t = time.perf_counter()
         warm = run_build(one, work / "ds_warm", work / "warm.sqlite", "onnx", a.encoder, a.workers, env)
-        print(f"one-time ONNX export + parity reference: {time.perf_counter() - t:.1f} s "
-              f"(tower {warm['embedder']['tower']})", file=sys.stderr)
+        print(
+            f"one-time ONNX export + parity reference: {time.perf_counter() - t:.1f} s "
+            f"(tower {warm['embedder']['tower']})",
+            file=sys.stderr,
+        )
 
         results = []
         for r in range(a.repeat):
             for embed in ("torch", "onnx"):
-                res = run_build(traces, work / f"ds_{embed}_{r}", work / f"cold_{embed}_{r}.sqlite", embed,
-                                a.encoder, a.workers, env)
+                res = run_build(
+                    traces,
+                    work / f"ds_{embed}_{r}",
+                    work / f"cold_{embed}_{r}.sqlite",
+                    embed,
+                    a.encoder,
+                    a.workers,
+                    env,
+                )
                 results.append(res)
-                print(f"  {embed}: {res['texts']} texts in {res['embed_s']:.1f} s → {res['texts_per_s']:.1f} texts/s "
-                      f"(build {res['wall_s']:.1f} s)", file=sys.stderr)
+                print(
+                    f"  {embed}: {res['texts']} texts in {res['embed_s']:.1f} s → {res['texts_per_s']:.1f} texts/s "
+                    f"(build {res['wall_s']:.1f} s)",
+                    file=sys.stderr,
+                )
         same = compare(results[0]["out"], results[1]["out"])
 
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         onnx_workers = results[1]["embedder"].get("workers")
-        print(f"\ndataset build, {a.runs} runs, encoder {a.encoder}, {cores} cores (load avg "
-              f"{os.getloadavg()[0]:.1f}), onnx workers {onnx_workers}, cold embedding cache")
-        print(f"{'path':<7} {'texts':>6} {'embed s':>8} {'texts/s':>8} {'build s':>8} {'peak RSS MB':>12} {'tree MB':>8}")
+        print(
+            f"\ndataset build, {a.runs} runs, encoder {a.encoder}, {cores} cores (load avg "
+            f"{os.getloadavg()[0]:.1f}), onnx workers {onnx_workers}, cold embedding cache"
+        )
+        print(
+            f"{'path':<7} {'texts':>6} {'embed s':>8} {'texts/s':>8} {'build s':>8} {'peak RSS MB':>12} {'tree MB':>8}"
+        )
         for res in results:
-            print(f"{res['embed']:<7} {res['texts']:>6} {res['embed_s']:>8.1f} {res['texts_per_s']:>8.1f} "
-                  f"{res['wall_s']:>8.1f} {res['rss_mb']:>12.0f} {res['tree_rss_mb']:>8.0f}")
+            print(
+                f"{res['embed']:<7} {res['texts']:>6} {res['embed_s']:>8.1f} {res['texts_per_s']:>8.1f} "
+                f"{res['wall_s']:>8.1f} {res['rss_mb']:>12.0f} {res['tree_rss_mb']:>8.0f}"
+            )
         print(f"datasets (torch vs onnx): {same}")
         parity = results[1]["embedder"].get("parity_max_abs_diff")
         print(f"parity check at start: max |Δ| {parity:.2g} on the probes (tolerance 1e-6)")
@@ -203,9 +259,13 @@ def main(argv=None) -> int:
             for n in (a.runs, a.scale * a.runs):
                 folder = work / f"traces_mem_{n}"
                 replicate(base, folder, n)
-                res = run_build(folder, work / f"ds_mem_{n}", work / f"mem_{n}.sqlite", "onnx", a.encoder, a.workers, env)
-                print(f"{res['runs']:>6} {res['rows']:>7} {res['wall_s']:>8.1f} {res['rss_mb']:>12.0f} "
-                      f"{res['tree_rss_mb']:>8.0f}")
+                res = run_build(
+                    folder, work / f"ds_mem_{n}", work / f"mem_{n}.sqlite", "onnx", a.encoder, a.workers, env
+                )
+                print(
+                    f"{res['runs']:>6} {res['rows']:>7} {res['wall_s']:>8.1f} {res['rss_mb']:>12.0f} "
+                    f"{res['tree_rss_mb']:>8.0f}"
+                )
                 shutil.rmtree(work / f"ds_mem_{n}", ignore_errors=True)
 
         torch_rates = [r["texts_per_s"] for r in results if r["embed"] == "torch"]

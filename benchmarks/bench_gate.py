@@ -32,12 +32,15 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="directory for the exported model (default: a temp dir)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--encoder", default="packaged",
-                        help="encoder of the untrained controller: a name, a local dir, or bge-shape (default packaged)")
+    parser.add_argument(
+        "--encoder",
+        default="packaged",
+        help="encoder of the untrained controller: a name, a local dir, or bge-shape (default packaged)",
+    )
     args = parser.parse_args()
 
-    from branchgate.export.bench import run_bench
     from branchgate.export.controller import export_controller
+    from branchgate.export.latency import run_bench
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-gate-"))
     ckpt = args.checkpoint
@@ -50,7 +53,9 @@ def main() -> int:
 
         torch.manual_seed(0)
         encoder = Encoder.load(bge_shape(out / "bge-shape") if args.encoder == "bge-shape" else args.encoder)
-        ckpt = str(save_controller(out / "untrained.safetensors", ValueNet(encoder.dim).eval(), make_meta(encoder, tau=0.5)))
+        ckpt = str(
+            save_controller(out / "untrained.safetensors", ValueNet(encoder.dim).eval(), make_meta(encoder, tau=0.5))
+        )
     model = out / "controller.onnx"
     report = export_controller(ckpt, model, int8=True)
     print(f"export parity: {json.dumps(report['parity'])}", file=sys.stderr)
@@ -70,9 +75,11 @@ def bge_shape(folder: Path) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "modules.json"):
         (folder / name).write_bytes((src / name).read_bytes())
-    edits = {"config.json": {"num_hidden_layers": 12},
-             "sentence_bert_config.json": {"max_seq_length": 512, "do_lower_case": True},
-             "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}}
+    edits = {
+        "config.json": {"num_hidden_layers": 12},
+        "sentence_bert_config.json": {"max_seq_length": 512, "do_lower_case": True},
+        "1_Pooling/config.json": {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False},
+    }
     for name, changes in edits.items():
         (folder / name).parent.mkdir(exist_ok=True)
         (folder / name).write_text(json.dumps({**json.loads((src / name).read_text()), **changes}, indent=2))
@@ -82,7 +89,9 @@ def bge_shape(folder: Path) -> str:
         if key.startswith("encoder.layer."):
             layer = int(parts[2])
             weights[".".join(parts[:2] + [str(2 * layer)] + parts[3:])] = value
-            weights[".".join(parts[:2] + [str(2 * layer + 1)] + parts[3:])] = (value * np.float32(1.0001)).astype(value.dtype)
+            weights[".".join(parts[:2] + [str(2 * layer + 1)] + parts[3:])] = (value * np.float32(1.0001)).astype(
+                value.dtype
+            )
         else:
             weights[key] = value
     save_file(weights, str(folder / "model.safetensors"))

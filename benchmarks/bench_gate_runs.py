@@ -37,10 +37,25 @@ def main() -> int:
 
     from branchgate.fileio import atomic_write_text
 
-    cmd = [sys.executable, "-m", "branchgate.cli", "bench-gate", "--model", args.model, "--checkpoint",
-           args.checkpoint, "--reps", str(args.reps), "--threads", str(args.threads), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "branchgate.cli",
+        "bench-gate",
+        "--model",
+        args.model,
+        "--checkpoint",
+        args.checkpoint,
+        "--reps",
+        str(args.reps),
+        "--threads",
+        str(args.threads),
+        "--json",
+    ]
     results, failed = [], False
-    print("| run | torch p50 ms | fp32 p50 ms | int8 p50 ms | fp32 ratio [95%] | int8 ratio [95%] | fp32 parity (max abs Δp_keep) |")
+    print(
+        "| run | torch p50 ms | fp32 p50 ms | int8 p50 ms | fp32 ratio [95%] | int8 ratio [95%] | fp32 parity (max abs Δp_keep) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for i in range(1, args.runs + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -52,15 +67,20 @@ def main() -> int:
         results.append(res)
         if args.out:  # rewritten after every run, so an interrupted series keeps its finished runs
             atomic_write_text(args.out, "".join(json.dumps(r) + "\n" for r in results))
-        print(f"| {i} | {res['torch_ms_p50']:.1f} | {res['onnx_fp32_ms_p50']:.1f} | {res.get('onnx_int8_ms_p50', float('nan')):.1f} "
-              f"| {_ratio(res, 'fp32')} | {_ratio(res, 'int8')} | {res['onnx_fp32_max_abs_diff_p_keep']:.1e} |", flush=True)
+        print(
+            f"| {i} | {res['torch_ms_p50']:.1f} | {res['onnx_fp32_ms_p50']:.1f} | {res.get('onnx_int8_ms_p50', float('nan')):.1f} "
+            f"| {_ratio(res, 'fp32')} | {_ratio(res, 'int8')} | {res['onnx_fp32_max_abs_diff_p_keep']:.1e} |",
+            flush=True,
+        )
     print()
     for name, target in (("fp32", args.target_fp32), ("int8", args.target_int8)):
         ratios = [r[f"speedup_{name}"] for r in results if f"speedup_{name}" in r]
         if ratios:
             hits = sum(x >= target for x in ratios)
-            print(f"{name}: median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x, "
-                  f"{hits} of {len(ratios)} runs at {target:g}x or more")
+            print(
+                f"{name}: median {statistics.median(ratios):.2f}x, range {min(ratios):.2f}x-{max(ratios):.2f}x, "
+                f"{hits} of {len(ratios)} runs at {target:g}x or more"
+            )
     return 1 if failed else 0
 
 

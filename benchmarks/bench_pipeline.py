@@ -48,7 +48,7 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
     from branchgate.pipeline.simulate import make_runner
 
     env = envmod.load(args.env)
-    calib = env.queries[args.runs: args.runs + args.calib]
+    calib = env.queries[args.runs : args.runs + args.calib]
     if not calib:
         raise SystemExit(f"no calibration queries left after the first {args.runs}")
     out = {}
@@ -59,8 +59,10 @@ def calibrate(args, teachers: list[str]) -> dict[str, float]:
             runner.run(q, f"calib.{q.id}", NullWriter())
         scores = np.array([v for st, v in runner.score_log if st == "post_retrieval"])
         out[t] = float(np.quantile(scores, 1 - args.post_keep))
-        print(f"calibrated post {t}: threshold {out[t]:.4g} (paper default {get(t).threshold}; "
-              f"{len(scores)} scores)", flush=True)
+        print(
+            f"calibrated post {t}: threshold {out[t]:.4g} (paper default {get(t).threshold}; {len(scores)} scores)",
+            flush=True,
+        )
     return out
 
 
@@ -137,8 +139,11 @@ def run_one(args, out: Path, stage: str, name: str, overrides: dict, progress: b
         row[k + "_se"] = s[k]["se"]
     row["frac_expansions_with_gain"] = s["frac_expansions_with_gain"]
     row["tokens_by_stage"] = s["tokens_by_stage"]
-    print(f"{stage:6s} {name:22s} nodes {row['nodes']:6.2f} tokens {row['tokens'] / 1e3:7.1f}k "
-          f"KPR {row['kpr']:.3f} ({row['elapsed_s']}s)", flush=True)
+    print(
+        f"{stage:6s} {name:22s} nodes {row['nodes']:6.2f} tokens {row['tokens'] / 1e3:7.1f}k "
+        f"KPR {row['kpr']:.3f} ({row['elapsed_s']}s)",
+        flush=True,
+    )
     return row
 
 
@@ -154,9 +159,11 @@ def results_table(args, results: list[dict]) -> str:
     ]
     for r in results:
         d = (r["tokens"] - base["tokens"]) / base["tokens"] if base["tokens"] else 0.0
-        lines.append(f"| {r['stage']} | {r['policy']} | {r['nodes']:.2f} ± {r['nodes_se']:.2f} | "
-                     f"{r['retrieval_calls']:.2f} | {r['tokens'] / 1e3:.1f} ± {r['tokens_se'] / 1e3:.1f} | {d:+.1%} | "
-                     f"{r['kpr']:.3f} ± {r['kpr_se']:.3f} | {r['kpr_before_synthesis']:.3f} | {r['wall_s']:.2f} |")
+        lines.append(
+            f"| {r['stage']} | {r['policy']} | {r['nodes']:.2f} ± {r['nodes_se']:.2f} | "
+            f"{r['retrieval_calls']:.2f} | {r['tokens'] / 1e3:.1f} ± {r['tokens_se'] / 1e3:.1f} | {d:+.1%} | "
+            f"{r['kpr']:.3f} ± {r['kpr_se']:.3f} | {r['kpr_before_synthesis']:.3f} | {r['wall_s']:.2f} |"
+        )
     by_stage = {}
     for r in results[1:]:
         if not r["policy"].startswith("shallow"):

@@ -38,11 +38,15 @@ def bench_read(path: Path, repeat: int) -> None:
     best, med = min(times), statistics.median(times)
     mb = report.bytes / 1e6
     print(f"reading {path}")
-    print(f"  {n_runs} runs, {report.events} events, {report.files} trace files ({dict(report.formats)}), "
-          f"{mb:.1f} MB, {len(report.skipped)} skipped")
+    print(
+        f"  {n_runs} runs, {report.events} events, {report.files} trace files ({dict(report.formats)}), "
+        f"{mb:.1f} MB, {len(report.skipped)} skipped"
+    )
     for label, s in (("best", best), ("median", med)):
-        print(f"  {label:6s} {s:7.3f} s  {report.events / s:10.0f} events/s  {report.files / s:8.0f} files/s  "
-              f"{mb / s:7.1f} MB/s")
+        print(
+            f"  {label:6s} {s:7.3f} s  {report.events / s:10.0f} events/s  {report.files / s:8.0f} files/s  "
+            f"{mb / s:7.1f} MB/s"
+        )
 
 
 def bench_build(path: Path, limit: int, cache: str | None, encoder: str) -> None:
@@ -57,13 +61,19 @@ def bench_build(path: Path, limit: int, cache: str | None, encoder: str) -> None
         m = build(files, Path(tmp) / "ds", encoder=encoder, cache=cache_path, progress=False)
         total = time.perf_counter() - t
     tm, c = m["timings"], m["embedding_cache"]
-    print(f"dataset build on {len(files)} traces ({'cold temporary' if not cache else 'given'} cache, encoder {m['encoder']})")
-    print(f"  {m['n_runs']['total']} runs → {m['n_decisions']['total']} decisions; "
-          f"embeddings {c['misses']} encoded, {c['hits']} cached")
+    print(
+        f"dataset build on {len(files)} traces ({'cold temporary' if not cache else 'given'} cache, encoder {m['encoder']})"
+    )
+    print(
+        f"  {m['n_runs']['total']} runs → {m['n_decisions']['total']} decisions; "
+        f"embeddings {c['misses']} encoded, {c['hits']} cached"
+    )
     for phase in ("load_s", "hash_s", "parse_s", "embed_s", "teacher_s", "write_s"):
         print(f"  {phase[:-2]:8s} {tm.get(phase, 0.0):8.2f} s")
-    print(f"  total    {total:8.2f} s"
-          + (f"   ({c['misses'] / tm['embed_s']:.1f} texts encoded/s)" if c["misses"] and tm.get("embed_s") else ""))
+    print(
+        f"  total    {total:8.2f} s"
+        + (f"   ({c['misses'] / tm['embed_s']:.1f} texts encoded/s)" if c["misses"] and tm.get("embed_s") else "")
+    )
 
 
 def main(argv=None) -> int:

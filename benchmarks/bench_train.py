@@ -51,8 +51,13 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.encode_threads)
     work = Path(a.out or tempfile.mkdtemp(prefix="bench_train."))
     work.mkdir(parents=True, exist_ok=True)
-    figures: dict = {"data": "synthetic (branchgate.data.synthetic)", "encoder": "packaged all-MiniLM-L6-v2",
-                     "threads_fit": a.threads, "threads_encode": a.encode_threads, "cpu_count": os.cpu_count()}
+    figures: dict = {
+        "data": "synthetic (branchgate.data.synthetic)",
+        "encoder": "packaged all-MiniLM-L6-v2",
+        "threads_fit": a.threads,
+        "threads_encode": a.encode_threads,
+        "cpu_count": os.cpu_count(),
+    }
     figures["cold"] = cold_embedding(work, a.cold_decisions)
     print("cold cache:", figures["cold"], flush=True)
     big, cache, figures["warm_setup"] = warm_setup(work, a.rows)
@@ -69,7 +74,7 @@ def cold_embedding(work: Path, cold_decisions: int) -> dict:
     """1. Cold-cache embedding of the distinct texts of about ``cold_decisions`` decision points."""
     import datasets
 
-    from branchgate.data.decisions import TextTable, build_decisions
+    from branchgate.data.decision_batches import TextTable, build_decisions
     from branchgate.data.embedding_cache import EmbeddingCache
     from branchgate.data.synthetic import write_synthetic_dataset
     from branchgate.models.encoder import Encoder
@@ -90,10 +95,17 @@ def cold_embedding(work: Path, cold_decisions: int) -> dict:
     cold_s = time.perf_counter() - t0
     n_dec = sum(len(s) for s in sets)
     n_rows = sum(s.n_rows for s in sets)
-    out = {"decision_points": n_dec, "rows": n_rows, "distinct_texts": len(texts) - 1,
-           "misses": cache.misses, "encoder_load_seconds": round(load_s, 2), "seconds": round(cold_s, 2),
-           "decision_points_per_s": round(n_dec / cold_s, 1), "rows_per_s": round(n_rows / cold_s, 1),
-           "texts_per_s": round(cache.misses / cold_s, 1)}
+    out = {
+        "decision_points": n_dec,
+        "rows": n_rows,
+        "distinct_texts": len(texts) - 1,
+        "misses": cache.misses,
+        "encoder_load_seconds": round(load_s, 2),
+        "seconds": round(cold_s, 2),
+        "decision_points_per_s": round(n_dec / cold_s, 1),
+        "rows_per_s": round(n_rows / cold_s, 1),
+        "texts_per_s": round(cache.misses / cold_s, 1),
+    }
     cache.close()
     return out
 
@@ -113,8 +125,17 @@ def warm_setup(work: Path, rows: int) -> tuple[Path, Path, dict]:
     warm_s = time.perf_counter() - t0
     n_dec = sum(len(s) for s in dm.sets.values())
     n_rows = sum(s.n_rows for s in dm.sets.values())
-    return big, cache, {"decision_points": n_dec, "rows": n_rows, "misses": dm.cache_stats["misses"],
-                        "seconds": round(warm_s, 2), "rows_per_s": round(n_rows / warm_s, 1)}
+    return (
+        big,
+        cache,
+        {
+            "decision_points": n_dec,
+            "rows": n_rows,
+            "misses": dm.cache_stats["misses"],
+            "seconds": round(warm_s, 2),
+            "rows_per_s": round(n_rows / warm_s, 1),
+        },
+    )
 
 
 def fit(work: Path, big: Path, cache: Path, a: argparse.Namespace) -> dict:
@@ -122,23 +143,47 @@ def fit(work: Path, big: Path, cache: Path, a: argparse.Namespace) -> dict:
     from branchgate.training.fit import train
 
     t0 = time.perf_counter()
-    metrics = train(["--config", str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"),
-                     "--data.dataset", str(big), "--data.cache", str(cache), "--data.show_progress", "false",
-                     "--data.batch_decisions", str(a.batch_decisions), "--out", str(work / "run"),
-                     "--wandb.mode", "disabled", "--trainer.max_epochs", str(a.epochs),
-                     "--early_stopping.patience", str(10 ** 6), "--trainer.enable_progress_bar", "false",
-                     "--threads", str(a.threads)])
+    metrics = train(
+        [
+            "--config",
+            str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"),
+            "--data.dataset",
+            str(big),
+            "--data.cache",
+            str(cache),
+            "--data.show_progress",
+            "false",
+            "--data.batch_decisions",
+            str(a.batch_decisions),
+            "--out",
+            str(work / "run"),
+            "--wandb.mode",
+            "disabled",
+            "--trainer.max_epochs",
+            str(a.epochs),
+            "--early_stopping.patience",
+            str(10**6),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--threads",
+            str(a.threads),
+        ]
+    )
     wall = time.perf_counter() - t0
     train_dec = metrics["n_decision_points"]["train"]
     train_rows = metrics["n_rows"]["train"]
     epochs = a.epochs
     fit_s = metrics["fit_seconds"]
     return {
-        "train_decision_points": train_dec, "train_rows": train_rows, "total_rows": sum(metrics["n_rows"].values()),
-        "epochs": epochs, "fit_seconds_incl_validation": fit_s,
+        "train_decision_points": train_dec,
+        "train_rows": train_rows,
+        "total_rows": sum(metrics["n_rows"].values()),
+        "epochs": epochs,
+        "fit_seconds_incl_validation": fit_s,
         "decision_points_per_s": round(train_dec * epochs / fit_s, 1),
         "rows_per_s": round(train_rows * epochs / fit_s, 1),
-        "train_command_wall_seconds": round(wall, 1), "test_auroc": metrics["auroc"],
+        "train_command_wall_seconds": round(wall, 1),
+        "test_auroc": metrics["auroc"],
     }
 
 

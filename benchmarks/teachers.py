@@ -32,7 +32,9 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/musique/musique_train.json"))
+    ap.add_argument(
+        "--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/musique/musique_train.json")
+    )
     ap.add_argument("--questions", type=int, default=50)
     args = ap.parse_args()
 
@@ -67,7 +69,9 @@ def main() -> int:
             for n in T.NAMES:
                 pre[n].extend(T.get(n).score(Items(subs[1:], se[1:]), st2))
     print(f"MuSiQue, {len(rows)} questions; post-retrieval: C = first supporting paragraph, x = the other paragraphs")
-    print(f"{'teacher':8} {'thr':>6} {'p10':>7} {'p50':>7} {'p90':>7} {'keep%':>6} {'AUC':>5} {'ms/call':>7} | pre-retrieval p50, keep%")
+    print(
+        f"{'teacher':8} {'thr':>6} {'p10':>7} {'p50':>7} {'p90':>7} {'keep%':>6} {'AUC':>5} {'ms/call':>7} | pre-retrieval p50, keep%"
+    )
     for n in T.NAMES:
         m = T.get(n)
         pos, neg, secs = (np.asarray(v) for v in post[n])
@@ -75,8 +79,10 @@ def main() -> int:
         p10, p50, p90 = np.quantile(allv, [0.1, 0.5, 0.9])
         keep = 100 * np.mean(allv >= m.threshold)
         pv = np.asarray(pre[n])
-        print(f"{n:8} {m.threshold:6.2f} {p10:7.3f} {p50:7.3f} {p90:7.3f} {keep:6.1f} {auc(pos, neg):5.2f} "
-              f"{1000 * secs.mean():7.2f} | {np.median(pv):7.3f} {100 * np.mean(pv >= m.threshold):5.1f}")
+        print(
+            f"{n:8} {m.threshold:6.2f} {p10:7.3f} {p50:7.3f} {p90:7.3f} {keep:6.1f} {auc(pos, neg):5.2f} "
+            f"{1000 * secs.mean():7.2f} | {np.median(pv):7.3f} {100 * np.mean(pv >= m.threshold):5.1f}"
+        )
     return 0
 
 

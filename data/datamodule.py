@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from branchgate.data.decisions import TextTable, build_decisions, check_encoder, load_decision_dataset
-from branchgate.data.schema import SPLITS
+from branchgate.data.dataset_schema import SPLITS
+from branchgate.data.decision_batches import TextTable, build_decisions, check_encoder, load_decision_dataset
 from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,14 @@ STAGE_SPLITS = {"test": ("test",), "predict": ()}
 
 
 class DecisionDataModule(L.LightningDataModule):
-    def __init__(self, dataset: str, encoder: str = "auto", cache: str | None = None, batch_decisions: int = 128,
-                 show_progress: bool = True):
+    def __init__(
+        self,
+        dataset: str,
+        encoder: str = "auto",
+        cache: str | None = None,
+        batch_decisions: int = 128,
+        show_progress: bool = True,
+    ):
         """
         Args:
             dataset: directory written by ``branchgate dataset build`` (HF DatasetDict + manifest.json).
@@ -71,8 +77,13 @@ class DecisionDataModule(L.LightningDataModule):
         finally:
             cache.close()
         self.table = torch.from_numpy(table)
-        log.info("embeddings: %d distinct texts, cache hits %d, misses %d (%s)", len(texts) - 1,
-                 self.cache_stats["hits"], self.cache_stats["misses"], self.cache_stats["path"])
+        log.info(
+            "embeddings: %d distinct texts, cache hits %d, misses %d (%s)",
+            len(texts) - 1,
+            self.cache_stats["hits"],
+            self.cache_stats["misses"],
+            self.cache_stats["path"],
+        )
         for name in SPLITS:
             s = self.sets[name]
             log.info("%s: %d decision points, %d rows, %d labelled", name, len(s), s.n_rows, int((s.label >= 0).sum()))
@@ -86,9 +97,11 @@ class DecisionDataModule(L.LightningDataModule):
                 from branchgate.errors import InputError
 
                 runs = self.manifest.get("n_runs", {})
-                raise InputError(f"the {name} split has no labelled rows ({len(s)} decision points, "
-                                 f"runs per split {runs}); splits are by run hash, so add more runs",
-                                 file=self.dataset_path)
+                raise InputError(
+                    f"the {name} split has no labelled rows ({len(s)} decision points, "
+                    f"runs per split {runs}); splits are by run hash, so add more runs",
+                    file=self.dataset_path,
+                )
 
     # -- info used by the model --------------------------------------------------------------------------
     @property
@@ -108,7 +121,8 @@ class DecisionDataModule(L.LightningDataModule):
         n_pos, n_neg = int((lab == 1).sum()), int((lab == 0).sum())
         u = s.utility[np.isfinite(s.utility)]
         return {
-            "n_pos": n_pos, "n_neg": n_neg,
+            "n_pos": n_pos,
+            "n_neg": n_neg,
             "pos_weight": float(n_neg / n_pos) if n_pos and n_neg else 1.0,
             "depth_weights": depth_weights(s.features[:, 0], s.label),
             "utility_mean": float(u.mean()) if len(u) else 0.0,
@@ -118,8 +132,13 @@ class DecisionDataModule(L.LightningDataModule):
     # -- loaders -----------------------------------------------------------------------------------------
     def loader(self, split: str, shuffle: bool = False) -> DataLoader:
         s, table = self.sets[split], self.table
-        return DataLoader(range(len(s)), batch_size=self.batch_decisions, shuffle=shuffle,
-                          collate_fn=lambda idx: s.batch(idx, table), num_workers=0)
+        return DataLoader(
+            range(len(s)),
+            batch_size=self.batch_decisions,
+            shuffle=shuffle,
+            collate_fn=lambda idx: s.batch(idx, table),
+            num_workers=0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", shuffle=True)

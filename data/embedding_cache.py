@@ -72,8 +72,10 @@ class LazyEncoder:
     @property
     def dim(self) -> int:
         if self._encoder is None:
-            dim = (self._config("1_Pooling/config.json", "word_embedding_dimension")  # sentence-transformers < 6
-                   or self._config("1_Pooling/config.json", "embedding_dimension"))
+            dim = (
+                self._config("1_Pooling/config.json", "word_embedding_dimension")  # sentence-transformers < 6
+                or self._config("1_Pooling/config.json", "embedding_dimension")
+            )
             if dim:
                 return int(dim)
         return self.load().dim
@@ -106,11 +108,14 @@ def _open(path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(str(path), check_same_thread=False, timeout=60)
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if tables and "emb" not in tables:
-            raise InputError("is an SQLite database but not an embedding cache (no table 'emb'); it was not changed",
-                             str(path))
+            raise InputError(
+                "is an SQLite database but not an embedding cache (no table 'emb'); it was not changed", str(path)
+            )
         if "emb" in tables and [row[1] for row in db.execute("PRAGMA table_info(emb)")] != COLUMNS:
-            raise InputError(f"has a table 'emb' whose columns are not {COLUMNS}: not an embedding cache; it was not "
-                             "changed", str(path))
+            raise InputError(
+                f"has a table 'emb' whose columns are not {COLUMNS}: not an embedding cache; it was not changed",
+                str(path),
+            )
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, PRIMARY KEY (encoder, key))")
         db.commit()
@@ -154,9 +159,11 @@ class EmbeddingCache:
         dim = getattr(self.encoder, "dim", None) or (len(next(iter(found.values()))) if found else 0)
         widths = {len(v) for v in found.values()} - {dim}
         if widths:
-            raise InputError(f"holds vectors of width {min(widths)} for encoder {self.encoder_id!r}, whose vectors "
-                             f"have {dim} (written by another build of that encoder, or edited): use another cache file",
-                             str(self.path))
+            raise InputError(
+                f"holds vectors of width {min(widths)} for encoder {self.encoder_id!r}, whose vectors "
+                f"have {dim} (written by another build of that encoder, or edited): use another cache file",
+                str(self.path),
+            )
         missing = [k for k in unique if k not in found]
         self.hits += len(unique) - len(missing)
         self.misses += len(missing)
@@ -168,12 +175,17 @@ class EmbeddingCache:
             bar = _progress(len(missing), show_progress)
             for i in range(0, len(missing), self.chunk_size):
                 chunk = missing[i : i + self.chunk_size]
-                vecs = np.asarray(self.encoder.encode([first[k] for k in chunk], batch_size=self.batch_size), np.float32)
+                vecs = np.asarray(
+                    self.encoder.encode([first[k] for k in chunk], batch_size=self.batch_size), np.float32
+                )
                 if not np.isfinite(vecs).all():
                     raise InputError(f"encoder {self.encoder_id!r} gave non-finite (NaN/inf) vectors; none were stored")
                 with self._lock:
-                    self._sql("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
-                              [(self.encoder_id, k, v.tobytes()) for k, v in zip(chunk, vecs)], many=True)
+                    self._sql(
+                        "INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
+                        [(self.encoder_id, k, v.tobytes()) for k, v in zip(chunk, vecs)],
+                        many=True,
+                    )
                 found.update(zip(chunk, vecs))
                 if bar is not None:
                     bar.update(len(chunk))
@@ -190,8 +202,11 @@ class EmbeddingCache:
             raise InputError(f"holds a vector for encoder {self.encoder_id!r} that is not float32 data", str(self.path))
         vec = np.frombuffer(blob, dtype=np.float32)
         if not np.isfinite(vec).all():
-            raise InputError(f"holds non-finite (NaN/inf) vectors for encoder {self.encoder_id!r} (a damaged or "
-                             "edited cache): use another cache file", str(self.path))
+            raise InputError(
+                f"holds non-finite (NaN/inf) vectors for encoder {self.encoder_id!r} (a damaged or "
+                "edited cache): use another cache file",
+                str(self.path),
+            )
         return vec
 
     def _sql(self, query: str, args, many: bool = False):

@@ -6,7 +6,7 @@ Each run researches one topic. Every frame offers candidates of three kinds:
 - off-topic: another topic → label 0, utility 0.
 So y = 1 exactly when the candidate text is semantically close to the root query and far from the
 retained branches (plus ``noise`` label flips). Expanded novel candidates join the retained set and
-open child frames. Rows follow the decision-dataset contract (``data.schema``) and the split-by-run rule.
+open child frames. Rows follow the decision-dataset contract (``data.dataset_schema``) and the split-by-run rule.
 ``teacher_lexical`` is a lexical MMR score (word overlap), a stand-in for the real teacher columns.
 """
 
@@ -17,31 +17,85 @@ import random
 import re
 
 from branchgate import __version__
-from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS
-from branchgate.data.schema import features as schema_features
-from branchgate.logs_to_dataset.decisions import split_of
+from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS
+from branchgate.data.dataset_schema import features as schema_features
+from branchgate.logs_to_dataset.decision_points import split_of
 from branchgate.texts import candidate_text
 
 TOPICS = [
-    "electric cars", "coffee consumption", "social media", "nuclear power", "remote work", "honey bees",
-    "microplastics", "video games", "urban gardening", "cryptocurrency", "antibiotic resistance",
-    "high-speed rail", "ocean acidification", "online education", "wind turbines", "sleep deprivation",
-    "fast fashion", "space tourism", "minimum wage", "lithium mining", "plant-based meat", "wildfires",
-    "artificial sweeteners", "smartphone addiction",
+    "electric cars",
+    "coffee consumption",
+    "social media",
+    "nuclear power",
+    "remote work",
+    "honey bees",
+    "microplastics",
+    "video games",
+    "urban gardening",
+    "cryptocurrency",
+    "antibiotic resistance",
+    "high-speed rail",
+    "ocean acidification",
+    "online education",
+    "wind turbines",
+    "sleep deprivation",
+    "fast fashion",
+    "space tourism",
+    "minimum wage",
+    "lithium mining",
+    "plant-based meat",
+    "wildfires",
+    "artificial sweeteners",
+    "smartphone addiction",
 ]
 FACETS = [
-    "health effects", "economic costs", "environmental impact", "history", "government regulation",
-    "public opinion", "technological progress", "effects on children", "job market", "future outlook",
-    "safety risks", "scientific controversy",
+    "health effects",
+    "economic costs",
+    "environmental impact",
+    "history",
+    "government regulation",
+    "public opinion",
+    "technological progress",
+    "effects on children",
+    "job market",
+    "future outlook",
+    "safety risks",
+    "scientific controversy",
 ]
-QUERY_TEMPLATES = ["{facet} of {topic}", "what is known about the {facet} of {topic}",
-                   "{topic}: evidence on {facet}", "how does {topic} relate to {facet}"]
-GOAL_TEMPLATES = ["Find evidence on the {facet} of {topic}.", "Summarise research about {topic} and its {facet}.",
-                  "Collect data describing {facet} linked to {topic}."]
-ROOT_TEMPLATES = ["What are the main consequences of {topic}?", "Should society worry about {topic}?",
-                  "How is {topic} changing the world?"]
-PLACES = ["in Norway", "in Brazil", "in Kenya", "in Japan", "in Canada", "in India", "in Germany", "in Chile",
-          "in Vietnam", "in Egypt", "in Poland", "in Mexico", "in Australia", "in Spain", "in Nigeria", "in Peru"]
+QUERY_TEMPLATES = [
+    "{facet} of {topic}",
+    "what is known about the {facet} of {topic}",
+    "{topic}: evidence on {facet}",
+    "how does {topic} relate to {facet}",
+]
+GOAL_TEMPLATES = [
+    "Find evidence on the {facet} of {topic}.",
+    "Summarise research about {topic} and its {facet}.",
+    "Collect data describing {facet} linked to {topic}.",
+]
+ROOT_TEMPLATES = [
+    "What are the main consequences of {topic}?",
+    "Should society worry about {topic}?",
+    "How is {topic} changing the world?",
+]
+PLACES = [
+    "in Norway",
+    "in Brazil",
+    "in Kenya",
+    "in Japan",
+    "in Canada",
+    "in India",
+    "in Germany",
+    "in Chile",
+    "in Vietnam",
+    "in Egypt",
+    "in Poland",
+    "in Mexico",
+    "in Australia",
+    "in Spain",
+    "in Nigeria",
+    "in Peru",
+]
 
 
 def _words(text: str) -> set[str]:
@@ -52,12 +106,19 @@ def _lexical_mmr(text: str, root: str, retained: list[str], lam: float = 0.6) ->
     def jac(a, b):
         a, b = _words(a), _words(b)
         return len(a & b) / max(1, len(a | b))
+
     red = max((jac(text, r) for r in retained), default=0.0)
     return lam * jac(text, root) - (1 - lam) * red
 
 
-def synthetic_rows(n_runs: int = 60, seed: int = 0, frames_per_run: tuple[int, int] = (2, 4),
-                   candidates: tuple[int, int] = (3, 6), noise: float = 0.05, unique_texts: bool = False) -> list[dict]:
+def synthetic_rows(
+    n_runs: int = 60,
+    seed: int = 0,
+    frames_per_run: tuple[int, int] = (2, 4),
+    candidates: tuple[int, int] = (3, 6),
+    noise: float = 0.05,
+    unique_texts: bool = False,
+) -> list[dict]:
     """Contract rows for ``n_runs`` synthetic runs. ``unique_texts`` adds a per-run place/year qualifier so
     almost every text is distinct (to measure cold-cache embedding)."""
     rng = random.Random(seed)
@@ -96,14 +157,29 @@ def synthetic_rows(n_runs: int = 60, seed: int = 0, frames_per_run: tuple[int, i
             text_retained = list(retained)
             for order, kind, facet, query, goal, y, utility in cands:
                 ctext = candidate_text(query, goal)
-                rows.append({
-                    "run_id": run_id, "frame_id": frame_id, "candidate_id": f"{frame_id}c{order}",
-                    "root_query": root, "frame_query": frame_query, "parent_goal": parent_goal,
-                    "retained": text_retained, "query": query, "goal": goal, "depth": depth, "order": order,
-                    "n_candidates": k, "n_retained": len(text_retained), "expanded": True, "utility": utility,
-                    "label": y, "label_source": "realized", "utility_kind": "keypoints",
-                    "teacher_lexical": _lexical_mmr(ctext, root, text_retained),
-                })
+                rows.append(
+                    {
+                        "run_id": run_id,
+                        "frame_id": frame_id,
+                        "candidate_id": f"{frame_id}c{order}",
+                        "root_query": root,
+                        "frame_query": frame_query,
+                        "parent_goal": parent_goal,
+                        "retained": text_retained,
+                        "query": query,
+                        "goal": goal,
+                        "depth": depth,
+                        "order": order,
+                        "n_candidates": k,
+                        "n_retained": len(text_retained),
+                        "expanded": True,
+                        "utility": utility,
+                        "label": y,
+                        "label_source": "realized",
+                        "utility_kind": "keypoints",
+                        "teacher_lexical": _lexical_mmr(ctext, root, text_retained),
+                    }
+                )
             for order, kind, facet, query, goal, y, utility in cands:
                 if y == 1:
                     retained.append(candidate_text(query, goal))
@@ -113,8 +189,9 @@ def synthetic_rows(n_runs: int = 60, seed: int = 0, frames_per_run: tuple[int, i
     return rows
 
 
-def synthetic_dataset(n_runs: int = 60, seed: int = 0, encoder_id: str = "sentence-transformers/all-MiniLM-L6-v2",
-                      **kwargs):
+def synthetic_dataset(
+    n_runs: int = 60, seed: int = 0, encoder_id: str = "sentence-transformers/all-MiniLM-L6-v2", **kwargs
+):
     """``(DatasetDict, manifest)`` following the decision-dataset contract."""
     import datasets
 
@@ -123,20 +200,30 @@ def synthetic_dataset(n_runs: int = 60, seed: int = 0, encoder_id: str = "senten
     by_split: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for row in rows:
         by_split[split_of(row["run_id"])].append(row)
-    dsd = datasets.DatasetDict({
-        name: datasets.Dataset.from_list(part, features=features) if part else
-        datasets.Dataset.from_dict({k: [] for k in features}, features=features)
-        for name, part in by_split.items()
-    })
+    dsd = datasets.DatasetDict(
+        {
+            name: datasets.Dataset.from_list(part, features=features)
+            if part
+            else datasets.Dataset.from_dict({k: [] for k in features}, features=features)
+            for name, part in by_split.items()
+        }
+    )
     runs = {name: len({r["run_id"] for r in part}) for name, part in by_split.items()}
     frames = {name: len({(r["run_id"], r["frame_id"]) for r in part}) for name, part in by_split.items()}
     manifest = {
-        "schema_version": DATASET_SCHEMA_VERSION, "n_runs": {**runs, "total": sum(runs.values())},
+        "schema_version": DATASET_SCHEMA_VERSION,
+        "n_runs": {**runs, "total": sum(runs.values())},
         "n_decisions": {name: len(part) for name, part in by_split.items()},
-        "n_frames": {**frames, "total": sum(frames.values())}, "n_files": 0, "skipped": [],
-        "teacher": "synthetic", "label_threshold": 1, "label_kind": "keypoints", "encoder": encoder_id,
+        "n_frames": {**frames, "total": sum(frames.values())},
+        "n_files": 0,
+        "skipped": [],
+        "teacher": "synthetic",
+        "label_threshold": 1,
+        "label_kind": "keypoints",
+        "encoder": encoder_id,
         "source_sha256": hashlib.sha256(f"synthetic:{n_runs}:{seed}:{sorted(kwargs.items())}".encode()).hexdigest(),
-        "teachers": ["lexical"], "created_by": f"branchgate {__version__} (synthetic)",
+        "teachers": ["lexical"],
+        "created_by": f"branchgate {__version__} (synthetic)",
     }
     return dsd, manifest
 
@@ -159,7 +246,7 @@ def warm_cache(dataset_dir, cache_path, encoder) -> None:
     with ``encoder``, so that training on it never loads an encoder."""
     import datasets
 
-    from branchgate.data.decisions import TextTable, build_decisions
+    from branchgate.data.decision_batches import TextTable, build_decisions
     from branchgate.data.embedding_cache import EmbeddingCache
 
     texts = TextTable()

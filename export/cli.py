@@ -8,11 +8,22 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", "--ckpt", dest="checkpoint", required=True, help="trained controller: controller.safetensors from branchgate train")
+    parser.add_argument(
+        "--checkpoint",
+        "--ckpt",
+        dest="checkpoint",
+        required=True,
+        help="trained controller: controller.safetensors from branchgate train",
+    )
     parser.add_argument("--out", required=True, help="output model path, e.g. out/controller.onnx")
-    parser.add_argument("--int8", action="store_true", help="also write the dynamically quantised int8 twin (<out>.int8.onnx)")
-    parser.add_argument("--dataset", default=None,
-                        help="decision dataset (save_to_disk dir) whose test split is the parity set; default: built-in samples")
+    parser.add_argument(
+        "--int8", action="store_true", help="also write the dynamically quantised int8 twin (<out>.int8.onnx)"
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="decision dataset (save_to_disk dir) whose test split is the parity set; default: built-in samples",
+    )
     parser.add_argument("--split", default="test", help="dataset split for the parity check (default test)")
     parser.add_argument("--max-decisions", type=int, default=200, help="parity decisions at most (default 200)")
     parser.add_argument("--tol", type=float, default=1e-4, help="max |Δp_keep| fp32 ONNX vs torch (default 1e-4)")
@@ -25,9 +36,17 @@ def run(args) -> int:
     from branchgate.export.controller import ParityError, export_controller
 
     try:
-        report = export_controller(args.checkpoint, args.out, int8=args.int8, parity_dataset=args.dataset,
-                                   force=args.force, split=args.split, max_decisions=args.max_decisions,
-                                   tol=args.tol, auroc_tol=args.auroc_tol)
+        report = export_controller(
+            args.checkpoint,
+            args.out,
+            int8=args.int8,
+            parity_dataset=args.dataset,
+            force=args.force,
+            split=args.split,
+            max_decisions=args.max_decisions,
+            tol=args.tol,
+            auroc_tol=args.auroc_tol,
+        )
     except ParityError as exc:
         if args.json:
             print(json.dumps(exc.report, indent=2, default=str))

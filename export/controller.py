@@ -20,8 +20,6 @@ must be within ``auroc_tol`` of the fp32 graph's. A model that fails is not writ
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import shutil
 import tempfile
@@ -36,23 +34,21 @@ from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.export.card import model_card
 from branchgate.export.graph import (
     DYNAMIC_AXES,
-    GRAPH_IO_VERSION,
     INPUT_NAMES,
     OUTPUT_NAMES,
     ControllerGraph,
     eager_attention,
     set_attention,
 )
+from branchgate.export.onnx_metadata import OPSET, metadata, tokenizer_json, write_metadata
 from branchgate.export.packed_tower import PackedBertTower, supports
 from branchgate.export.parity import auroc, load_decisions, max_diff, run_gate, tower_vs_encoder, training_scores
-from branchgate.export.parts import skippable_parts
-from branchgate.inference.metadata import FINGERPRINT_PROBES, PARTS, check_fingerprint
 from branchgate.features import FEATURE_NAMES
 from branchgate.fileio import replace_files
+from branchgate.inference.metadata import FINGERPRINT_PROBES, PARTS, check_fingerprint
 
 log = logging.getLogger(__name__)
 
-OPSET = 17
 DEFAULT_TAU = 0.5
 
 
@@ -70,12 +66,22 @@ def paths_for(out: str | Path) -> dict[str, Path]:
     if out.suffix != ".onnx":
         raise InputError("the output must be a .onnx file path", "--out")
     stem = out.name[: -len(".onnx")]
-    return {"fp32": out, "int8": out.with_name(f"{stem}.int8.onnx"),
-            "tokenizer": out.with_name(f"{stem}.tokenizer.json"), "card": out.with_name(f"{stem}.md")}
+    return {
+        "fp32": out,
+        "int8": out.with_name(f"{stem}.int8.onnx"),
+        "tokenizer": out.with_name(f"{stem}.tokenizer.json"),
+        "card": out.with_name(f"{stem}.md"),
+    }
 
 
-def export_controller(ckpt: str | Path, out: str | Path, int8: bool = True, parity_dataset: str | Path | None = None,
-                      force: bool = False, **kwargs) -> dict:
+def export_controller(
+    ckpt: str | Path,
+    out: str | Path,
+    int8: bool = True,
+    parity_dataset: str | Path | None = None,
+    force: bool = False,
+    **kwargs,
+) -> dict:
     """Export a controller checkpoint (``training.checkpoint``) to ``out``; returns the report dict.
 
     Raises ``ParityError`` (nothing written) when a parity check fails and ``force`` is false.
@@ -84,14 +90,26 @@ def export_controller(ckpt: str | Path, out: str | Path, int8: bool = True, pari
     from branchgate.training.checkpoint import load_controller
 
     net, meta = load_controller(ckpt)
-    return export_model(net, meta, out, int8=int8, parity_dataset=parity_dataset, force=force,
-                        source=str(ckpt), **kwargs)
+    return export_model(
+        net, meta, out, int8=int8, parity_dataset=parity_dataset, force=force, source=str(ckpt), **kwargs
+    )
 
 
-def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool = True,
-                 parity_dataset: str | Path | None = None, force: bool = False, tol: float = 1e-4,
-                 auroc_tol: float = 0.01, max_decisions: int = 200, split: str = "test",
-                 source: str | None = None) -> dict:
+def export_model(
+    net,
+    meta: dict,
+    out: str | Path,
+    *,
+    encoder=None,
+    int8: bool = True,
+    parity_dataset: str | Path | None = None,
+    force: bool = False,
+    tol: float = 1e-4,
+    auroc_tol: float = 0.01,
+    max_decisions: int = 200,
+    split: str = "test",
+    source: str | None = None,
+) -> dict:
     """Export an in-memory ValueNet + its checkpoint metadata (see ``export_controller``): check the checkpoint
     against its encoder, score the parity decisions with torch, write the graphs to a scratch folder beside
     ``out``, check them there, then move the whole file set into place."""
@@ -121,13 +139,23 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         set_attention(tower.transformer, previous_attention)
         t_export = time.perf_counter() - t0
         fp32 = run_gate(tmp_paths["fp32"], decisions)
-        labels = (np.concatenate([np.asarray(lab, np.float64) for _, _, lab in decisions.items]) if decisions.items
-                  else np.zeros(0))
+        labels = (
+            np.concatenate([np.asarray(lab, np.float64) for _, _, lab in decisions.items])
+            if decisions.items
+            else np.zeros(0)
+        )
         report = {
-            "out": str(paths["fp32"]), "source": source, "encoder": encoder.id, "tau": float(tau),
-            "branchgate_version": __version__, "exporter": f"torch.onnx (TorchScript, opset {OPSET})",
-            "parity": {"decisions": len(decisions.items), "candidates": int(sum(len(c) for _, c, _ in decisions.items)),
-                       "source": decisions.note},
+            "out": str(paths["fp32"]),
+            "source": source,
+            "encoder": encoder.id,
+            "tau": float(tau),
+            "branchgate_version": __version__,
+            "exporter": f"torch.onnx (TorchScript, opset {OPSET})",
+            "parity": {
+                "decisions": len(decisions.items),
+                "candidates": int(sum(len(c) for _, c, _ in decisions.items)),
+                "source": decisions.note,
+            },
             "notes": [n for n in notes if n],
         }
         failures += _fp32_parity(report["parity"], ref, fp32, trained, labels, tower_diff, tol)
@@ -139,8 +167,9 @@ def export_model(net, meta: dict, out: str | Path, *, encoder=None, int8: bool =
         report["failures"] = failures
         report["forced"] = bool(failures and force)
         if failures and not force:
-            raise ParityError("parity check failed, nothing written (--force writes it anyway): " + "; ".join(failures),
-                              report)
+            raise ParityError(
+                "parity check failed, nothing written (--force writes it anyway): " + "; ".join(failures), report
+            )
         moves = _file_set(report, paths, tmp_paths, int8)
         report["export_s"] = round(t_export, 2)
         report["total_s"] = round(time.perf_counter() - t0, 2)
@@ -188,12 +217,21 @@ def _tower_failures(tower_diff: float, tol: float, encoder_id: str, force: bool,
     ``force``)."""
     if not tower_diff > tol:  # written so that a NaN difference passes this check
         return []
-    failures = [f"the torch text tower differs from the encoder's own embeddings (what training used) "
-                f"by {tower_diff:.3g} > {tol:g}: the towers do not reproduce encoder {encoder_id!r}"]
+    failures = [
+        f"the torch text tower differs from the encoder's own embeddings (what training used) "
+        f"by {tower_diff:.3g} > {tol:g}: the towers do not reproduce encoder {encoder_id!r}"
+    ]
     if not force:
-        raise ParityError("parity check failed, nothing written (--force writes it anyway): " + failures[0],
-                          {"passed": False, "failures": failures, "source": source, "encoder": encoder_id,
-                           "parity": {"tower_max_abs_diff_embedding": tower_diff, "tolerance": tol}})
+        raise ParityError(
+            "parity check failed, nothing written (--force writes it anyway): " + failures[0],
+            {
+                "passed": False,
+                "failures": failures,
+                "source": source,
+                "encoder": encoder_id,
+                "parity": {"tower_max_abs_diff_embedding": tower_diff, "tolerance": tol},
+            },
+        )
     return failures
 
 
@@ -213,9 +251,17 @@ def trace_graph(graph, encoder, raw: Path) -> Path:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         register_onnx_ops()
-        torch.onnx.export(graph, example_inputs(encoder, len(FEATURE_NAMES)), str(raw), dynamo=False,
-                          input_names=INPUT_NAMES, output_names=OUTPUT_NAMES, dynamic_axes=DYNAMIC_AXES,
-                          opset_version=OPSET, do_constant_folding=True)
+        torch.onnx.export(
+            graph,
+            example_inputs(encoder, len(FEATURE_NAMES)),
+            str(raw),
+            dynamo=False,
+            input_names=INPUT_NAMES,
+            output_names=OUTPUT_NAMES,
+            dynamic_axes=DYNAMIC_AXES,
+            opset_version=OPSET,
+            do_constant_folding=True,
+        )
     return raw
 
 
@@ -251,8 +297,10 @@ def _fp32_parity(par: dict, ref, fp32, trained, labels, tower_diff: float, tol: 
     if par["fp32_max_abs_diff_p_keep"] > tol:
         failures.append(f"fp32 max |Δp_keep| = {par['fp32_max_abs_diff_p_keep']:.3g} > {tol:g}")
     if "training_max_abs_diff_p_keep" in par and par["training_max_abs_diff_p_keep"] > tol:
-        failures.append(f"fp32 Gate vs the training path: max |Δp_keep| = {par['training_max_abs_diff_p_keep']:.3g} "
-                        f"> {tol:g} (the Gate does not compute what training scored)")
+        failures.append(
+            f"fp32 Gate vs the training path: max |Δp_keep| = {par['training_max_abs_diff_p_keep']:.3g} "
+            f"> {tol:g} (the Gate does not compute what training scored)"
+        )
     return failures
 
 
@@ -284,8 +332,10 @@ def _int8_parity(report: dict, fp32, q, labels, tau: float, auroc_tol: float) ->
         return []
     par["int8_auroc_delta"] = abs(par["int8_auroc"] - par["fp32_auroc"])
     if par["int8_auroc_delta"] > auroc_tol:
-        return [f"int8 AUROC {par['int8_auroc']:.4f} vs fp32 {par['fp32_auroc']:.4f} "
-                f"(|Δ| {par['int8_auroc_delta']:.4f} > {auroc_tol:g})"]
+        return [
+            f"int8 AUROC {par['int8_auroc']:.4f} vs fp32 {par['fp32_auroc']:.4f} "
+            f"(|Δ| {par['int8_auroc_delta']:.4f} > {auroc_tol:g})"
+        ]
     return []
 
 
@@ -358,80 +408,6 @@ def graph_tower(tower):
     return tower
 
 
-def tokenizer_json(encoder) -> str:
-    """The encoder's fast tokenizer as tokenizer.json text, without per-call truncation/padding state."""
-    from tokenizers import Tokenizer
-
-    backend = getattr(encoder.tokenizer, "backend_tokenizer", None) or getattr(encoder.tokenizer, "_tokenizer", None)
-    if backend is None:
-        raise BranchgateError(f"encoder {encoder.id!r} has no fast (tokenizers) tokenizer; the Gate needs one")
-    tok = Tokenizer.from_str(backend.to_str())
-    tok.no_truncation()
-    tok.no_padding()
-    return tok.to_str()
-
-
-def metadata(meta: dict, encoder, tau: float, tok_text: str, tok_name: str, net) -> dict[str, str]:
-    std = meta.get("standardisation")
-    if std is None and hasattr(net, "standardisation"):
-        std = net.standardisation()
-    tokenizer = encoder.tokenizer
-    return {
-        "branchgate_version": __version__,
-        "trained_with": str(meta.get("branchgate_version", "")),
-        "schema_version": str(meta.get("schema_version", 1)),
-        "graph_io_version": GRAPH_IO_VERSION,
-        "encoder": encoder.id,
-        "dim": str(encoder.dim),
-        "max_length": str(int(meta.get("max_length") or encoder.max_length)),
-        "pooling": encoder.pooling_mode,
-        "tau": repr(float(tau)),
-        "feature_names": json.dumps(list(FEATURE_NAMES)),
-        "standardisation": json.dumps(std) if std is not None else "in-graph",
-        "data_sha256": str(meta.get("data_sha256") or ""),
-        "tokenizer_file": tok_name,
-        "tokenizer_sha256": hashlib.sha256(tok_text.encode("utf-8")).hexdigest(),
-        "pad_token": str(tokenizer.pad_token or "[PAD]"),
-        "pad_token_id": str(int(tokenizer.pad_token_id or 0)),
-        "net": json.dumps(net.config()) if hasattr(net, "config") else "{}",
-        "opset": str(OPSET),
-        **_feature_range(net),
-        **_root_tau(meta),
-    }
-
-
-def _root_tau(meta: dict) -> dict[str, str]:
-    """Metadata ``root_tau``: the root frame's own threshold from the training calibration
-    (``calibration.root_tau``), absent when it has none (then τ applies at every depth)."""
-    root_tau = (meta.get("calibration") or {}).get("root_tau")
-    return {} if root_tau is None else {"root_tau": repr(float(root_tau))}
-
-
-def _feature_range(net) -> dict[str, str]:
-    """Metadata ``feature_range``: the train split's range of each structured feature, which the graph clamps
-    to and the Gate reports leaving (absent for a net without one: an older controller)."""
-    rng = net.feature_range() if hasattr(net, "feature_range") else None
-    return {"feature_range": json.dumps(rng)} if rng else {}
-
-
-def write_metadata(src: Path, dst: Path, props: dict[str, str], parts: int = 0) -> None:
-    """Copy the model at ``src`` to ``dst`` with ``props`` as its metadata; ``parts`` = the embedding dim to
-    make tower and head skippable (``ValueError`` when the graph cannot be split), 0 to leave it whole."""
-    import onnx
-
-    model = onnx.load(str(src))
-    if parts:
-        model = skippable_parts(model, parts)
-    del model.metadata_props[:]
-    for key, value in props.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, str(value)
-    model.producer_name = "branchgate"
-    model.producer_version = __version__
-    model.doc_string = "branchgate pre-retrieval controller: token ids of one decision → p_keep, utility"
-    onnx.save(model, str(dst))
-
-
 def example_inputs(encoder, n_features: int):
     """Tracing inputs with every dynamic axis > 1 and distinct sizes (N=3, L, M=2, R=2, K=3)."""
     import torch
@@ -442,5 +418,14 @@ def example_inputs(encoder, n_features: int):
     cached = torch.nn.functional.normalize(torch.randn(2, d), dim=-1)
     idx = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     features = torch.tensor([[1.0, i, 3.0, 2.0] for i in range(3)])[:, :n_features]
-    return (feats["input_ids"].long(), feats["attention_mask"].long(), cached, idx(3), idx(0), idx(5), idx(4, 1),
-            idx(2, 1, 5), features)
+    return (
+        feats["input_ids"].long(),
+        feats["attention_mask"].long(),
+        cached,
+        idx(3),
+        idx(0),
+        idx(5),
+        idx(4, 1),
+        idx(2, 1, 5),
+        features,
+    )

@@ -21,8 +21,17 @@ import torch
 from torch import nn
 
 GRAPH_IO_VERSION = "1"
-INPUT_NAMES = ["input_ids", "attention_mask", "cached_emb", "root_idx", "frame_idx", "goal_idx",
-               "retained_idx", "cand_idx", "features"]
+INPUT_NAMES = [
+    "input_ids",
+    "attention_mask",
+    "cached_emb",
+    "root_idx",
+    "frame_idx",
+    "goal_idx",
+    "retained_idx",
+    "cand_idx",
+    "features",
+]
 OUTPUT_NAMES = ["p_keep", "utility", "text_emb"]
 DYNAMIC_AXES = {
     "input_ids": {0: "N", 1: "L"},
@@ -69,8 +78,9 @@ class ControllerGraph(nn.Module):
         self.tower = tower
         self.net = net
 
-    def forward(self, input_ids, attention_mask, cached_emb, root_idx, frame_idx, goal_idx, retained_idx,
-                cand_idx, features):
+    def forward(
+        self, input_ids, attention_mask, cached_emb, root_idx, frame_idx, goal_idx, retained_idx, cand_idx, features
+    ):
         new = self.tower(input_ids, attention_mask)
         zero = new.new_zeros((1, self.net.dim))  # a constant: the row must exist when N = 0
         rows = torch.cat([new, cached_emb.to(new.dtype), zero], dim=0)

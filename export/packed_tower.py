@@ -34,11 +34,15 @@ def supports(transformer: nn.Module) -> bool:
     """True when ``transformer`` is a BERT encoder this tower reproduces exactly."""
     config = getattr(transformer, "config", None)
     layers = getattr(getattr(transformer, "encoder", None), "layer", None)
-    return (config is not None and layers is not None and hasattr(transformer, "embeddings")
-            and getattr(config, "model_type", "") == "bert"
-            and getattr(config, "position_embedding_type", "absolute") == "absolute"
-            and getattr(config, "hidden_act", "") == "gelu"
-            and all(hasattr(layer, "attention") and hasattr(layer.attention, "self") for layer in layers))
+    return (
+        config is not None
+        and layers is not None
+        and hasattr(transformer, "embeddings")
+        and getattr(config, "model_type", "") == "bert"
+        and getattr(config, "position_embedding_type", "absolute") == "absolute"
+        and getattr(config, "hidden_act", "") == "gelu"
+        and all(hasattr(layer, "attention") and hasattr(layer.attention, "self") for layer in layers)
+    )
 
 
 class PackedBertTower(nn.Module):
@@ -58,7 +62,9 @@ class PackedBertTower(nn.Module):
         # Dense weights transposed once, Q/K/V side by side: one [D, 3D] matmul per layer.
         for i, layer in enumerate(transformer.encoder.layer):
             att = layer.attention.self
-            self.register_buffer(f"qkv_w{i}", torch.cat([att.query.weight, att.key.weight, att.value.weight]).t().contiguous())
+            self.register_buffer(
+                f"qkv_w{i}", torch.cat([att.query.weight, att.key.weight, att.value.weight]).t().contiguous()
+            )
             self.register_buffer(f"qkv_b{i}", torch.cat([att.query.bias, att.key.bias, att.value.bias]).contiguous())
             self.register_buffer(f"out_w{i}", layer.attention.output.dense.weight.t().contiguous())
             self.register_buffer(f"ffn_in_w{i}", layer.intermediate.dense.weight.t().contiguous())
@@ -80,13 +86,19 @@ class PackedBertTower(nn.Module):
         hh = torch.arange(heads, device=input_ids.device).reshape(1, 1, heads, 1)
         to_padded = src.reshape(1, n, 1, length) * (3 * heads) + s3 + hh  # [3, N, heads, L]
         # Row of (n, h, l) in the attention output viewed as [N*heads*L, head_dim], for each real token.
-        to_packed = (text.unsqueeze(1) * heads + torch.arange(heads, device=input_ids.device)) * length + pos.unsqueeze(1)
+        to_packed = (text.unsqueeze(1) * heads + torch.arange(heads, device=input_ids.device)) * length + pos.unsqueeze(
+            1
+        )
         key_col = attention_mask.to(torch.float32).reshape(n, 1, length, 1)  # 1 = real key, 0 = padding
         # Values of padding keys are zeroed by a same-shape multiply (the mask expanded once per call).
         value_mask = key_col.expand(n, heads, length, head_dim).contiguous()
 
         emb = self.transformer.embeddings
-        x = emb.word_embeddings(input_ids.reshape(-1)[flat]) + emb.position_embeddings(pos) + emb.token_type_embeddings.weight[0]
+        x = (
+            emb.word_embeddings(input_ids.reshape(-1)[flat])
+            + emb.position_embeddings(pos)
+            + emb.token_type_embeddings.weight[0]
+        )
         x = F.layer_norm(x, (dim,), emb.LayerNorm.weight, emb.LayerNorm.bias, self.eps)
         scale = 1.0 / math.sqrt(head_dim)
         layers = self.transformer.encoder.layer
@@ -98,19 +110,31 @@ class PackedBertTower(nn.Module):
             rows = qkv.reshape(-1, head_dim)
             q = rows[to_padded[0][:, :, :1] if cls_only else to_padded[0]]  # [N, heads, L or 1, head_dim]
             k, v = rows[to_padded[1]], rows[to_padded[2]]  # each [N, heads, L, head_dim]
-            weights = torch.exp((torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP))  # [N, heads, L|1, L]
+            weights = torch.exp(
+                (torch.matmul(q, k.transpose(-1, -2)) * scale).clamp(max=SCORE_CAP)
+            )  # [N, heads, L|1, L]
             ctx = torch.matmul(weights, v * value_mask) / torch.matmul(weights, key_col)  # sums over real keys only
             if cls_only:
                 ctx, x = ctx.reshape(n, dim), x[src.reshape(n, length)[:, 0]]
             else:
                 ctx = ctx.reshape(-1, head_dim)[to_packed].reshape(t, dim)
             out = layer.attention.output
-            x = F.layer_norm(torch.matmul(ctx, getattr(self, f"out_w{i}")) + out.dense.bias + x, (dim,),
-                             out.LayerNorm.weight, out.LayerNorm.bias, self.eps)
+            x = F.layer_norm(
+                torch.matmul(ctx, getattr(self, f"out_w{i}")) + out.dense.bias + x,
+                (dim,),
+                out.LayerNorm.weight,
+                out.LayerNorm.bias,
+                self.eps,
+            )
             hidden = F.gelu(torch.matmul(x, getattr(self, f"ffn_in_w{i}")) + layer.intermediate.dense.bias)
             out = layer.output
-            x = F.layer_norm(torch.matmul(hidden, getattr(self, f"ffn_out_w{i}")) + out.dense.bias + x, (dim,),
-                             out.LayerNorm.weight, out.LayerNorm.bias, self.eps)
+            x = F.layer_norm(
+                torch.matmul(hidden, getattr(self, f"ffn_out_w{i}")) + out.dense.bias + x,
+                (dim,),
+                out.LayerNorm.weight,
+                out.LayerNorm.bias,
+                self.eps,
+            )
         if self.pooling == "cls":  # x holds each text's first token; a text without tokens gives a zero row
             return F.normalize(x * attention_mask[:, :1].to(x.dtype), p=2.0, dim=-1)
         rows = torch.cat([x, torch.zeros_like(x[:1])])  # + a zero row for padding

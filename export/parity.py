@@ -3,7 +3,7 @@
 - the torch text tower reproduces the encoder's own embeddings (what training used);
 - the fp32 graph, through the Gate, matches the torch reference (``torch_ref``) in p_keep;
 - on a decision dataset, the fp32 Gate matches the training path itself — rows grouped by
-  ``data.decisions.build_decisions``, embedded by the encoder, scored by ``training.evaluate.predict``, as
+  ``data.decision_batches.build_decisions``, embedded by the encoder, scored by ``training.evaluate.predict``, as
   ``branchgate evaluate`` scores them — in p_keep and AUROC;
 - the int8 graph's AUROC stays within a tolerance of the fp32 graph's.
 """
@@ -27,8 +27,8 @@ class ParityDecisions:
 
     items: list
     note: str
-    dset: object = None  # data.decisions.DecisionSet of the split, when read from a dataset
-    texts: object = None  # its data.decisions.TextTable
+    dset: object = None  # data.decision_batches.DecisionSet of the split, when read from a dataset
+    texts: object = None  # its data.decision_batches.TextTable
 
 
 def load_decisions(dataset: str | Path | None, split: str = "test", max_decisions: int = 200) -> ParityDecisions:
@@ -43,8 +43,8 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
         import datasets
     except ImportError:
         raise BranchgateError("a parity dataset needs the train extra (pip install 'branchgate[train]')") from None
-    from branchgate.data.decisions import TextTable, build_decisions
-    from branchgate.data.schema import DECISION_COLUMNS
+    from branchgate.data.dataset_schema import DECISION_COLUMNS
+    from branchgate.data.decision_batches import TextTable, build_decisions
 
     path = Path(dataset)
     if not path.exists():
@@ -66,16 +66,27 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
         raise InputError(f"dataset lacks columns {missing}", str(path))
     texts = TextTable()
     dset = build_decisions(str(split), data, texts)
-    cols = data.select_columns(["root_query", "frame_query", "parent_goal", "retained", "query", "goal", "depth",
-                                "label"])[:]
+    cols = data.select_columns(
+        ["root_query", "frame_query", "parent_goal", "retained", "query", "goal", "depth", "label"]
+    )[:]
     items = []
     for d in range(min(len(dset), max_decisions)):
-        rows = dset.row[dset.cand_ptr[d]:dset.cand_ptr[d + 1]]
+        rows = dset.row[dset.cand_ptr[d] : dset.cand_ptr[d + 1]]
         r0 = int(rows[0])
-        state = DecisionState(cols["root_query"][r0] or "", cols["frame_query"][r0] or "", cols["parent_goal"][r0] or "",
-                              list(cols["retained"][r0] or []), int(cols["depth"][r0] or 0))
-        items.append((state, [candidate_text(cols["query"][i], cols["goal"][i]) for i in rows],
-                      [int(cols["label"][i]) for i in rows]))
+        state = DecisionState(
+            cols["root_query"][r0] or "",
+            cols["frame_query"][r0] or "",
+            cols["parent_goal"][r0] or "",
+            list(cols["retained"][r0] or []),
+            int(cols["depth"][r0] or 0),
+        )
+        items.append(
+            (
+                state,
+                [candidate_text(cols["query"][i], cols["goal"][i]) for i in rows],
+                [int(cols["label"][i]) for i in rows],
+            )
+        )
     return ParityDecisions(items, f"{note}: {len(items)} of {len(dset)} decisions", dset, texts)
 
 
@@ -87,14 +98,23 @@ def training_scores(net, encoder, decisions: ParityDecisions) -> list[np.ndarray
 
     dset, n = decisions.dset, len(decisions.items)
     # embed only the texts of the parity decisions (the split's others are left zero; their scores are unused)
-    used = np.unique(np.concatenate([dset.root[:n], dset.frame[:n], dset.goal[:n], dset.ret_ids[:dset.ret_ptr[n]],
-                                     dset.cand_ids[:dset.cand_ptr[n]]]))
+    used = np.unique(
+        np.concatenate(
+            [
+                dset.root[:n],
+                dset.frame[:n],
+                dset.goal[:n],
+                dset.ret_ids[: dset.ret_ptr[n]],
+                dset.cand_ids[: dset.cand_ptr[n]],
+            ]
+        )
+    )
     used = used[used > 0]
     table = np.zeros((len(decisions.texts), int(encoder.dim)), np.float32)
     if len(used):
         table[used] = encoder.encode([decisions.texts.texts[i] for i in used])
     p, _ = predict(net, dset, torch.from_numpy(table))
-    return [p[dset.row[dset.cand_ptr[d]:dset.cand_ptr[d + 1]]] for d in range(n)]
+    return [p[dset.row[dset.cand_ptr[d] : dset.cand_ptr[d + 1]]] for d in range(n)]
 
 
 def run_gate(path: Path, decisions: ParityDecisions) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -112,8 +132,11 @@ def tower_vs_encoder(reference, encoder, decisions: ParityDecisions, limit: int 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     """Max |a − b| over the pairs of arrays; inf where either holds a NaN (so no tolerance passes it)."""
-    diffs = [float(np.nan_to_num(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))), nan=np.inf))
-             for x, y in zip(a, b) if len(x)]
+    diffs = [
+        float(np.nan_to_num(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))), nan=np.inf))
+        for x, y in zip(a, b)
+        if len(x)
+    ]
     return max(diffs) if diffs else 0.0
 
 

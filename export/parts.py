@@ -45,11 +45,19 @@ def _subgraph_inputs(node) -> list[str]:
 
 def _empty(name: str, shape: list[int], helper, TensorProto):
     """A node giving an empty float tensor of ``shape`` (one axis 0)."""
-    return helper.make_node("Constant", [], [name], value=helper.make_tensor(name + "_value", TensorProto.FLOAT, shape, []))
+    return helper.make_node(
+        "Constant", [], [name], value=helper.make_tensor(name + "_value", TensorProto.FLOAT, shape, [])
+    )
 
 
-def skippable_parts(model, dim: int, tower_input: str = "input_ids", tower_output: str = "text_emb",
-                    head_input: str = "cand_idx", head_outputs=("p_keep", "utility")):
+def skippable_parts(
+    model,
+    dim: int,
+    tower_input: str = "input_ids",
+    tower_output: str = "text_emb",
+    head_input: str = "cand_idx",
+    head_outputs=("p_keep", "utility"),
+):
     """Return a copy of ``model`` whose tower and head run only when ``tower_input`` / ``head_input`` have
     rows (see the module docstring); a skipped tower gives ``text_emb`` of shape [0, dim], a skipped head
     empty outputs. Raises ``ValueError`` when the graph is not split that way."""
@@ -81,13 +89,22 @@ def skippable_parts(model, dim: int, tower_input: str = "input_ids", tower_outpu
         return body, own
 
     def empty(name: str, shapes: dict[str, list[int]]):
-        return helper.make_graph([_empty(o, shape, helper, TensorProto) for o, shape in shapes.items()], name, [],
-                                 [outputs[o] for o in shapes])
+        return helper.make_graph(
+            [_empty(o, shape, helper, TensorProto) for o, shape in shapes.items()],
+            name,
+            [],
+            [outputs[o] for o in shapes],
+        )
 
     def condition(prefix: str, source: str) -> list:
         return [
             helper.make_node("Shape", [source], [f"{prefix}_rows"], start=0, end=1),
-            helper.make_node("Constant", [], [f"{prefix}_zero"], value=helper.make_tensor(f"{prefix}_zero_value", TensorProto.INT64, [1], [0])),
+            helper.make_node(
+                "Constant",
+                [],
+                [f"{prefix}_zero"],
+                value=helper.make_tensor(f"{prefix}_zero_value", TensorProto.INT64, [1], [0]),
+            ),
             helper.make_node("Greater", [f"{prefix}_rows", f"{prefix}_zero"], [f"{prefix}_run"]),
         ]
 
@@ -95,11 +112,27 @@ def skippable_parts(model, dim: int, tower_input: str = "input_ids", tower_outpu
     head_body, head_own = branch("head", head, list(head_outputs))
     nodes = [graph.node[i] for i in sorted(shared)]
     nodes += condition("parts_tower", tower_input)
-    nodes.append(helper.make_node("If", ["parts_tower_run"], [tower_output], name="tower_part", then_branch=tower_body,
-                                  else_branch=empty("no_tower", {tower_output: [0, int(dim)]})))
+    nodes.append(
+        helper.make_node(
+            "If",
+            ["parts_tower_run"],
+            [tower_output],
+            name="tower_part",
+            then_branch=tower_body,
+            else_branch=empty("no_tower", {tower_output: [0, int(dim)]}),
+        )
+    )
     nodes += condition("parts_head", head_input)
-    nodes.append(helper.make_node("If", ["parts_head_run"], list(head_outputs), name="head_part", then_branch=head_body,
-                                  else_branch=empty("no_head", {o: [0] for o in head_outputs})))
+    nodes.append(
+        helper.make_node(
+            "If",
+            ["parts_head_run"],
+            list(head_outputs),
+            name="head_part",
+            then_branch=head_body,
+            else_branch=empty("no_head", {o: [0] for o in head_outputs}),
+        )
+    )
     keep = [init for init in graph.initializer if init.name not in tower_own | head_own and init.name in uses]
     del graph.node[:]
     graph.node.extend(nodes)

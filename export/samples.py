@@ -8,46 +8,76 @@ from __future__ import annotations
 from branchgate.texts import candidate_text
 
 _TOPICS = [
-    ("What are the long-term health effects of intermittent fasting compared with daily calorie restriction?", [
-        ("intermittent fasting randomized controlled trials weight loss 12 months", "Find long-term RCT evidence on weight outcomes"),
-        ("time-restricted eating effects on insulin sensitivity and HbA1c", "Understand metabolic markers beyond body weight"),
-        ("alternate day fasting vs continuous calorie restriction lean mass loss", "Compare muscle preservation between protocols"),
-        ("intermittent fasting cardiovascular risk LDL triglycerides meta-analysis", "Collect pooled cardiovascular outcomes"),
-        ("fasting eating disorders risk adolescents adults", "Identify psychological harms and who is at risk"),
-        ("adherence and dropout rates in fasting diet trials", "Check whether benefits survive real-world adherence"),
-        ("intermittent fasting gut microbiome human studies", "Look for mechanistic evidence in humans"),
-        ("history of intermittent fasting popularity 2010s", "Background on the trend"),
-    ]),
-    ("How did the 2008 financial crisis change banking regulation in the European Union?", [
-        ("Basel III capital requirements implementation EU CRD IV", "Trace how Basel III entered EU law"),
-        ("European Banking Authority creation 2011 mandate", "Understand new supervisory institutions"),
-        ("Single Supervisory Mechanism ECB banking union 2014", "Explain the move to centralised supervision"),
-        ("Bank Recovery and Resolution Directive bail-in rules", "Describe the new resolution regime"),
-        ("EU bonus cap bankers remuneration CRD IV", "Cover pay regulation changes"),
-        ("Dodd-Frank Act Volcker rule", "Contrast with the US response"),
-        ("sovereign debt crisis Greece 2010 bailout", "Context on the follow-on euro crisis"),
-        ("criticism of EU post-crisis regulation lending to SMEs", "Find evaluations of unintended effects"),
-    ]),
-    ("Why are honeybee colonies collapsing and what interventions work?", [
-        ("Varroa destructor mite colony losses treatment efficacy", "Assess the main parasitic driver and treatments"),
-        ("neonicotinoid pesticides bee health field studies", "Weigh field evidence on pesticides"),
-        ("EU neonicotinoid ban 2018 effect on bee populations", "See whether the policy intervention helped"),
-        ("habitat loss floral diversity wild pollinators", "Understand nutrition and habitat factors"),
-        ("deformed wing virus spread by varroa", "Explain viral mechanisms"),
-        ("colony collapse disorder 2006 United States reports", "Background on the original CCD reports"),
-        ("beekeeping management practices winter losses survey", "Find practices associated with lower losses"),
-        ("honey production statistics by country", "Economic context"),
-    ]),
-    ("是否应该在城市推广电动公交车？ Costs and benefits of electric buses in cities", [
-        ("electric bus total cost of ownership vs diesel 12 years", "Compare lifetime costs"),
-        ("Shenzhen electric bus fleet experience 16000 buses", "Learn from the largest deployment"),
-        ("battery degradation electric buses cold climates", "Identify operational risks"),
-        ("charging infrastructure depot vs opportunity charging", "Understand infrastructure choices"),
-        ("air quality health benefits diesel bus replacement", "Quantify health co-benefits"),
-        ("電動バス 導入 課題 日本", "Check experiences in Japan"),
-        ("grid carbon intensity lifecycle emissions electric bus", "Check emissions depend on the grid"),
-        ("bus rapid transit ridership effects", "Related but off the main question"),
-    ]),
+    (
+        "What are the long-term health effects of intermittent fasting compared with daily calorie restriction?",
+        [
+            (
+                "intermittent fasting randomized controlled trials weight loss 12 months",
+                "Find long-term RCT evidence on weight outcomes",
+            ),
+            (
+                "time-restricted eating effects on insulin sensitivity and HbA1c",
+                "Understand metabolic markers beyond body weight",
+            ),
+            (
+                "alternate day fasting vs continuous calorie restriction lean mass loss",
+                "Compare muscle preservation between protocols",
+            ),
+            (
+                "intermittent fasting cardiovascular risk LDL triglycerides meta-analysis",
+                "Collect pooled cardiovascular outcomes",
+            ),
+            ("fasting eating disorders risk adolescents adults", "Identify psychological harms and who is at risk"),
+            (
+                "adherence and dropout rates in fasting diet trials",
+                "Check whether benefits survive real-world adherence",
+            ),
+            ("intermittent fasting gut microbiome human studies", "Look for mechanistic evidence in humans"),
+            ("history of intermittent fasting popularity 2010s", "Background on the trend"),
+        ],
+    ),
+    (
+        "How did the 2008 financial crisis change banking regulation in the European Union?",
+        [
+            ("Basel III capital requirements implementation EU CRD IV", "Trace how Basel III entered EU law"),
+            ("European Banking Authority creation 2011 mandate", "Understand new supervisory institutions"),
+            ("Single Supervisory Mechanism ECB banking union 2014", "Explain the move to centralised supervision"),
+            ("Bank Recovery and Resolution Directive bail-in rules", "Describe the new resolution regime"),
+            ("EU bonus cap bankers remuneration CRD IV", "Cover pay regulation changes"),
+            ("Dodd-Frank Act Volcker rule", "Contrast with the US response"),
+            ("sovereign debt crisis Greece 2010 bailout", "Context on the follow-on euro crisis"),
+            ("criticism of EU post-crisis regulation lending to SMEs", "Find evaluations of unintended effects"),
+        ],
+    ),
+    (
+        "Why are honeybee colonies collapsing and what interventions work?",
+        [
+            (
+                "Varroa destructor mite colony losses treatment efficacy",
+                "Assess the main parasitic driver and treatments",
+            ),
+            ("neonicotinoid pesticides bee health field studies", "Weigh field evidence on pesticides"),
+            ("EU neonicotinoid ban 2018 effect on bee populations", "See whether the policy intervention helped"),
+            ("habitat loss floral diversity wild pollinators", "Understand nutrition and habitat factors"),
+            ("deformed wing virus spread by varroa", "Explain viral mechanisms"),
+            ("colony collapse disorder 2006 United States reports", "Background on the original CCD reports"),
+            ("beekeeping management practices winter losses survey", "Find practices associated with lower losses"),
+            ("honey production statistics by country", "Economic context"),
+        ],
+    ),
+    (
+        "是否应该在城市推广电动公交车？ Costs and benefits of electric buses in cities",
+        [
+            ("electric bus total cost of ownership vs diesel 12 years", "Compare lifetime costs"),
+            ("Shenzhen electric bus fleet experience 16000 buses", "Learn from the largest deployment"),
+            ("battery degradation electric buses cold climates", "Identify operational risks"),
+            ("charging infrastructure depot vs opportunity charging", "Understand infrastructure choices"),
+            ("air quality health benefits diesel bus replacement", "Quantify health co-benefits"),
+            ("電動バス 導入 課題 日本", "Check experiences in Japan"),
+            ("grid carbon intensity lifecycle emissions electric bus", "Check emissions depend on the grid"),
+            ("bus rapid transit ridership effects", "Related but off the main question"),
+        ],
+    ),
 ]
 
 
@@ -61,6 +91,16 @@ def sample_decisions() -> list[tuple[dict, list[dict]]]:
         retained = [candidate_text(q, g) for q, g in cands[:3]]
         follow = [{"query": f"{q} (follow-up on {parent_q.split()[0]})", "goal": g} for q, g in cands[1:]]
         follow.append({"query": f"{parent_q} latest evidence 2023", "goal": f"Update: {parent_g}"})
-        out.append(({"root_query": root, "frame_query": parent_q, "parent_goal": parent_g, "retained": retained,
-                     "depth": 1}, follow))
+        out.append(
+            (
+                {
+                    "root_query": root,
+                    "frame_query": parent_q,
+                    "parent_goal": parent_g,
+                    "retained": retained,
+                    "depth": 1,
+                },
+                follow,
+            )
+        )
     return out

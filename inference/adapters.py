@@ -12,7 +12,7 @@ character by character or key by key: return ``text.splitlines()`` (or your own 
 A function returning an awaitable is awaited (the wrapper then returns a coroutine).
 
 With a budget — ``gated(fn, gate, budget_nodes=12, budget_tokens=None, defer=False)``, or a ``RunGate``
-(``gate.run(...)``) as the gate — the calls share one run's budget (``inference/budget.py``): the list is
+(``gate.run(...)``) as the gate — the calls share one run's budget (``inference/run_gate.py``): the list is
 never empty while the budget can afford a candidate, and empty once it cannot (``wrapper.exhausted``; the
 caller decides what its agent does then). ``cost=`` gives each candidate's token estimate; ``spend(tokens)``
 reports what an expansion used; ``revisit(*args)`` returns the deferred candidates worth expanding now.
@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from branchgate.inference.inputs import GOAL_KEYS, QUERY_KEYS, candidate_fields  # noqa: F401 (the one candidate rule)
-from branchgate.inference.inputs import DecisionState, as_candidates, as_state
+from branchgate.inference.inputs import GOAL_KEYS, QUERY_KEYS, DecisionState, as_candidates, as_state, candidate_fields  # noqa: F401 (the one candidate rule)
 from branchgate.inference.selection import Selection
 from branchgate.texts import candidate_text
 
@@ -63,11 +62,23 @@ class GatedGenerator:
     new run.
     """
 
-    def __init__(self, generate: Callable, gate, *, state: Callable | None = None,
-                 candidate: Callable[[Any], tuple[str, str]] = candidate_fields, tau: float | None = None,
-                 max_keep: int | None = None, on_decision: Callable[[GatedCall], Any] | None = None,
-                 track_retained: bool = True, budget_nodes: int | None = None, budget_tokens: int | None = None,
-                 defer: bool = False, cost: Callable[[Any], int] | None = None, **run_options):
+    def __init__(
+        self,
+        generate: Callable,
+        gate,
+        *,
+        state: Callable | None = None,
+        candidate: Callable[[Any], tuple[str, str]] = candidate_fields,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        on_decision: Callable[[GatedCall], Any] | None = None,
+        track_retained: bool = True,
+        budget_nodes: int | None = None,
+        budget_tokens: int | None = None,
+        defer: bool = False,
+        cost: Callable[[Any], int] | None = None,
+        **run_options,
+    ):
         self.generate = generate
         self._run_args = None
         if budget_nodes is not None or budget_tokens is not None or defer or run_options:
@@ -120,7 +131,9 @@ class GatedGenerator:
     def _state(self, *args, **kwargs) -> DecisionState:
         state = as_state(self.state_fn(*args, **kwargs))
         if self.track_retained and not state.retained and self.retained:
-            state = DecisionState(state.root_query, state.frame_query, state.parent_goal, list(self.retained), state.depth)
+            state = DecisionState(
+                state.root_query, state.frame_query, state.parent_goal, list(self.retained), state.depth
+            )
         return state
 
     def __call__(self, *args, **kwargs):
@@ -138,12 +151,15 @@ class GatedGenerator:
         if not candidates:
             return candidates
         state = self._state(*args, **kwargs)
-        pairs = [candidate_fields(c if self.candidate is candidate_fields else self.candidate(c), f"{where}[{i}]")
-                 for i, c in enumerate(candidates)]
+        pairs = [
+            candidate_fields(c if self.candidate is candidate_fields else self.candidate(c), f"{where}[{i}]")
+            for i, c in enumerate(candidates)
+        ]
         if self.budgeted:
             costs = None if self.cost is None else [self.cost(c) for c in candidates]
-            selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep, costs=costs,
-                                         objects=candidates)
+            selection = self.gate.select(
+                state, pairs, tau=self.tau, max_keep=self.max_keep, costs=costs, objects=candidates
+            )
         else:
             selection = self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
         if self.track_retained:

@@ -4,7 +4,7 @@
     sel = gate.select({"root_query": "...", "frame_query": "...", "parent_goal": "", "retained": [], "depth": 0},
                       [{"query": "...", "goal": "..."}, ...])
     sel.kept, sel.p_keep, sel.utility, sel.fallback, sel.out_of_range
-    run = gate.run(budget_nodes=12, defer=True)    # a budgeted run: inference/budget.py (RunGate)
+    run = gate.run(budget_nodes=12, defer=True)    # a budgeted run: inference/run_gate.py (RunGate)
 
 ``out_of_range`` names the structured features of a decision outside the train split's range stored in the
 model (metadata ``feature_range``; the graph clamps them to it); warned once per Gate.
@@ -41,13 +41,20 @@ import numpy as np
 from branchgate import __version__
 from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.fileio import read_bounded
 from branchgate.features import outside_range, structured_features
-from branchgate.inference.gate_texts import CHARS_PER_TOKEN_LIMIT, GateTexts
-from branchgate.inference.gate_texts import BUCKET_OVERHEAD_TOKENS, padded_tokens  # noqa: F401  (importable from here)
+from branchgate.fileio import read_bounded
+from branchgate.inference.gate_texts import BUCKET_OVERHEAD_TOKENS, CHARS_PER_TOKEN_LIMIT, GateTexts, padded_tokens  # noqa: F401  (importable from here)
 from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, as_threads, decision_texts
-from branchgate.inference.metadata import (FINGERPRINT_PROBES, FINGERPRINT_TOL, FINGERPRINT_TOL_INT8, PARTS,
-                                           check_fingerprint, check_graph, check_metadata, controller_numbers)
+from branchgate.inference.metadata import (
+    FINGERPRINT_PROBES,
+    FINGERPRINT_TOL,
+    FINGERPRINT_TOL_INT8,
+    PARTS,
+    check_fingerprint,
+    check_graph,
+    check_metadata,
+    controller_numbers,
+)
 from branchgate.inference.model_file import read_metadata
 from branchgate.inference.schedule import group_threads
 from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
@@ -60,8 +67,17 @@ class Gate(GateTexts):
     name = "gate"
     higher_is_better = True
 
-    def __init__(self, session, tokenizer, meta: dict[str, str], path: Path, cache_size: int = 4096,
-                 bucketing: bool = True, text_groups: int = 1, wordpiece=None):
+    def __init__(
+        self,
+        session,
+        tokenizer,
+        meta: dict[str, str],
+        path: Path,
+        cache_size: int = 4096,
+        bucketing: bool = True,
+        text_groups: int = 1,
+        wordpiece=None,
+    ):
         self.session = session
         self.parts = meta.get("parts") == PARTS  # empty input_ids skips the tower, empty cand_idx the head
         self.text_groups = int(text_groups)  # new texts of a decision are encoded as this many groups at once
@@ -90,9 +106,16 @@ class Gate(GateTexts):
 
     # -- loading ---------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | Path, expected_encoder: str | None = None, threads: int | None = None,
-             cache_size: int = 4096, tokenizer: str | Path | None = None, bucketing: bool | None = None,
-             text_groups: int | None = None) -> "Gate":
+    def load(
+        cls,
+        path: str | Path,
+        expected_encoder: str | None = None,
+        threads: int | None = None,
+        cache_size: int = 4096,
+        tokenizer: str | Path | None = None,
+        bucketing: bool | None = None,
+        text_groups: int | None = None,
+    ) -> Gate:
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads``: CPU threads the Gate may use, at most ``inputs.THREADS_PER_CORE`` per core (default: all
@@ -126,8 +149,10 @@ class Gate(GateTexts):
         if groups < 1:
             raise InputError(f"must be ≥ 1, got {text_groups}", "text_groups")
         if groups > 1 and not parts:
-            raise MismatchError(f"{path}: text_groups={groups} needs a model whose tower and head are separate "
-                                f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}")
+            raise MismatchError(
+                f"{path}: text_groups={groups} needs a model whose tower and head are separate "
+                f"parts (metadata parts={PARTS!r}); re-export it with branchgate {__version__}"
+            )
         intra = group_threads(cores, groups) if groups > 1 else threads
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -137,32 +162,50 @@ class Gate(GateTexts):
         try:
             session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise BranchgateError(f"{path}: not a loadable ONNX model ({(str(exc).splitlines() or [''])[0][:200]})") from None
+            raise BranchgateError(
+                f"{path}: not a loadable ONNX model ({(str(exc).splitlines() or [''])[0][:200]})"
+            ) from None
         check_graph(session.get_inputs(), session.get_outputs(), int(meta["dim"]), str(path))
         tok_path = Path(tokenizer) if tokenizer else path.parent / meta["tokenizer_file"]
         if not tok_path.is_file():
-            raise BranchgateError(f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)")
+            raise BranchgateError(
+                f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)"
+            )
         tok_bytes = read_bounded(tok_path, str(tok_path))
         import hashlib
 
-        if hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]:  # required (check_metadata), also for `tokenizer`
+        if (
+            hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]
+        ):  # required (check_metadata), also for `tokenizer`
             raise MismatchError(f"{tok_path}: tokenizer does not match the model (metadata tokenizer_sha256)")
         try:
             tok_text = tok_bytes.decode("utf-8")
             tok = Tokenizer.from_str(tok_text)
         except Exception as exc:
-            raise BranchgateError(f"{tok_path}: not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:200]})") from None
+            raise BranchgateError(
+                f"{tok_path}: not a tokenizers tokenizer.json ({str(exc).splitlines()[0][:200]})"
+            ) from None
         tok.enable_truncation(max_length=int(meta["max_length"]))
         tok.no_padding()  # the Gate pads itself (a padding setting saved in the file would add pad ids)
         if bucketing is None:
             bucketing = meta.get("text_tower") != "packed"
-        gate = cls(session, tok, meta, path, cache_size=cache_size, bucketing=bucketing, text_groups=groups,
-                   wordpiece=checked_wordpiece(tok_text, tok, int(meta["max_length"])))
+        gate = cls(
+            session,
+            tok,
+            meta,
+            path,
+            cache_size=cache_size,
+            bucketing=bucketing,
+            text_groups=groups,
+            wordpiece=checked_wordpiece(tok_text, tok, int(meta["max_length"])),
+        )
         try:  # the graph embeds max_length tokens, and as the encoder its metadata names (check_fingerprint)
             vectors = gate.embed([*FINGERPRINT_PROBES, "x " * gate.max_length])
         except Exception as exc:  # e.g. a max_length beyond the text tower's positions
-            raise MismatchError(f"{path}: the graph cannot embed a text of max_length={gate.max_length} tokens "
-                                f"({(str(exc).splitlines() or [''])[0][:200]})") from None
+            raise MismatchError(
+                f"{path}: the graph cannot embed a text of max_length={gate.max_length} tokens "
+                f"({(str(exc).splitlines() or [''])[0][:200]})"
+            ) from None
         finally:
             gate.clear_cache()
         int8 = meta.get("precision") == "int8"
@@ -177,8 +220,12 @@ class Gate(GateTexts):
     def score(self, x, state) -> np.ndarray:
         """p_keep of the candidate texts ``x.texts`` given a teachers' ``State`` (pre-retrieval)."""
         root = state.query.texts[0] if len(state.query.texts) else ""
-        p, _ = self.predict(DecisionState(root, state.frame_query or "", state.parent_goal or "",
-                                          list(state.context.texts), int(state.depth or 0)), list(x.texts))
+        p, _ = self.predict(
+            DecisionState(
+                root, state.frame_query or "", state.parent_goal or "", list(state.context.texts), int(state.depth or 0)
+            ),
+            list(x.texts),
+        )
         return p
 
     # -- gating ----------------------------------------------------------------------------------------
@@ -190,8 +237,14 @@ class Gate(GateTexts):
             return self.tau, self.root_tau
         return (self.tau if tau is None else as_tau(tau)), (None if root_tau is None else as_tau(root_tau, "root_tau"))
 
-    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None,
-               root_tau: float | None = None) -> Selection:
+    def select(
+        self,
+        state,
+        candidates: Sequence,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        root_tau: float | None = None,
+    ) -> Selection:
         """Gate one decision: keep candidates with p_keep ≥ τ (best ``max_keep`` of them), else the top-1.
         τ is ``root_tau`` at the root frame (depth 0) when there is one (``thresholds``), else ``tau``.
 
@@ -207,13 +260,19 @@ class Gate(GateTexts):
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
 
-    def run(self, budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
-            run_id: str | None = None, **options):
+    def run(
+        self,
+        budget_nodes: int | None = None,
+        budget_tokens: int | None = None,
+        defer: bool = False,
+        run_id: str | None = None,
+        **options,
+    ):
         """A run-scoped gate spending at most ``budget_nodes`` expansions / ``budget_tokens`` tokens
-        (``inference.budget.RunGate``; ``options``: tau, max_keep, price_start, price_end, price_exponent,
+        (``inference.run_gate.RunGate``; ``options``: tau, max_keep, price_start, price_end, price_exponent,
         defer_margin, revisit_floor, tokens_per_node, max_share). A budgeted run admits by its price, which starts
         at τ at every depth: the controller's ``root_tau`` does not apply."""
-        from branchgate.inference.budget import Budget, RunGate
+        from branchgate.inference.run_gate import Budget, RunGate
 
         return RunGate(self, Budget(budget_nodes, budget_tokens), defer=defer, run_id=run_id, **options)
 
@@ -224,8 +283,12 @@ class Gate(GateTexts):
         if out and not self._range_warned:
             self._range_warned = True
             seen = ", ".join(f"{n} {self.feature_range[n][0]:g}..{self.feature_range[n][1]:g}" for n in out)
-            warnings.warn(f"{self.path}: decision outside the training range ({seen}): clamped to it, named in "
-                          "Selection.out_of_range (warned once per Gate)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.path}: decision outside the training range ({seen}): clamped to it, named in "
+                "Selection.out_of_range (warned once per Gate)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return out
 
     def predict(self, state: DecisionState, candidate_texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -267,7 +330,7 @@ class Gate(GateTexts):
             "root_idx": np.array(index[0:1], np.int64),
             "frame_idx": np.array(index[1:2], np.int64),
             "goal_idx": np.array(index[2:3], np.int64),
-            "retained_idx": np.array(index[3:3 + n_ret] if n_ret else [zero_row], np.int64),
-            "cand_idx": np.array(index[3 + n_ret:], np.int64),
+            "retained_idx": np.array(index[3 : 3 + n_ret] if n_ret else [zero_row], np.int64),
+            "cand_idx": np.array(index[3 + n_ret :], np.int64),
             "features": feats,
         }

@@ -9,7 +9,7 @@ Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool,
 With --jsonl, every input line is a decision and every output line its answer. The input (stdin or
 --input) is read whole up to ``fileio.MAX_READ_BYTES`` and must be UTF-8 (``fileio.decode_text``).
 
-Budgeted runs (``inference/budget.py``): a decision carrying ``"run_id"`` belongs to that run, whose budget
+Budgeted runs (``inference/run_gate.py``): a decision carrying ``"run_id"`` belongs to that run, whose budget
 and deferred candidates are kept across calls in a state file (``--state FILE``, else
 ``<cache>/gate_runs/<hash of run_id>.json``; read-modify-write under a lock, written atomically). Optional
 fields: ``budget_nodes``, ``budget_tokens``, ``defer`` (the first call of a run sets them; later calls may
@@ -49,15 +49,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", default="-", help="read from this file instead of stdin")
     parser.add_argument("--jsonl", action="store_true", help="one decision per input line, one answer per output line")
     parser.add_argument("--tau", type=float, default=None, help="keep threshold (default: the model's calibrated τ)")
-    parser.add_argument("--root-tau", type=float, default=None,
-                        help="keep threshold at the root frame, depth 0 (default: the model's root τ if it has one)")
+    parser.add_argument(
+        "--root-tau",
+        type=float,
+        default=None,
+        help="keep threshold at the root frame, depth 0 (default: the model's root τ if it has one)",
+    )
     parser.add_argument("--max-keep", type=int, default=None, help="keep at most this many candidates")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads for the Gate (default: all cores; at most 4 per core)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for the Gate (default: all cores; at most 4 per core)"
+    )
     parser.add_argument("--expect-encoder", default=None, help="fail unless the model was built on this encoder id")
-    parser.add_argument("--state", default=None, help="budgeted runs' state file (default: under the cache folder, "
-                                                      "one file per run_id)")
-
+    parser.add_argument(
+        "--state", default=None, help="budgeted runs' state file (default: under the cache folder, one file per run_id)"
+    )
 
 
 def parse_decision(obj, where: str = "input") -> dict:
@@ -80,7 +85,9 @@ def parse_decision(obj, where: str = "input") -> dict:
         raise InputError("missing field 'state.root_query'", where)
     unknown = sorted(set(state) - set(STATE_KEYS))
     if unknown:
-        raise InputError(f"unknown field(s) {', '.join('state.' + k for k in unknown)} (expected {', '.join(STATE_KEYS)})", where)
+        raise InputError(
+            f"unknown field(s) {', '.join('state.' + k for k in unknown)} (expected {', '.join(STATE_KEYS)})", where
+        )
     for key in ("root_query", "frame_query", "parent_goal"):
         if state.get(key) is not None and not isinstance(state[key], str):
             raise InputError(f"field 'state.{key}' must be a string", where)
@@ -103,8 +110,15 @@ def parse_decision(obj, where: str = "input") -> dict:
     fields = _run_fields(obj, len(cands), where)
     if root_tau is not None and fields["run_id"] is not None:
         raise InputError(NO_ROOT_TAU_IN_RUNS, f"{where}: field 'root_tau'")
-    return {"state": dict(state), "candidates": list(cands), "tau": tau, "root_tau": root_tau, "max_keep": max_keep,
-            "where": where, **fields}
+    return {
+        "state": dict(state),
+        "candidates": list(cands),
+        "tau": tau,
+        "root_tau": root_tau,
+        "max_keep": max_keep,
+        "where": where,
+        **fields,
+    }
 
 
 def _run_fields(obj, k: int, where: str) -> dict:
@@ -123,18 +137,25 @@ def _run_fields(obj, k: int, where: str) -> dict:
             raise InputError(f"field '{key}' must be true or false", where)
         out[key] = v
     costs = obj.get("costs")
-    if costs is not None and (not isinstance(costs, list) or len(costs) != k or
-                              any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in costs)):
+    if costs is not None and (
+        not isinstance(costs, list)
+        or len(costs) != k
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in costs)
+    ):
         raise InputError(f"field 'costs' must be a list of {k} integers ≥ 0 (one per candidate)", where)
     out["costs"] = costs
     spend = obj.get("spend")
     spends = [spend] if isinstance(spend, int) and not isinstance(spend, bool) else spend
-    if spends is not None and (not isinstance(spends, list) or
-                               any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in spends)):
+    if spends is not None and (
+        not isinstance(spends, list) or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in spends)
+    ):
         raise InputError("field 'spend' must be an integer ≥ 0 or a list of them", where)
     out["spend"] = spends or []
-    budgeted = any(out[key] is not None for key in ("budget_nodes", "budget_tokens", "defer", "costs", "end_run")) \
-        or out["spend"] or out["revisit"]
+    budgeted = (
+        any(out[key] is not None for key in ("budget_nodes", "budget_tokens", "defer", "costs", "end_run"))
+        or out["spend"]
+        or out["revisit"]
+    )
     if budgeted and out["run_id"] is None:
         raise InputError("budget fields need a 'run_id' (the run whose budget they belong to)", where)
     return out
@@ -189,7 +210,9 @@ def state_file(run_id: str, state: str | None = None) -> Path:
     the cache folder."""
     if state is not None:
         return Path(state)
-    return default_cache_dir() / "gate_runs" / f"{hashlib.sha256(run_id.encode('utf-8', 'replace')).hexdigest()[:24]}.json"
+    return (
+        default_cache_dir() / "gate_runs" / f"{hashlib.sha256(run_id.encode('utf-8', 'replace')).hexdigest()[:24]}.json"
+    )
 
 
 @contextmanager
@@ -217,9 +240,12 @@ def locked_runs(path: Path):
         raw = read_bounded(path, where) if path.exists() else b""
         if raw.strip():
             data = load_json(raw, where)
-            if not isinstance(data, dict) or not isinstance(data.get("runs"), dict) or \
-                    not isinstance(data.setdefault("ended", {}), dict):
-                raise InputError("not a gate run state file (expected {\"runs\": {...}, \"ended\": {...}})", where)
+            if (
+                not isinstance(data, dict)
+                or not isinstance(data.get("runs"), dict)
+                or not isinstance(data.setdefault("ended", {}), dict)
+            ):
+                raise InputError('not a gate run state file (expected {"runs": {...}, "ended": {...}})', where)
         yield data
         try:
             atomic_write_json(path, data)
@@ -237,7 +263,7 @@ def _why(exc: OSError) -> str:
 
 def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
     """One decision of a budgeted run: load the run (or start it), apply reported spends, decide, save."""
-    from branchgate.inference.budget import RunGate
+    from branchgate.inference.run_gate import RunGate
 
     run_id = d["run_id"]
     path = state_file(run_id, state)
@@ -245,16 +271,23 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
         runs, ended = data["runs"], data["ended"]
         if run_id in runs:
             run = RunGate.from_json(runs[run_id], gate, f"{path}: run {run_id}")
-            for key, have in (("budget_nodes", run.budget.nodes), ("budget_tokens", run.budget.tokens),
-                              ("defer", run.defer)):
+            for key, have in (
+                ("budget_nodes", run.budget.nodes),
+                ("budget_tokens", run.budget.tokens),
+                ("defer", run.defer),
+            ):
                 if d[key] is not None and d[key] != have:
-                    raise InputError(f"run {run_id!r} already has {key}={json.dumps(have)} (a run's budget is set by "
-                                     f"its first call)", key)
+                    raise InputError(
+                        f"run {run_id!r} already has {key}={json.dumps(have)} (a run's budget is set by "
+                        f"its first call)",
+                        key,
+                    )
         else:
             check_new_run(d, run_id in ended)
             ended.pop(run_id, None)
-            run = gate.run(budget_nodes=d["budget_nodes"], budget_tokens=d["budget_tokens"], defer=bool(d["defer"]),
-                           run_id=run_id)
+            run = gate.run(
+                budget_nodes=d["budget_nodes"], budget_tokens=d["budget_tokens"], defer=bool(d["defer"]), run_id=run_id
+            )
         for tokens in d["spend"]:
             run.spend(tokens)
         if d["revisit"]:
@@ -280,11 +313,19 @@ def check_new_run(d: dict, ended: bool) -> None:
     its budget anew (no silent reopening)."""
     run_id, where = d["run_id"], d.get("where", "input")
     state = "has ended (end_run)" if ended else "is not open (no earlier call started it)"
-    for key, given in (("spend", bool(d["spend"])), ("revisit", d["revisit"]),
-                       ("end_run", bool(d["end_run"]) and not d["candidates"])):
+    for key, given in (
+        ("spend", bool(d["spend"])),
+        ("revisit", d["revisit"]),
+        ("end_run", bool(d["end_run"]) and not d["candidates"]),
+    ):
         if given:
-            raise InputError(f"run {run_id!r} {state}: '{key}' needs an open run; a run starts with a call that "
-                             "gates candidates", f"{where}: field '{key}'")
+            raise InputError(
+                f"run {run_id!r} {state}: '{key}' needs an open run; a run starts with a call that gates candidates",
+                f"{where}: field '{key}'",
+            )
     if ended and all(d[key] is None for key in ("budget_nodes", "budget_tokens", "defer")):
-        raise InputError(f"run {run_id!r} has ended (end_run) and is not reopened silently: use a new run_id, or "
-                         "start it again with budget_nodes, budget_tokens or defer", f"{where}: field 'run_id'")
+        raise InputError(
+            f"run {run_id!r} has ended (end_run) and is not reopened silently: use a new run_id, or "
+            "start it again with budget_nodes, budget_tokens or defer",
+            f"{where}: field 'run_id'",
+        )

@@ -32,14 +32,14 @@ class GateTexts:
         if new and not self.bucketing:
             order = np.argsort([len(t) for t in new], kind="stable")  # similar lengths share a batch
             for start in range(0, len(new), batch_size):
-                chunk = order[start:start + batch_size]
+                chunk = order[start : start + batch_size]
                 fresh[chunk] = self._encode([new[i] for i in chunk])
         elif new:
             tokens = self._tokens(new)
             lengths = tokens["attention_mask"].sum(1)
             order = np.argsort(lengths, kind="stable")
             for start in range(0, len(new), batch_size):
-                chunk = order[start:start + batch_size]
+                chunk = order[start : start + batch_size]
                 for g in length_buckets(lengths[chunk], BUCKET_OVERHEAD_TOKENS):
                     idx = chunk[g]
                     fresh[idx] = self._encode_rows(tokens, idx, lengths)
@@ -108,11 +108,17 @@ class GateTexts:
         """Embeddings of the tokenised rows ``idx`` (cut to their longest; padding is on the right)."""
         width = int(lengths[idx].max())
         k = 0 if self.parts else 1  # no candidates: a graph with parts skips its head
-        feed = {"input_ids": tokens["input_ids"][idx, :width], "attention_mask": tokens["attention_mask"][idx, :width],
-                "cached_emb": np.zeros((0, self.dim), np.float32), "root_idx": np.zeros(1, np.int64),
-                "frame_idx": np.zeros(1, np.int64), "goal_idx": np.zeros(1, np.int64),
-                "retained_idx": np.zeros(1, np.int64), "cand_idx": np.zeros(k, np.int64),
-                "features": structured_features(0, k, 0)}
+        feed = {
+            "input_ids": tokens["input_ids"][idx, :width],
+            "attention_mask": tokens["attention_mask"][idx, :width],
+            "cached_emb": np.zeros((0, self.dim), np.float32),
+            "root_idx": np.zeros(1, np.int64),
+            "frame_idx": np.zeros(1, np.int64),
+            "goal_idx": np.zeros(1, np.int64),
+            "retained_idx": np.zeros(1, np.int64),
+            "cand_idx": np.zeros(k, np.int64),
+            "features": structured_features(0, k, 0),
+        }
         return np.asarray(self.session.run(["text_emb"], feed)[0], np.float32)
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -148,11 +154,15 @@ class GateTexts:
                 cached.append(emb[p])
         final = groups[-1]
         pos = {int(j): p for p, j in enumerate(final)}
-        rows = [r if r is None or r[0] == "cached" else (("new", pos[r[1]]) if r[1] in pos else ("cached", moved[r[1]]))
-                for r in rows]
+        rows = [
+            r if r is None or r[0] == "cached" else (("new", pos[r[1]]) if r[1] in pos else ("cached", moved[r[1]]))
+            for r in rows
+        ]
         width = int(lengths[final].max())
-        tokens = {"input_ids": tokens["input_ids"][final, :width],
-                  "attention_mask": tokens["attention_mask"][final, :width]}
+        tokens = {
+            "input_ids": tokens["input_ids"][final, :width],
+            "attention_mask": tokens["attention_mask"][final, :width],
+        }
         return [new[j] for j in final], cached, rows, tokens
 
     def _tokens(self, texts: Sequence[str]) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ without ``researchGoal`` is researched (paid for) and then dropped by GPT-Resear
 ``process_query`` swallows): the hook records that branch's retrieval and a ``raw`` event
 ``gptr:dropped_without_goal``, and counts it in ``hook.counts["dropped_without_goal"]``.
 
-**Budgets** (``gate_research(..., budget_nodes=N, budget_tokens=T, defer=True)``; ``inference/budget.py``): the
+**Budgets** (``gate_research(..., budget_nodes=N, budget_tokens=T, defer=True)``; ``inference/run_gate.py``): the
 gated lists of the whole run (every frame, both modes) share one budget. Nodes are the sub-queries the hook lets
 through; tokens are what each researched branch brought in (its new evidence, in words, reported when its
 context is recorded). Once the budget cannot afford a candidate the hook stops expanding: it hands
@@ -95,10 +95,22 @@ class ResearchHook(ResearchPatches, TraceRecorder):
     """Gating + recording for one GPTResearcher (either mode) or one ``DeepResearchSkill`` (see the module
     docstring; what it patches and the wrappers it installs: ``gptr_patches.ResearchPatches``)."""
 
-    def __init__(self, target, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
-                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None,
-                 budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
-                 budget_options: dict | None = None):
+    def __init__(
+        self,
+        target,
+        gate=None,
+        trace=None,
+        *,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        run_id: str | None = None,
+        system: str = SYSTEM,
+        root_query: str | None = None,
+        budget_nodes: int | None = None,
+        budget_tokens: int | None = None,
+        defer: bool = False,
+        budget_options: dict | None = None,
+    ):
         skill = getattr(target, "deep_researcher", None)
         conductor = getattr(target, "research_conductor", None)
         if skill is None and conductor is None:  # a DeepResearchSkill itself
@@ -110,15 +122,31 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         if conductor is not None:
             for name in ("plan_research", "_process_sub_query"):
                 if not callable(getattr(type(conductor), name, None)):
-                    raise TypeError(f"{type(conductor).__name__} has no {name}(): not a GPT-Researcher ResearchConductor")
+                    raise TypeError(
+                        f"{type(conductor).__name__} has no {name}(): not a GPT-Researcher ResearchConductor"
+                    )
             if not callable(getattr(target, "conduct_research", None)):
                 raise TypeError(f"{type(target).__name__} has no conduct_research(): not a GPTResearcher")
         self.researcher = target if conductor is not None else getattr(skill, "researcher", None)
         self.skill, self.conductor = skill, conductor
-        super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
-                         run_prefix="gptr", counts=("untyped_plans", "dropped_without_goal"), budget_nodes=budget_nodes,
-                         budget_tokens=budget_tokens, defer=defer, budget_options=budget_options)
-        self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(f"branchgate_frame_{id(self)}", default=None)
+        super().__init__(
+            gate,
+            trace,
+            tau=tau,
+            max_keep=max_keep,
+            run_id=run_id,
+            system=system,
+            root_query=root_query,
+            run_prefix="gptr",
+            counts=("untyped_plans", "dropped_without_goal"),
+            budget_nodes=budget_nodes,
+            budget_tokens=budget_tokens,
+            defer=defer,
+            budget_options=budget_options,
+        )
+        self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+            f"branchgate_frame_{id(self)}", default=None
+        )
         self._plans: dict[int, _Frame] = {}  # id(conductor) → the frame of its plan
         self._orig = {}
         self.install()
@@ -132,8 +160,10 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         """Gate one standard-mode research plan (``plan_research``'s sub-queries)."""
         if not isinstance(outline, list) or not all(isinstance(q, str) for q in outline):
             self.counts["untyped_plans"] += 1
-            log.warning("branchgate: plan_research returned %s, not a list of strings: passed through ungated",
-                        type(outline).__name__)
+            log.warning(
+                "branchgate: plan_research returned %s, not a list of strings: passed through ungated",
+                type(outline).__name__,
+            )
             return outline
         self._start()
         own = str(getattr(getattr(conductor, "researcher", None), "query", None) or query or "")
@@ -164,8 +194,9 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         frame_id = f"f{len(self.frames)}"
         goal, parent_cand = "", None
         if parent is not None and branch is not None:
-            match = next((c for c in parent.candidates if c["kept"] and c["query"] == branch.strip()
-                          and not c.get("plan")), None)
+            match = next(
+                (c for c in parent.candidates if c["kept"] and c["query"] == branch.strip() and not c.get("plan")), None
+            )
             if match is not None:
                 match["plan"] = frame_id
                 goal, parent_cand = match["goal"], match["id"]
@@ -173,7 +204,9 @@ class ResearchHook(ResearchPatches, TraceRecorder):
             m = _GOAL.search(query)
             wanted = m.group("goal").strip() if m else None
             kept = [c for c in parent.candidates if c["kept"]]
-            match = next((c for c in kept if wanted is not None and c["goal"].strip() == wanted and not c.get("child")), None)
+            match = next(
+                (c for c in kept if wanted is not None and c["goal"].strip() == wanted and not c.get("child")), None
+            )
             if match is None and parent.children < len(kept):
                 match = kept[parent.children]
             parent.children += 1
@@ -182,12 +215,26 @@ class ResearchHook(ResearchPatches, TraceRecorder):
                 goal, parent_cand = match["goal"], match["id"]
             elif wanted:
                 goal = wanted
-        frame = _Frame(frame_id, 0 if parent is None else parent.depth + 1, query.strip(), goal, parent_cand,
-                       None if parent is None else parent.frame_id, list(self.retained))
+        frame = _Frame(
+            frame_id,
+            0 if parent is None else parent.depth + 1,
+            query.strip(),
+            goal,
+            parent_cand,
+            None if parent is None else parent.frame_id,
+            list(self.retained),
+        )
         self.frames.append(frame)
         self.counts["frames"] += 1
-        self._write("frame_open", frame_id=frame_id, parent_frame=frame.parent_frame, parent_candidate=parent_cand,
-                    depth=frame.depth, frame_query=frame.frame_query, parent_goal=goal)
+        self._write(
+            "frame_open",
+            frame_id=frame_id,
+            parent_frame=frame.parent_frame,
+            parent_candidate=parent_cand,
+            depth=frame.depth,
+            frame_query=frame.frame_query,
+            parent_goal=goal,
+        )
         return frame
 
     def _gate(self, frame: _Frame, cands: list) -> list:
@@ -197,13 +244,26 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         if base and cands:  # a second list in the same frame is gated as a decision point of its own: record it so
             frame.batches += 1  # (its own frame_open, orders 0..n-1), as the Gate saw it
             decision_frame, retained = f"{frame.frame_id}.{frame.batches}", list(self.retained)
-            self._write("frame_open", frame_id=decision_frame, parent_frame=frame.parent_frame,
-                        parent_candidate=frame.parent_candidate, depth=frame.depth, frame_query=frame.frame_query,
-                        parent_goal=frame.parent_goal)
+            self._write(
+                "frame_open",
+                frame_id=decision_frame,
+                parent_frame=frame.parent_frame,
+                parent_candidate=frame.parent_candidate,
+                depth=frame.depth,
+                frame_query=frame.frame_query,
+                parent_goal=frame.parent_goal,
+            )
         for i, (q, g) in enumerate(pairs):
             cid = f"{frame.frame_id}.c{base + i}"
-            frame.candidates.append({"id": cid, "query": q, "goal": g, "kept": False,
-                                     "has_goal": not isinstance(cands[i], dict) or "researchGoal" in cands[i]})
+            frame.candidates.append(
+                {
+                    "id": cid,
+                    "query": q,
+                    "goal": g,
+                    "kept": False,
+                    "has_goal": not isinstance(cands[i], dict) or "researchGoal" in cands[i],
+                }
+            )
             self._write("candidate", frame_id=decision_frame, candidate_id=cid, order=i, query=q, goal=g)
         self.counts["candidates"] += len(cands)
         if not cands:
@@ -222,7 +282,7 @@ class ResearchHook(ResearchPatches, TraceRecorder):
             kept, actor = list(range(len(cands))), "default"
         exhausted = bool(getattr(sel, "exhausted", False))
         if not kept and not exhausted:  # a custom gate returned nothing: never an empty list (module docstring)
-            kept = [max(range(len(cands)), key=lambda i: (p_keep[i] or 0.0))]
+            kept = [max(range(len(cands)), key=lambda i: p_keep[i] or 0.0)]
         for i in range(len(cands)):
             frame.candidates[base + i]["kept"] = i in kept
         self._decisions(ids, kept, actor, p_keep, sel)
@@ -241,10 +301,16 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         self._retrieval(cid, query, ids)
         if cand is not None and not cand.get("has_goal", True):
             self.counts["dropped_without_goal"] += 1
-            self._write("raw", source_type="gptr:dropped_without_goal",
-                        data={"candidate_id": cid, "query": query,
-                              "note": "no researchGoal: researched, then dropped by GPT-Researcher (KeyError "
-                                      "swallowed in deep_research's process_query); no learnings or follow-ups used"})
+            self._write(
+                "raw",
+                source_type="gptr:dropped_without_goal",
+                data={
+                    "candidate_id": cid,
+                    "query": query,
+                    "note": "no researchGoal: researched, then dropped by GPT-Researcher (KeyError "
+                    "swallowed in deep_research's process_query); no learnings or follow-ups used",
+                },
+            )
         if isinstance(result, dict):
             for text in result.get("learnings") or []:
                 self._write("learning", candidate_id=cid, text=str(text))
@@ -264,9 +330,14 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         return super().root_query
 
     def _config(self) -> dict:
-        config = {k: getattr(self.skill, k, None) for k in ("breadth", "depth", "concurrency_limit")} if self.skill else {}
-        return {**config, "mode": "deep" if self.skill is not None else "standard",
-                "report_type": getattr(self.researcher, "report_type", None)}
+        config = (
+            {k: getattr(self.skill, k, None) for k in ("breadth", "depth", "concurrency_limit")} if self.skill else {}
+        )
+        return {
+            **config,
+            "mode": "deep" if self.skill is not None else "standard",
+            "report_type": getattr(self.researcher, "report_type", None),
+        }
 
 
 def gate_research(target, gate=None, trace=None, **options) -> ResearchHook:
@@ -297,11 +368,11 @@ def _context_items(context) -> list[tuple[str, str]]:
         if not marks:
             out.append((text, ""))
             continue
-        if text[:marks[0].start()].strip():
-            out.append((text[:marks[0].start()], ""))
+        if text[: marks[0].start()].strip():
+            out.append((text[: marks[0].start()], ""))
         for m, nxt in zip(marks, marks[1:] + [None]):  # "Source: None": 0.15.1's fast path lost the URL
             url = "" if m.group("url") == "None" else m.group("url")
-            out.append((text[m.end():nxt.start() if nxt else len(text)], url))
+            out.append((text[m.end() : nxt.start() if nxt else len(text)], url))
     return [(t.strip(), src) for t, src in out if t.strip()]
 
 

@@ -70,8 +70,9 @@ class ResearchPatches:
         others = [d for d in run.deferred if d.key not in own]
         run.deferred = [d for d in run.deferred if d.key in own]  # only this plan's can be researched here
         try:
-            state = DecisionState(self.root_query, frame.frame_query, frame.parent_goal, list(self.retained),
-                                  frame.depth)
+            state = DecisionState(
+                self.root_query, frame.frame_query, frame.parent_goal, list(self.retained), frame.depth
+            )
             chosen = self._revisit(state, f"controller:{getattr(self.gate, 'name', 'gate')}")
         finally:
             run.deferred = others + run.deferred

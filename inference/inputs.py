@@ -44,7 +44,6 @@ def decision_texts(state: DecisionState, cands: Sequence[str]) -> list[str]:
     return [state.root_query, state.frame_query, state.parent_goal, *(state.retained or []), *cands]
 
 
-
 def as_state(state) -> DecisionState:
     """A ``DecisionState`` from a mapping (JSON) or an object with the same attributes."""
     if isinstance(state, DecisionState):
@@ -54,23 +53,33 @@ def as_state(state) -> DecisionState:
     if isinstance(state, Mapping):
         get = state.get
     elif isinstance(state, (str, bytes, numbers.Number, Sequence)) or not any(hasattr(state, k) for k in STATE_FIELDS):
-        raise InputError(f"must be a mapping {{{', '.join(STATE_FIELDS)}}} or a DecisionState, got "
-                         f"{type(state).__name__}", "state")
+        raise InputError(
+            f"must be a mapping {{{', '.join(STATE_FIELDS)}}} or a DecisionState, got {type(state).__name__}", "state"
+        )
     else:
+
         def get(key, default=None):
             return getattr(state, key, default)
+
     retained = get("retained", None) or []
     if isinstance(retained, str) or not isinstance(retained, Iterable):
         raise InputError("must be a list of texts", "state.retained")
-    items = [r if isinstance(r, str) else candidate_text(*candidate_fields(r, f"state.retained[{i}]"))
-             for i, r in enumerate(retained)]
+    items = [
+        r if isinstance(r, str) else candidate_text(*candidate_fields(r, f"state.retained[{i}]"))
+        for i, r in enumerate(retained)
+    ]
     depth = get("depth", 0)
     if depth is None:
         depth = 0
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not _finite(depth) or depth < 0:
         raise InputError(f"must be a finite non-negative number, got {str(depth)[:40]}", "state.depth")
-    return DecisionState(_text(get("root_query", ""), "state.root_query"), _text(get("frame_query", ""), "state.frame_query"),
-                         _text(get("parent_goal", ""), "state.parent_goal"), items, int(depth))
+    return DecisionState(
+        _text(get("root_query", ""), "state.root_query"),
+        _text(get("frame_query", ""), "state.frame_query"),
+        _text(get("parent_goal", ""), "state.parent_goal"),
+        items,
+        int(depth),
+    )
 
 
 def as_decision(state, candidates) -> tuple[DecisionState, list[str]]:
@@ -117,12 +126,17 @@ def candidate_fields(c, where: str = "candidate") -> tuple[str, str]:
     if isinstance(c, Mapping):
         get = c.get
     else:
+
         def get(key):
             return getattr(c, key, None)
+
     query = next((k for k in QUERY_KEYS if get(k) is not None), None)
     if query is None:
-        raise InputError(f"missing (a candidate mapping or object needs one of the fields {', '.join(QUERY_KEYS)}; "
-                         f"got {type(c).__name__})", f"{where}.query")
+        raise InputError(
+            f"missing (a candidate mapping or object needs one of the fields {', '.join(QUERY_KEYS)}; "
+            f"got {type(c).__name__})",
+            f"{where}.query",
+        )
     goal = next((k for k in GOAL_KEYS if get(k) is not None), None)
     return _text(get(query), f"{where}.{query}"), ("" if goal is None else _text(get(goal), f"{where}.{goal}"))
 
@@ -148,8 +162,9 @@ def as_threads(threads, where: str = "threads") -> int | None:
     cores = os.cpu_count() or 1
     most = THREADS_PER_CORE * cores
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or not 1 <= threads <= most:
-        raise InputError(f"must be an integer from 1 to {most} ({THREADS_PER_CORE} per core, {cores} cores), got "
-                         f"{threads!r}", where)
+        raise InputError(
+            f"must be an integer from 1 to {most} ({THREADS_PER_CORE} per core, {cores} cores), got {threads!r}", where
+        )
     return int(threads)
 
 
@@ -168,4 +183,3 @@ def _text(value, where: str) -> str:
     if not isinstance(value, str):
         raise InputError(f"must be a string, got {type(value).__name__}", where)
     return value
-

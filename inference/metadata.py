@@ -16,12 +16,31 @@ from branchgate.features import FEATURE_NAMES
 
 GRAPH_IO_VERSIONS = {"1"}
 SCHEMA_VERSION = 1  # newest controller schema version (training.checkpoint) this Gate understands
-REQUIRED_METADATA = ("branchgate_version", "schema_version", "graph_io_version", "encoder", "dim", "max_length",
-                     "tau", "feature_names", "tokenizer_file", "tokenizer_sha256")
+REQUIRED_METADATA = (
+    "branchgate_version",
+    "schema_version",
+    "graph_io_version",
+    "encoder",
+    "dim",
+    "max_length",
+    "tau",
+    "feature_names",
+    "tokenizer_file",
+    "tokenizer_sha256",
+)
 PARTS = "tower,head"  # metadata ``parts``: the graph's text tower and head can run alone (export.parts)
 # The graph's inputs and outputs (export.graph, graph_io_version 1); ``D`` is metadata ``dim``.
-GRAPH_INPUTS = {"input_ids": 2, "attention_mask": 2, "cached_emb": 2, "root_idx": 1, "frame_idx": 1, "goal_idx": 1,
-                "retained_idx": 1, "cand_idx": 1, "features": 2}
+GRAPH_INPUTS = {
+    "input_ids": 2,
+    "attention_mask": 2,
+    "cached_emb": 2,
+    "root_idx": 1,
+    "frame_idx": 1,
+    "goal_idx": 1,
+    "retained_idx": 1,
+    "cand_idx": 1,
+    "features": 2,
+}
 GRAPH_OUTPUTS = {"p_keep": 1, "utility": 1, "text_emb": 2}
 MAX_DIM, MAX_LENGTH = 1 << 16, 1 << 16  # sanity bounds: larger values are not a model this Gate can serve
 # An encoder's fingerprint: the first FINGERPRINT_WIDTH components of its unit vectors of these probe texts (a few
@@ -33,7 +52,8 @@ ENCODER_FINGERPRINTS = {
     "sentence-transformers/all-MiniLM-L6-v2": (
         (0.0708, -0.0257, 0.0881, 0.0386, 0.0435, 0.0297, 0.0239, -0.0412),
         (-0.0035, 0.0005, 0.1136, -0.0225, 0.012, -0.0344, 0.0112, 0.003),
-        (-0.0068, -0.0624, -0.0062, 0.0024, -0.096, 0.0171, 0.0621, -0.0383)),
+        (-0.0068, -0.0624, -0.0062, 0.0024, -0.096, 0.0171, 0.0621, -0.0383),
+    ),
 }
 
 
@@ -53,28 +73,40 @@ def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_
     """Raise ``MismatchError`` naming the key when this Gate cannot run the model as intended."""
     for key in REQUIRED_METADATA:
         if key not in meta:
-            raise MismatchError(f"{where}: metadata key {key!r} is missing (not a branchgate controller, "
-                                f"or exported by an incompatible branchgate)")
+            raise MismatchError(
+                f"{where}: metadata key {key!r} is missing (not a branchgate controller, "
+                f"or exported by an incompatible branchgate)"
+            )
     if meta["graph_io_version"] not in GRAPH_IO_VERSIONS:
-        raise MismatchError(f"{where}: metadata graph_io_version={meta['graph_io_version']!r} is not supported by "
-                            f"branchgate {__version__} (supports {sorted(GRAPH_IO_VERSIONS)}); upgrade branchgate")
+        raise MismatchError(
+            f"{where}: metadata graph_io_version={meta['graph_io_version']!r} is not supported by "
+            f"branchgate {__version__} (supports {sorted(GRAPH_IO_VERSIONS)}); upgrade branchgate"
+        )
     try:
         schema = int(meta["schema_version"])
     except ValueError:
-        raise MismatchError(f"{where}: metadata schema_version={meta['schema_version']!r} is not a version number") from None
+        raise MismatchError(
+            f"{where}: metadata schema_version={meta['schema_version']!r} is not a version number"
+        ) from None
     if schema > SCHEMA_VERSION:
-        raise MismatchError(f"{where}: metadata schema_version={schema} is newer than this branchgate understands "
-                            f"({SCHEMA_VERSION}); upgrade branchgate")
+        raise MismatchError(
+            f"{where}: metadata schema_version={schema} is newer than this branchgate understands "
+            f"({SCHEMA_VERSION}); upgrade branchgate"
+        )
     if _version_tuple(meta["branchgate_version"]) > _version_tuple(__version__):
-        raise MismatchError(f"{where}: metadata branchgate_version={meta['branchgate_version']!r} is newer than the "
-                            f"installed branchgate {__version__}; upgrade branchgate")
+        raise MismatchError(
+            f"{where}: metadata branchgate_version={meta['branchgate_version']!r} is newer than the "
+            f"installed branchgate {__version__}; upgrade branchgate"
+        )
     try:
         names = tuple(json.loads(meta["feature_names"]))
     except (ValueError, TypeError):
         raise MismatchError(f"{where}: metadata feature_names is not a JSON list") from None
     if names != FEATURE_NAMES:
-        raise MismatchError(f"{where}: metadata feature_names={list(names)} differs from the features this Gate "
-                            f"computes {list(FEATURE_NAMES)}")
+        raise MismatchError(
+            f"{where}: metadata feature_names={list(names)} differs from the features this Gate "
+            f"computes {list(FEATURE_NAMES)}"
+        )
     if expected_encoder is not None and meta["encoder"] != expected_encoder:
         raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
     controller_numbers(meta, where)
@@ -94,15 +126,19 @@ def check_fingerprint(encoder_id: str, vectors, where: str = "controller", tol: 
     own = ENCODER_FINGERPRINTS.get(encoder_id)
     if own is not None:
         if not gap(own) <= tol:
-            raise MismatchError(f"{where}: the encoder weights are not {encoder_id[:200]!r}: their vectors of fixed probe "
-                                f"texts differ from that encoder's by up to {gap(own):.3g} (> {tol:g})")
+            raise MismatchError(
+                f"{where}: the encoder weights are not {encoder_id[:200]!r}: their vectors of fixed probe "
+                f"texts differ from that encoder's by up to {gap(own):.3g} (> {tol:g})"
+            )
         return
     if encoder_id.startswith("local:"):
         return
     for known, ref in ENCODER_FINGERPRINTS.items():
         if gap(ref) <= tol:
-            raise MismatchError(f"{where}: the encoder is recorded as {encoder_id[:200]!r}, but its weights are {known!r} "
-                                f"(their vectors of fixed probe texts are that encoder's)")
+            raise MismatchError(
+                f"{where}: the encoder is recorded as {encoder_id[:200]!r}, but its weights are {known!r} "
+                f"(their vectors of fixed probe texts are that encoder's)"
+            )
 
 
 def controller_numbers(meta: Mapping[str, str], where: str = "controller") -> ControllerNumbers:
@@ -140,8 +176,10 @@ def _integer(meta, key: str, where: str, lo: int, hi: int, default: int | None =
 def _feature_range(text, where: str) -> dict[str, tuple[float, float]]:
     if text in (None, ""):
         return {}
-    bad = MismatchError(f"{where}: metadata feature_range must be a JSON object {{feature: [min, max]}} over "
-                        f"{list(FEATURE_NAMES)} with finite min <= max")
+    bad = MismatchError(
+        f"{where}: metadata feature_range must be a JSON object {{feature: [min, max]}} over "
+        f"{list(FEATURE_NAMES)} with finite min <= max"
+    )
     try:
         obj = json.loads(text) if len(text) < 10_000 else None
     except (ValueError, RecursionError):
@@ -150,8 +188,11 @@ def _feature_range(text, where: str) -> dict[str, tuple[float, float]]:
         raise bad
     out = {}
     for name, pair in obj.items():
-        ok = (isinstance(pair, list) and len(pair) == 2
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair))
+        ok = (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in pair)
+        )
         if not ok or pair[0] > pair[1]:
             raise bad
         out[name] = (float(pair[0]), float(pair[1]))
@@ -165,11 +206,15 @@ def check_graph(inputs: Sequence, outputs: Sequence, dim: int, where: str = "con
     outs = {a.name: list(a.shape or []) for a in outputs}
     for kind, shapes, expected in (("inputs", ins, GRAPH_INPUTS), ("outputs", outs, GRAPH_OUTPUTS)):
         if set(shapes) != set(expected):
-            raise MismatchError(f"{where}: graph {kind} {sorted(shapes)} are not a branchgate controller's "
-                                f"{sorted(expected)} (metadata from another model?)")
+            raise MismatchError(
+                f"{where}: graph {kind} {sorted(shapes)} are not a branchgate controller's "
+                f"{sorted(expected)} (metadata from another model?)"
+            )
         for name, rank in expected.items():
             if len(shapes[name]) != rank:
-                raise MismatchError(f"{where}: graph {kind[:-1]} {name!r} has shape {shapes[name]}, expected rank {rank}")
+                raise MismatchError(
+                    f"{where}: graph {kind[:-1]} {name!r} has shape {shapes[name]}, expected rank {rank}"
+                )
     for name, d in (("cached_emb", ins["cached_emb"][1]), ("text_emb", outs["text_emb"][1])):
         if isinstance(d, int) and d != dim:
             raise MismatchError(f"{where}: metadata dim={dim} but the graph's {name!r} is {d} wide")

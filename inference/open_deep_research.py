@@ -70,9 +70,11 @@ log = logging.getLogger(__name__)
 
 SYSTEM = "open-deep-research"
 CONDUCT = "ConductResearch"
-PATCHED = (("open_deep_research.deep_researcher", "configurable_model"),
-           ("open_deep_research.deep_researcher", "researcher_subgraph"),
-           ("open_deep_research.utils", "tavily_search_async"))
+PATCHED = (
+    ("open_deep_research.deep_researcher", "configurable_model"),
+    ("open_deep_research.deep_researcher", "researcher_subgraph"),
+    ("open_deep_research.utils", "tavily_search_async"),
+)
 
 
 @dataclass
@@ -100,16 +102,39 @@ class _Branch:
 class OpenDeepResearchHook(TraceRecorder):
     """Gating + recording for open_deep_research runs (see the module docstring)."""
 
-    def __init__(self, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
-                 run_id: str | None = None, system: str = SYSTEM, root_query: str | None = None,
-                 budget_nodes: int | None = None, budget_tokens: int | None = None, defer: bool = False,
-                 budget_options: dict | None = None):
-        super().__init__(gate, trace, tau=tau, max_keep=max_keep, run_id=run_id, system=system, root_query=root_query,
-                         run_prefix="odr", counts=("not_run", "unmatched_runs", "unmatched_queries"),
-                         budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer,
-                         budget_options=budget_options)
-        self._branch: contextvars.ContextVar[_Branch | None] = contextvars.ContextVar(f"branchgate_odr_{id(self)}",
-                                                                                        default=None)
+    def __init__(
+        self,
+        gate=None,
+        trace=None,
+        *,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        run_id: str | None = None,
+        system: str = SYSTEM,
+        root_query: str | None = None,
+        budget_nodes: int | None = None,
+        budget_tokens: int | None = None,
+        defer: bool = False,
+        budget_options: dict | None = None,
+    ):
+        super().__init__(
+            gate,
+            trace,
+            tau=tau,
+            max_keep=max_keep,
+            run_id=run_id,
+            system=system,
+            root_query=root_query,
+            run_prefix="odr",
+            counts=("not_run", "unmatched_runs", "unmatched_queries"),
+            budget_nodes=budget_nodes,
+            budget_tokens=budget_tokens,
+            defer=defer,
+            budget_options=budget_options,
+        )
+        self._branch: contextvars.ContextVar[_Branch | None] = contextvars.ContextVar(
+            f"branchgate_odr_{id(self)}", default=None
+        )
         self._supervisor: _Frame | None = None  # the latest supervisor frame
         self._orig: list[tuple[object, str, object]] = []
         self.install()
@@ -118,9 +143,11 @@ class OpenDeepResearchHook(TraceRecorder):
     def install(self) -> None:
         if self._orig:
             return
-        wrappers = {"configurable_model": lambda m: _ModelProxy(m, self),
-                    "researcher_subgraph": lambda g: _SubgraphProxy(g, self),
-                    "tavily_search_async": self._recording_search}
+        wrappers = {
+            "configurable_model": lambda m: _ModelProxy(m, self),
+            "researcher_subgraph": lambda g: _SubgraphProxy(g, self),
+            "tavily_search_async": self._recording_search,
+        }
         for module_name, attr in PATCHED:
             module = importlib.import_module(module_name)
             current = getattr(module, attr)
@@ -142,7 +169,7 @@ class OpenDeepResearchHook(TraceRecorder):
         self._close_writer()
         self.uninstall()
 
-    def __enter__(self) -> "OpenDeepResearchHook":
+    def __enter__(self) -> OpenDeepResearchHook:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
@@ -178,8 +205,10 @@ class OpenDeepResearchHook(TraceRecorder):
         cap = _setting(config, "max_concurrent_research_units")
         kept, p_keep, actor = self._select(frame, pairs, cap)
         running = kept[:cap] if isinstance(cap, int) and cap > 0 else kept  # the package runs the first `cap`
-        frame.pending = [(i, "expand" if i in running else "prune", actor if i in running or i not in kept
-                          else "default", p_keep[i]) for i in range(len(pairs))]
+        frame.pending = [
+            (i, "expand" if i in running else "prune", actor if i in running or i not in kept else "default", p_keep[i])
+            for i in range(len(pairs))
+        ]
         frame.pending = self._budget_actions(frame)
         return {conduct[i] for i in range(len(pairs)) if i not in kept}
 
@@ -187,8 +216,12 @@ class OpenDeepResearchHook(TraceRecorder):
         branch = self._branch.get()
         topic = branch.topic if branch is not None else _first_human(messages)
         parent = branch.candidate if branch is not None else None
-        frame = self._open(topic, 1 if parent else 0, parent_frame=parent["frame"] if parent else None,
-                           parent_candidate=parent["id"] if parent else None)
+        frame = self._open(
+            topic,
+            1 if parent else 0,
+            parent_frame=parent["frame"] if parent else None,
+            parent_candidate=parent["id"] if parent else None,
+        )
         if branch is not None:
             branch.searches.append(frame)
         kept, p_keep, actor = self._select(frame, [(q, "") for q in queries], None)
@@ -201,8 +234,17 @@ class OpenDeepResearchHook(TraceRecorder):
         """(kept indices in order, p_keep per candidate, actor); never empty for a non-empty list."""
         for i, (q, g) in enumerate(pairs):
             cid = f"{frame.frame_id}.c{i}"
-            frame.candidates.append({"id": cid, "frame": frame.frame_id, "query": q, "goal": g, "kept": False,
-                                     "claimed": False, "retrieved": False})
+            frame.candidates.append(
+                {
+                    "id": cid,
+                    "frame": frame.frame_id,
+                    "query": q,
+                    "goal": g,
+                    "kept": False,
+                    "claimed": False,
+                    "retrieved": False,
+                }
+            )
             self._write("candidate", frame_id=frame.frame_id, candidate_id=cid, order=i, query=q, goal=g)
         self.counts["candidates"] += len(pairs)
         if self.gate is None:
@@ -216,8 +258,12 @@ class OpenDeepResearchHook(TraceRecorder):
         self.counts["fallbacks"] += int(bool(sel.fallback))
         frame.budget = None
         if getattr(sel, "budget", None) is not None:  # a budgeted run (RunGate): its drops and defers, by index
-            frame.budget = {"status": sel.budget, "deferred": set(sel.deferred), "dropped": set(sel.dropped_by_budget),
-                            "exhausted": bool(sel.exhausted)}
+            frame.budget = {
+                "status": sel.budget,
+                "deferred": set(sel.deferred),
+                "dropped": set(sel.dropped_by_budget),
+                "exhausted": bool(sel.exhausted),
+            }
         if not kept and not getattr(sel, "exhausted", False):  # a custom gate returned nothing: keep the best one
             kept = [max(range(len(pairs)), key=lambda i: p_keep[i])]
         return kept, p_keep, f"controller:{getattr(self.gate, 'name', 'gate')}"
@@ -237,8 +283,11 @@ class OpenDeepResearchHook(TraceRecorder):
         if b["exhausted"]:
             self.counts["exhausted"] = self.counts.get("exhausted", 0) + 1
             if self.counts["exhausted"] == 1:
-                self._write("raw", source_type="budget:exhausted",
-                            data={"frame_id": frame.frame_id, "remaining": b["status"]["remaining"]})
+                self._write(
+                    "raw",
+                    source_type="budget:exhausted",
+                    data={"frame_id": frame.frame_id, "remaining": b["status"]["remaining"]},
+                )
         return out
 
     def _flush(self, frame: _Frame | None, ran: bool) -> None:
@@ -249,9 +298,15 @@ class OpenDeepResearchHook(TraceRecorder):
         extra = {}
         if frame.budget is not None:
             st = frame.budget["status"]
-            extra = {"spent": {"nodes": st["spent_nodes"], "tokens": st["spent_tokens"],
-                               "reserved_tokens": st["reserved_tokens"]}, "remaining": dict(st["remaining"]),
-                     "price": st["price"]}
+            extra = {
+                "spent": {
+                    "nodes": st["spent_nodes"],
+                    "tokens": st["spent_tokens"],
+                    "reserved_tokens": st["reserved_tokens"],
+                },
+                "remaining": dict(st["remaining"]),
+                "price": st["price"],
+            }
         for i, action, actor, p in pending:
             entry = frame.candidates[i]
             if action == "expand" and not ran:
@@ -275,8 +330,16 @@ class OpenDeepResearchHook(TraceRecorder):
         entry = None
         if frame is not None:
             planned = {i for i, action, _, _ in frame.pending or [] if action == "expand"}
-            entry = next((c for i, c in enumerate(frame.candidates) if not c["claimed"] and c["query"] == topic.strip()
-                          and (c["kept"] if frame.pending is None else i in planned)), None)
+            entry = next(
+                (
+                    c
+                    for i, c in enumerate(frame.candidates)
+                    if not c["claimed"]
+                    and c["query"] == topic.strip()
+                    and (c["kept"] if frame.pending is None else i in planned)
+                ),
+                None,
+            )
             if entry is not None:
                 self._flush(frame, ran=True)
                 entry["claimed"] = True
@@ -289,7 +352,11 @@ class OpenDeepResearchHook(TraceRecorder):
             return
         if branch.searches:  # what its searches found (unknown when it searched with another tool)
             self._retrieval(branch.candidate["id"], branch.topic, list(dict.fromkeys(e for e, _ in branch.evidence)))
-        text = result.get("compressed_research") if isinstance(result, dict) else getattr(result, "compressed_research", None)
+        text = (
+            result.get("compressed_research")
+            if isinstance(result, dict)
+            else getattr(result, "compressed_research", None)
+        )
         if text:
             self._write("learning", candidate_id=branch.candidate["id"], text=str(text))
 
@@ -310,8 +377,15 @@ class OpenDeepResearchHook(TraceRecorder):
         branch = self._branch.get()
         frames = branch.searches if branch is not None else [f for f in self.frames if f.depth <= 1]
         for query, response in zip(queries, results or []):
-            entry = next((c for f in frames for c in f.candidates if c["kept"] and not c["retrieved"]
-                          and c["query"] == str(query)), None)
+            entry = next(
+                (
+                    c
+                    for f in frames
+                    for c in f.candidates
+                    if c["kept"] and not c["retrieved"] and c["query"] == str(query)
+                ),
+                None,
+            )
             if entry is None:
                 self.counts["unmatched_queries"] += 1
                 continue
@@ -340,8 +414,15 @@ class OpenDeepResearchHook(TraceRecorder):
         self.frames.append(frame)
         self._start()
         self.counts["frames"] += 1
-        self._write("frame_open", frame_id=frame.frame_id, parent_frame=parent_frame, parent_candidate=parent_candidate,
-                    depth=depth, frame_query=frame.frame_query, parent_goal="")
+        self._write(
+            "frame_open",
+            frame_id=frame.frame_id,
+            parent_frame=parent_frame,
+            parent_candidate=parent_candidate,
+            depth=depth,
+            frame_query=frame.frame_query,
+            parent_goal="",
+        )
         return frame
 
     def _config(self) -> dict:
@@ -354,7 +435,7 @@ def gate_open_deep_research(gate=None, trace=None, **options) -> OpenDeepResearc
     ``gate``: a ``Gate`` (or anything with ``select(state, candidates, tau, max_keep)``), or None to only
     record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``, ``max_keep``,
     ``run_id``, ``system``, ``root_query`` (default: the research brief the supervisor receives); a run budget
-    ``budget_nodes``, ``budget_tokens``, ``defer``, ``budget_options`` (``inference/budget.py``): the
+    ``budget_nodes``, ``budget_tokens``, ``defer``, ``budget_options`` (``inference/run_gate.py``): the
     delegations and search queries of the run share it; once it is spent the ConductResearch calls (the
     supervisor then ends research) and search calls (the researcher then compresses what it has) are removed,
     their candidates pruned with actor ``budget``. Deferred candidates are recorded (``defer``) but never

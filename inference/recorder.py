@@ -7,7 +7,7 @@ of its text, with its source URL), retrievals, and the final report with the evi
 (the ``citations`` label). Recording never breaks the agent: a failed write is logged once and counted in
 ``write_errors``. Core only: no agent package is imported.
 
-Budgets (``inference/budget.py``): with ``budget_nodes`` / ``budget_tokens`` / ``defer`` the gate becomes a
+Budgets (``inference/run_gate.py``): with ``budget_nodes`` / ``budget_tokens`` / ``defer`` the gate becomes a
 run-scoped ``RunGate`` (or pass one as the gate). run_start's config then holds ``budget`` (the limits and the
 admission parameters); every decision event carries ``spent`` and ``remaining`` (and ``price``); candidates
 the budget could not afford are pruned with ``actor: "budget"``, deferred ones get action ``defer``, and the
@@ -35,15 +35,33 @@ class TraceRecorder:
     """Trace writing for one run of an agent (see the module docstring). Subclasses add ``counts`` keys,
     ``_config()`` (recorded in run_start) and may override ``root_query``."""
 
-    def __init__(self, gate=None, trace=None, *, tau: float | None = None, max_keep: int | None = None,
-                 run_id: str | None = None, system: str = "unknown", root_query: str | None = None,
-                 run_prefix: str = "run", counts: tuple[str, ...] = (), budget_nodes: int | None = None,
-                 budget_tokens: int | None = None, defer: bool = False, budget_options: dict | None = None):
+    def __init__(
+        self,
+        gate=None,
+        trace=None,
+        *,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        run_id: str | None = None,
+        system: str = "unknown",
+        root_query: str | None = None,
+        run_prefix: str = "run",
+        counts: tuple[str, ...] = (),
+        budget_nodes: int | None = None,
+        budget_tokens: int | None = None,
+        defer: bool = False,
+        budget_options: dict | None = None,
+    ):
         self.tau, self.max_keep = tau, max_keep
         self.run_id = run_id or f"{run_prefix}-{uuid.uuid4().hex[:12]}"
         if gate is not None and (budget_nodes is not None or budget_tokens is not None or defer or budget_options):
-            gate = gate.run(budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer, run_id=self.run_id,
-                            **(budget_options or {}))
+            gate = gate.run(
+                budget_nodes=budget_nodes,
+                budget_tokens=budget_tokens,
+                defer=defer,
+                run_id=self.run_id,
+                **(budget_options or {}),
+            )
         elif gate is None and (budget_nodes is not None or budget_tokens is not None or defer):
             raise ValueError("a budget (budget_nodes, budget_tokens, defer) needs a gate")
         self.gate = gate
@@ -63,7 +81,9 @@ class TraceRecorder:
         self._started = self._ended = False
         self.write_errors = 0
         self._t0 = time.time()
-        self.counts = dict.fromkeys(("frames", "candidates", "expanded", "pruned", "fallbacks", "retrievals", *counts), 0)
+        self.counts = dict.fromkeys(
+            ("frames", "candidates", "expanded", "pruned", "fallbacks", "retrievals", *counts), 0
+        )
         if self.run_gate is not None:
             self.counts.update(deferred=0, revisited=0, dropped_by_budget=0, exhausted=0)
         self._defer_seq: dict[str, int | None] = {}  # candidate id → seq of its defer decision
@@ -71,7 +91,7 @@ class TraceRecorder:
 
     @property
     def run_gate(self):
-        """The run-scoped gate (``inference.budget.RunGate``) when the run has a budget, else None."""
+        """The run-scoped gate (``inference.run_gate.RunGate``) when the run has a budget, else None."""
         gate = self.gate
         return gate if gate is not None and hasattr(gate, "revisit") and hasattr(gate, "budget") else None
 
@@ -101,8 +121,12 @@ class TraceRecorder:
         if not self._started or self._ended:
             return
         self._ended = True
-        totals = dict(self.counts, nodes=self.counts["expanded"], retrieval_calls=self.counts["retrievals"],
-                      wall_s=round(time.time() - self._t0, 3))
+        totals = dict(
+            self.counts,
+            nodes=self.counts["expanded"],
+            retrieval_calls=self.counts["retrievals"],
+            wall_s=round(time.time() - self._t0, 3),
+        )
         self._write("run_end", status=status, totals=totals)
 
     def _close_writer(self) -> None:
@@ -136,8 +160,15 @@ class TraceRecorder:
             return self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep, keys=keys)
         return self.gate.select(state, pairs, tau=self.tau, max_keep=self.max_keep)
 
-    def _decisions(self, ids: list[str], kept, actor: str, p_keep: list, selection=None,
-                   deferred_from: dict[str, int | None] | None = None) -> None:
+    def _decisions(
+        self,
+        ids: list[str],
+        kept,
+        actor: str,
+        p_keep: list,
+        selection=None,
+        deferred_from: dict[str, int | None] | None = None,
+    ) -> None:
         """One decision event per candidate id: ``expand`` (kept), ``defer`` (``selection.deferred``) or
         ``prune`` (actor ``budget`` for ``selection.dropped_by_budget``); with a budget, each carries the
         decision's ``spent`` / ``remaining`` / ``price``. Counts expanded / pruned / deferred / budget drops."""
@@ -147,22 +178,33 @@ class TraceRecorder:
         status = getattr(selection, "budget", None)
         extra = {}
         if status is not None:
-            extra = {"spent": {"nodes": status["spent_nodes"], "tokens": status["spent_tokens"],
-                               "reserved_tokens": status["reserved_tokens"]},
-                     "remaining": dict(status["remaining"]), "price": status["price"]}
+            extra = {
+                "spent": {
+                    "nodes": status["spent_nodes"],
+                    "tokens": status["spent_tokens"],
+                    "reserved_tokens": status["reserved_tokens"],
+                },
+                "remaining": dict(status["remaining"]),
+                "price": status["price"],
+            }
             if getattr(selection, "exhausted", False):
                 self.counts["exhausted"] += 1
                 if self.counts["exhausted"] == 1:
-                    self._write("raw", source_type="budget:exhausted",
-                                data={"candidate_ids": list(ids), **extra})
+                    self._write("raw", source_type="budget:exhausted", data={"candidate_ids": list(ids), **extra})
         for i, cid in enumerate(ids):
             action = "expand" if i in keep else "defer" if i in deferred else "prune"
             fields = dict(extra)
             if deferred_from and cid in deferred_from:
                 fields["deferred_from"] = deferred_from[cid]
-            event = self._write("decision", candidate_id=cid, action=action,
-                                actor="budget" if i in dropped and i not in keep else actor,
-                                score=p_keep[i], p_keep=p_keep[i], **fields)
+            event = self._write(
+                "decision",
+                candidate_id=cid,
+                action=action,
+                actor="budget" if i in dropped and i not in keep else actor,
+                score=p_keep[i],
+                p_keep=p_keep[i],
+                **fields,
+            )
             if action == "defer":
                 self._defer_seq[cid] = getattr(event, "seq", None)
         self.counts["expanded"] += len(keep)
@@ -183,8 +225,9 @@ class TraceRecorder:
             return []
         ids = [d.key for d in sel.revisited]
         p = [float(sel.p_keep[i]) for i in sel.kept]
-        self._decisions(ids, range(len(ids)), actor, p, _Status(sel),
-                        deferred_from={cid: self._defer_seq.get(cid) for cid in ids})
+        self._decisions(
+            ids, range(len(ids)), actor, p, _Status(sel), deferred_from={cid: self._defer_seq.get(cid) for cid in ids}
+        )
         self.counts["revisited"] += len(ids)
         return list(sel.revisited)
 
@@ -217,8 +260,13 @@ class TraceRecorder:
         except Exception as exc:  # recording must never break the research; say so once, count the rest
             self.write_errors += 1
             if self.write_errors == 1:
-                log.warning("branchgate: could not record a %s event of run %s (%s); further failures are counted "
-                            "in hook.write_errors", type_, self.run_id, exc)
+                log.warning(
+                    "branchgate: could not record a %s event of run %s (%s); further failures are counted "
+                    "in hook.write_errors",
+                    type_,
+                    self.run_id,
+                    exc,
+                )
 
 
 class _Status:

@@ -42,10 +42,9 @@ def length_buckets(lengths: np.ndarray, overhead: int = 16) -> list[np.ndarray]:
                 best[e], cut[e] = cost, p
     groups, i = [], n
     while i > 0:
-        groups.append(order[cut[i]:i])
+        groups.append(order[cut[i] : i])
         i = cut[i]
     return groups[::-1]
-
 
 
 def balanced_groups(lengths: np.ndarray, n: int) -> list[np.ndarray]:
@@ -58,4 +57,3 @@ def balanced_groups(lengths: np.ndarray, n: int) -> list[np.ndarray]:
         groups[g].append(int(i))
         load[g] += int(lengths[i])
     return [np.array(sorted(g), dtype=np.int64) for g in groups]
-

@@ -21,7 +21,7 @@ class Selection:
     fallback: bool  # True when no candidate passed τ and the top-1 was kept anyway
     tau: float = 0.5
     out_of_range: list[str] = field(default_factory=list)  # features outside the training range (clamped)
-    # A budgeted run's decision (``Gate.run``, ``inference.budget``); empty for a plain ``select``:
+    # A budgeted run's decision (``Gate.run``, ``inference.run_gate``); empty for a plain ``select``:
     deferred: list[int] = field(default_factory=list)  # set aside for ``RunGate.revisit``
     dropped_by_budget: list[int] = field(default_factory=list)  # the budget could not afford them
     budget: dict | None = None  # spent / reserved / remaining / price at this decision
@@ -29,8 +29,12 @@ class Selection:
     revisited: list = field(default_factory=list, repr=False)  # RunGate.revisit: the admitted Deferred entries
 
     def to_json(self) -> dict:
-        out = {"kept": [int(i) for i in self.kept], "p_keep": [float(p) for p in self.p_keep],
-               "utility": [float(u) for u in self.utility], "fallback": bool(self.fallback)}
+        out = {
+            "kept": [int(i) for i in self.kept],
+            "p_keep": [float(p) for p in self.p_keep],
+            "utility": [float(u) for u in self.utility],
+            "fallback": bool(self.fallback),
+        }
         if self.out_of_range:  # only when the decision lay outside what the model saw in training
             out["out_of_range"] = list(self.out_of_range)
         if self.deferred:

@@ -29,8 +29,18 @@ MEMO_SIZE = 65536  # words split by WordPiece, remembered (cleared when full)
 
 
 class AsciiWordPiece:
-    def __init__(self, vocab: dict[str, int], unk: str, prefix: str, max_word_chars: int, lowercase: bool,
-                 cls_id: int, sep_id: int, added: list[str], max_length: int):
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        unk: str,
+        prefix: str,
+        max_word_chars: int,
+        lowercase: bool,
+        cls_id: int,
+        sep_id: int,
+        added: list[str],
+        max_length: int,
+    ):
         self.vocab = vocab
         self.unk_id = vocab[unk]
         self.prefix = prefix
@@ -44,7 +54,7 @@ class AsciiWordPiece:
         self._memo: dict[str, list[int]] = {}
 
     @classmethod
-    def from_json(cls, data: dict, max_length: int) -> "AsciiWordPiece | None":
+    def from_json(cls, data: dict, max_length: int) -> AsciiWordPiece | None:
         """The fast path for a parsed tokenizer.json, or None when it is not a BERT WordPiece tokenizer."""
         try:
             norm, pre, model, post = data["normalizer"], data["pre_tokenizer"], data["model"], data["post_processor"]
@@ -56,9 +66,17 @@ class AsciiWordPiece:
             if ends is None or int(max_length) < 2:
                 return None
             added = [str(a["content"]) for a in data.get("added_tokens") or []]
-            return cls(model["vocab"], model["unk_token"], str(model.get("continuing_subword_prefix", "##")),
-                       int(model.get("max_input_chars_per_word", 100)), bool(norm.get("lowercase", True)),
-                       ends[0], ends[1], added, int(max_length))
+            return cls(
+                model["vocab"],
+                model["unk_token"],
+                str(model.get("continuing_subword_prefix", "##")),
+                int(model.get("max_input_chars_per_word", 100)),
+                bool(norm.get("lowercase", True)),
+                ends[0],
+                ends[1],
+                added,
+                int(max_length),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -83,7 +101,7 @@ class AsciiWordPiece:
                     ids.extend(self._pieces(word))
                 else:
                     ids.append(i)
-        return [self.cls_id, *ids[:self.max_length - 2], self.sep_id]
+        return [self.cls_id, *ids[: self.max_length - 2], self.sep_id]
 
     def _pieces(self, word: str) -> list[int]:
         pieces = self._memo.get(word)
@@ -133,8 +151,12 @@ def _cls_sep(post: dict) -> tuple[int, int] | None:
 
 
 # Plain ASCII texts that exercise lowercasing, punctuation, sub-words, unknown and over-long words.
-WORDPIECE_PROBES = ("What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
-                    "unaffordable xqzjwv antidisestablishmentarianism " + "z" * 120, "", "a   b")
+WORDPIECE_PROBES = (
+    "What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
+    "unaffordable xqzjwv antidisestablishmentarianism " + "z" * 120,
+    "",
+    "a   b",
+)
 
 
 def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
@@ -146,4 +168,3 @@ def checked_wordpiece(tok_text: str, tokenizer, max_length: int):
     if fast is None or any(fast.ids(t) != tokenizer.encode(t).ids for t in WORDPIECE_PROBES):
         return None
     return fast
-

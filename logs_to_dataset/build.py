@@ -51,14 +51,25 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from branchgate.data.dataset_schema import SPLITS, features
 from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir
-from branchgate.data.schema import SPLITS, features
-from branchgate.logs_to_dataset.build_report import (KEYPOINT_STATS, _count_keypoints, _manifest, _nothing_parsed,
-                                                     _partial_warning)
-from branchgate.logs_to_dataset.build_report import NothingParsed  # noqa: F401  (build raises it; importable from here)
-from branchgate.logs_to_dataset.decisions import (DEFERRAL_COUNTS, check_split_by, partial_reason, run_decisions,
-                                                  split_key, split_of)
+from branchgate.logs_to_dataset.build_report import (
+    KEYPOINT_STATS,
+    NothingParsed,  # noqa: F401  (build raises it; importable from here)
+    _count_keypoints,
+    _manifest,
+    _nothing_parsed,
+    _partial_warning,
+)
+from branchgate.logs_to_dataset.decision_points import (
+    DEFERRAL_COUNTS,
+    check_split_by,
+    partial_reason,
+    run_decisions,
+    split_key,
+    split_of,
+)
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
@@ -84,8 +95,7 @@ def sha256_files(paths: list[Path]) -> str:
 def check_build_output(out, traces, keypoints=None, cache=None) -> None:
     """Refuse an ``--out`` the build may not write (``fileio.check_output_dir``), before any work: it must lie
     apart from the traces, the key-point folder and the cache, and be new, empty or an earlier dataset."""
-    check_output_dir(out, [*traces, None if keypoints in (None, "", "none", "auto") else keypoints, cache],
-                     OUTPUT_KIND)
+    check_output_dir(out, [*traces, None if keypoints in (None, "", "none", "auto") else keypoints, cache], OUTPUT_KIND)
 
 
 @dataclass(frozen=True)
@@ -199,8 +209,15 @@ class _Build:
 
         s = self.s = settings
         self.models = {name: T.get(name) for name in T.NAMES}
-        self.builder = RowBuilder(self.models, s.teacher, s.label_threshold, s.pruned_labels, labels=s.labels,
-                                  positive_rate=s.positive_rate, label_options=s.label_options)
+        self.builder = RowBuilder(
+            self.models,
+            s.teacher,
+            s.label_threshold,
+            s.pruned_labels,
+            labels=s.labels,
+            positive_rate=s.positive_rate,
+            label_options=s.label_options,
+        )
         self.timings = Counter()
         self.report = ReadReport()
         self.rows = LabelRecords(SPLITS)
@@ -246,8 +263,13 @@ class _Build:
         from tqdm.auto import tqdm
 
         progress = self.s.progress
-        bar = tqdm(found, desc="dataset build", unit="file", disable=(not progress) if progress is not None else None,
-                   file=sys.stderr)
+        bar = tqdm(
+            found,
+            desc="dataset build",
+            unit="file",
+            disable=(not progress) if progress is not None else None,
+            file=sys.stderr,
+        )
         try:
             for runs in self.sources(bar):
                 for run in self.timed(runs):
@@ -300,8 +322,9 @@ class _Build:
         t = time.perf_counter()
         try:
             if run.run_id in self.seen:
-                raise InputError(f"run {run.run_id!r} was already read from {self.seen[run.run_id]} (skipped)",
-                                 run.file)
+                raise InputError(
+                    f"run {run.run_id!r} was already read from {self.seen[run.run_id]} (skipped)", run.file
+                )
             rd = run_decisions(run.run_id, run.events, run.file)
         except InputError as exc:
             self.report.skip(run.file, None, exc.reason, self.s.strict)
@@ -349,8 +372,12 @@ class _Build:
     def finish(self, files, source_sha) -> dict:
         """Fit the labels' thresholds, write the dataset and its manifest; ``NothingParsed`` when no run was read."""
         s, builder = self.s, self.builder
-        partial = {"action": s.partial_runs, "runs": self.partial["runs"],
-                   "reasons": dict(sorted(self.partial["reasons"].items())), "list": self.partial["list"]}
+        partial = {
+            "action": s.partial_runs,
+            "runs": self.partial["runs"],
+            "reasons": dict(sorted(self.partial["reasons"].items())),
+            "list": self.partial["list"],
+        }
         if sum(self.n_runs.values()) == 0:
             if self.emb_cache is not None:
                 self.emb_cache.close()
@@ -361,12 +388,29 @@ class _Build:
         source_stats = source_stats() if callable(source_stats) else None
         if callable(getattr(builder.source, "close", None)):
             builder.source.close()
-        manifest = _manifest(self.rows, self.n_runs, self.n_frames, self.report, files, source_sha, s.teacher, builder,
-                             self.kinds, self.models, self.encoder, emb_cache, self.problems, s.pruned_labels, s.fmt)
+        manifest = _manifest(
+            self.rows,
+            self.n_runs,
+            self.n_frames,
+            self.report,
+            files,
+            source_sha,
+            s.teacher,
+            builder,
+            self.kinds,
+            self.models,
+            self.encoder,
+            emb_cache,
+            self.problems,
+            s.pruned_labels,
+            s.fmt,
+        )
         if source_stats is not None:
             manifest["label_source_stats"] = source_stats
-        manifest["keypoints"] = {"source": "none" if s.keypoints in (None, "", "none") else str(s.keypoints),
-                                 **{k: int(self.kp_stats[k]) for k in KEYPOINT_STATS}}
+        manifest["keypoints"] = {
+            "source": "none" if s.keypoints in (None, "", "none") else str(s.keypoints),
+            **{k: int(self.kp_stats[k]) for k in KEYPOINT_STATS},
+        }
         manifest["partial_runs"] = partial
         manifest["split_by"] = s.split_by
         manifest["deferral"] = {k: int(self.deferral[k]) for k in DEFERRAL_COUNTS}

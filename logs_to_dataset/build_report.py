@@ -11,14 +11,23 @@ from collections import Counter
 from pathlib import Path
 
 from branchgate import __version__
+from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, columns
 from branchgate.fileio import atomic_write_json
-from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, columns
 from branchgate.logs_to_dataset.labels import LabelRecords
-from branchgate.logs_to_dataset.schema import SCHEMA_VERSION
+from branchgate.logs_to_dataset.trace_schema import SCHEMA_VERSION
 
-KEYPOINT_STATS = ("runs_with_ground_truth", "runs_without_ground_truth", "runs_with_labelled_evidence",
-                  "evidence", "evidence_labelled",
-                  "labelled_by_id", "labelled_by_span_only", "key_points", "key_points_reachable", "bad_links")
+KEYPOINT_STATS = (
+    "runs_with_ground_truth",
+    "runs_without_ground_truth",
+    "runs_with_labelled_evidence",
+    "evidence",
+    "evidence_labelled",
+    "labelled_by_id",
+    "labelled_by_span_only",
+    "key_points",
+    "key_points_reachable",
+    "bad_links",
+)
 
 
 class NothingParsed(Exception):
@@ -31,31 +40,46 @@ class NothingParsed(Exception):
 
 def _partial_warning(section: dict) -> str:
     reasons = "; ".join(f"{r}: {n}" for r, n in section["reasons"].items())
-    return (f"{section['runs']} partial run(s) kept ({reasons}); see manifest partial_runs, "
-            "or leave them out with --partial-runs skip")
+    return (
+        f"{section['runs']} partial run(s) kept ({reasons}); see manifest partial_runs, "
+        "or leave them out with --partial-runs skip"
+    )
 
 
 def _nothing_parsed(traces, out, report, files, fmt, partial_section) -> None:
     """Raise ``NothingParsed`` naming the first skipped records; write what was read to ``OUT/manifest.json``
     (never over an existing dataset), so the reasons are not lost."""
     skipped = [s.as_dict() for s in report.skipped]
-    manifest = {"schema_version": DATASET_SCHEMA_VERSION, "created_by": f"branchgate {__version__}",
-                "error": "nothing parsed", "n_runs": {s: 0 for s in (*SPLITS, "total")}, "n_files": len(files),
-                "formats": dict(report.formats), "format_forced": fmt, "n_events": report.events,
-                "skipped": skipped, "ignored_files": list(report.ignored),
-                "read_warnings": dict(sorted(report.warnings.items())), "partial_runs": partial_section}
+    manifest = {
+        "schema_version": DATASET_SCHEMA_VERSION,
+        "created_by": f"branchgate {__version__}",
+        "error": "nothing parsed",
+        "n_runs": {s: 0 for s in (*SPLITS, "total")},
+        "n_files": len(files),
+        "formats": dict(report.formats),
+        "format_forced": fmt,
+        "n_events": report.events,
+        "skipped": skipped,
+        "ignored_files": list(report.ignored),
+        "read_warnings": dict(sorted(report.warnings.items())),
+        "partial_runs": partial_section,
+    }
     out = Path(out)
     written = ""
     if not (out / "dataset_dict.json").exists():  # ``out`` passed check_output_dir; this manifest alone marks it
         atomic_write_json(out / "manifest.json", manifest)
         written = f"; what was read is in {out / 'manifest.json'}"
-    first = "; ".join(f"{s['file']}{'' if s['line'] is None else ':' + str(s['line'])}: {s['reason']}"
-                      for s in skipped[:3])
+    first = "; ".join(
+        f"{s['file']}{'' if s['line'] is None else ':' + str(s['line'])}: {s['reason']}" for s in skipped[:3]
+    )
     more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
     raise NothingParsed(
         f"no run could be read from {', '.join(map(str, traces))} "
         f"({report.files} file(s) read, {len(skipped)} record(s) skipped, {len(report.ignored)} file(s) not recognised)"
-        + (f": {first}{more}" if first else "") + written, manifest)
+        + (f": {first}{more}" if first else "")
+        + written,
+        manifest,
+    )
 
 
 def _count_keypoints(stats: Counter, run, rd) -> None:
@@ -76,8 +100,23 @@ def _count_keypoints(stats: Counter, run, rd) -> None:
             stats[{"n_key_points": "key_points"}.get(key, key)] += gt[key]
 
 
-def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builder, kinds, models, enc, cache,
-              problems, pruned_labels, fmt) -> dict:
+def _manifest(
+    rows,
+    n_runs,
+    n_frames,
+    report,
+    files,
+    source_sha,
+    teacher,
+    builder,
+    kinds,
+    models,
+    enc,
+    cache,
+    problems,
+    pruned_labels,
+    fmt,
+) -> dict:
     def per_split(counter) -> dict:
         d = {s: int(counter.get(s, 0)) for s in SPLITS}
         d["total"] = sum(d.values())
@@ -130,7 +169,9 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
         "label_threshold_rule": (fitted.get(label_kind) or {}).get("rule"),
         "label_thresholds": thresholds,
         "label_threshold_rules": {k: v["rule"] for k, v in sorted(fitted.items())},
-        "label_depth_thresholds": {k: v["depth_thresholds"] for k, v in sorted(fitted.items()) if v["depth_thresholds"]},
+        "label_depth_thresholds": {
+            k: v["depth_thresholds"] for k, v in sorted(fitted.items()) if v["depth_thresholds"]
+        },
         "positive_rate_target": builder.positive_rate,
         "positive_rate": {k: v["positive_rate"] for k, v in sorted(fitted.items())},
         "label_missing": missing,
@@ -146,9 +187,11 @@ def _manifest(rows, n_runs, n_frames, report, files, source_sha, teacher, builde
 
 
 def _missing_warnings(missing: dict) -> list[str]:
-    return [f"{v['runs']} run(s) have nothing for --labels {kind} to label by "
-            f"({'; '.join(f'{r}: {n}' for r, n in v['reasons'].items())}): their candidates are excluded (label -1)"
-            for kind, v in missing.items()]
+    return [
+        f"{v['runs']} run(s) have nothing for --labels {kind} to label by "
+        f"({'; '.join(f'{r}: {n}' for r, n in v['reasons'].items())}): their candidates are excluded (label -1)"
+        for kind, v in missing.items()
+    ]
 
 
 def _label_warnings(rows: LabelRecords, thresholds) -> list[str]:
@@ -168,9 +211,11 @@ def _label_warnings(rows: LabelRecords, thresholds) -> list[str]:
         if n and len(labels) == 1:
             u = np.concatenate([rows.utility(s)[idx[s]] for s in SPLITS]).astype(np.float64)
             q = ", ".join(f"{p}%={np.percentile(u, p):.4g}" for p in (25, 50, 75))
-            out.append(f"all {n} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
-                       f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose another --label-threshold "
-                       "(or, for a teacher, leave it unset: --positive-rate)")
+            out.append(
+                f"all {n} realized {kind} labels are {labels.pop()} at threshold {thr:g} "
+                f"(utility min {u.min():.4g}, {q}, max {u.max():.4g}); choose another --label-threshold "
+                "(or, for a teacher, leave it unset: --positive-rate)"
+            )
     return out
 
 
@@ -180,18 +225,25 @@ def _summary(values: list[float]) -> dict:
     import numpy as np
 
     a = np.asarray(values, dtype=np.float64)
-    return {"n": int(a.size), "mean": float(a.mean()), "min": float(a.min()), "median": float(np.median(a)),
-            "max": float(a.max())}
+    return {
+        "n": int(a.size),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "median": float(np.median(a)),
+        "max": float(a.max()),
+    }
 
 
 def summary_line(manifest: dict, out) -> str:
     d, r = manifest["n_decisions"], manifest["n_runs"]
     c = manifest["embedding_cache"]
     skipped = len(manifest["skipped"])
-    return (f"branchgate dataset: {r['total']} runs from {manifest['n_files']} files → {d['total']} decisions "
-            f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
-            f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
-            f"embeddings {c['misses']} new, {c['hits']} cached{_keypoint_line(manifest.get('keypoints') or {})}")
+    return (
+        f"branchgate dataset: {r['total']} runs from {manifest['n_files']} files → {d['total']} decisions "
+        f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
+        f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
+        f"embeddings {c['misses']} new, {c['hits']} cached{_keypoint_line(manifest.get('keypoints') or {})}"
+    )
 
 
 def _keypoint_line(kp: dict) -> str:
@@ -199,5 +251,7 @@ def _keypoint_line(kp: dict) -> str:
         return ""
     total = kp.get("key_points") or 0  # 0: the traces carry labels but no key-point file says how many exist
     reach = f"{kp['key_points_reachable']}/{total}" if total else str(kp["key_points_reachable"])
-    return (f"; key points for {kp['runs_with_ground_truth']} runs: {kp['evidence_labelled']}/{kp['evidence']} "
-            f"evidence labelled, {reach} key points reachable")
+    return (
+        f"; key points for {kp['runs_with_ground_truth']} runs: {kp['evidence_labelled']}/{kp['evidence']} "
+        f"evidence labelled, {reach} key points reachable"
+    )

@@ -62,6 +62,7 @@ def _no_warn(*_args) -> None:
 # Search-o1 traces
 # ----------------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Search:
     query: str
@@ -97,25 +98,25 @@ def parse_trace(text: str, warn: Warn = _no_warn) -> tuple[str, list[Search], li
             if mode == "query":
                 warn(W + "nested begin_search_query (earlier one dropped)")
             else:
-                add_text(text[cursor:m.start()])
+                add_text(text[cursor : m.start()])
             mode, cursor = "query", m.end()
         elif kind == ("end", "query"):
             if mode != "query":
                 warn(W + "stray end_search_query tag")
                 continue
-            searches.append(Search(text[cursor:m.start()].strip()))
+            searches.append(Search(text[cursor : m.start()].strip()))
             mode, cursor = None, m.end()
         elif kind == ("begin", "result"):
             if mode == "query":
                 warn(W + "begin_search_result inside an open query (query dropped)")
             else:
-                add_text(text[cursor:m.start()])
+                add_text(text[cursor : m.start()])
             mode, cursor = "result", m.end()
         else:  # end result
             if mode != "result":
                 warn(W + "stray end_search_result tag")
                 continue
-            body = text[cursor:m.start()]
+            body = text[cursor : m.start()]
             if searches and searches[-1].result is None:
                 searches[-1].result = body
             else:
@@ -147,14 +148,17 @@ def parse_documents(body: str, warn: Warn = _no_warn) -> list[Doc]:
     docs = []
     for i, h in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(body)
-        doc_text = body[h.end():end].strip()
+        doc_text = body[h.end() : end].strip()
         fields = DOC_FIELDS.match(h.group(2).strip())
         url = (fields.group(1) if fields else "").strip()
         cw = ((fields.group(2) if fields else None) or "").strip()
         if cw.lower() in NULL_DOCS:
             cw = ""
-            warn(W + "document without a ClueWebID (URL used as its id)" if url else
-                 W + "document with neither ClueWebID nor URL (id = hash of its text)")
+            warn(
+                W + "document without a ClueWebID (URL used as its id)"
+                if url
+                else W + "document with neither ClueWebID nor URL (id = hash of its text)"
+            )
         eid = cw or url or "sha256:" + hashlib.sha256(doc_text.encode("utf-8")).hexdigest()[:16]
         docs.append(Doc(eid, url, doc_text))
     return docs
@@ -170,6 +174,7 @@ def trace_documents(text: str, warn: Warn = _no_warn) -> list[Doc]:
 # ----------------------------------------------------------------------------------------------------------
 # key points
 # ----------------------------------------------------------------------------------------------------------
+
 
 def doc_key(doc_id: str) -> str:
     """A document id as compared: stripped, lower-cased."""
@@ -218,7 +223,9 @@ class QueryKeyPoints:
         return [k.id for k in self.points]
 
 
-def parse_key_points(qid: str, per_doc, aggregated, per_doc_file: str = "", aggregated_file: str = "") -> QueryKeyPoints:
+def parse_key_points(
+    qid: str, per_doc, aggregated, per_doc_file: str = "", aggregated_file: str = ""
+) -> QueryKeyPoints:
     """The key points of query ``qid`` from the loaded ``<qid>.json`` and ``<qid>_aggregated.json``.
 
     ``InputError`` when either file lacks its ``key_points`` (object per document / list); malformed entries
@@ -242,7 +249,9 @@ def parse_key_points(qid: str, per_doc, aggregated, per_doc_file: str = "", aggr
             if not isinstance(p, dict):
                 out.bad_entries += 1
                 out.problems.append((per_doc_file, f"key_points[{doc!r}]: a point that is not an object"))
-            originals.append((key, [s for s in spans if isinstance(s, str) and s.strip()] if isinstance(spans, list) else []))
+            originals.append(
+                (key, [s for s in spans if isinstance(s, str) and s.strip()] if isinstance(spans, list) else [])
+            )
     by_id: dict[str, KeyPoint] = {}
     for i, k in enumerate(aggregated["key_points"]):
         num = k.get("point_number", i + 1) if isinstance(k, dict) else None
@@ -266,7 +275,9 @@ def parse_key_points(qid: str, per_doc, aggregated, per_doc_file: str = "", aggr
         for n in links:
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(originals):
                 out.bad_links += 1
-                out.problems.append((aggregated_file, f"key_points[{i}].original_point_number: {n!r} outside 1..{len(originals)}"))
+                out.problems.append(
+                    (aggregated_file, f"key_points[{i}].original_point_number: {n!r} outside 1..{len(originals)}")
+                )
                 continue
             doc, spans = originals[n - 1]
             by_id[kid].sources += [(doc, s) for s in spans]
@@ -283,7 +294,9 @@ def load_key_points(directory: Path, qid: str) -> QueryKeyPoints:
     return parse_key_points(qid, *map(read_json, files), *map(str, files))
 
 
-def read_queries(src: Path, skip: Callable[[Path, int | None, str], None]) -> Iterator[tuple[Path, int, str | None, str, list[Doc]]]:
+def read_queries(
+    src: Path, skip: Callable[[Path, int | None, str], None]
+) -> Iterator[tuple[Path, int, str | None, str, list[Doc]]]:
     """Per JSON object line of ``src/queries/*.jsonl`` (files in name order): (file, line, query id, query text,
     its ``DocStream`` documents that hold a full text). Invalid lines and lines without an id and a query are
     reported with ``skip(file, line, reason)``; the latter still give their documents (query id None)."""
@@ -301,8 +314,11 @@ def read_queries(src: Path, skip: Callable[[Path, int | None, str], None]) -> It
                     skip(qf, lineno, "not a JSON object")
                     continue
                 stream = obj.get("DocStream") if isinstance(obj.get("DocStream"), list) else []
-                docs = [Doc(str(d["CluewebID"]), str(d.get("Url") or ""), d["CluewebDocument"]) for d in stream
-                        if isinstance(d, dict) and d.get("CluewebID") and isinstance(d.get("CluewebDocument"), str)]
+                docs = [
+                    Doc(str(d["CluewebID"]), str(d.get("Url") or ""), d["CluewebDocument"])
+                    for d in stream
+                    if isinstance(d, dict) and d.get("CluewebID") and isinstance(d.get("CluewebDocument"), str)
+                ]
                 qid, query = obj.get("id"), obj.get("query")
                 if qid is None or not isinstance(query, str) or not query.strip():
                     skip(qf, lineno, "needs fields 'id' and 'query'")
@@ -320,6 +336,8 @@ def check_layout(src: Path) -> None:
     if missing:
         raise InputError(
             f"not a DeepResearchGym folder: missing {', '.join(m + '/' for m in missing)} (expected queries/*.jsonl, "
-            f"key_point/<qid>.json + <qid>_aggregated.json, optional {TRACE_DIR}/*.a)", str(src))
+            f"key_point/<qid>.json + <qid>_aggregated.json, optional {TRACE_DIR}/*.a)",
+            str(src),
+        )
     if not list((src / "queries").glob("*.jsonl")):
         raise InputError("queries/ has no *.jsonl file", str(src))

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from branchgate.errors import BranchgateError
 from branchgate.llm import chat, endpoint, json_in
-from branchgate.logs_to_dataset.decisions import CandidateInfo, FrameInfo, RunDecisions
+from branchgate.logs_to_dataset.decision_points import CandidateInfo, FrameInfo, RunDecisions
 from branchgate.logs_to_dataset.spans import normalize
 
 PROMPT = """You are judging web research. For the question below, each BRANCH is a search query with the evidence
@@ -86,8 +86,10 @@ EVIDENCE:
 >>>
 """
 
-RETRY = ("Your answer could not be read ({reason}). Answer again with the JSON object only: exactly the keys "
-         "{keys}, each mapping to a list of key-point strings.")
+RETRY = (
+    "Your answer could not be read ({reason}). Answer again with the JSON object only: exactly the keys "
+    "{keys}, each mapping to a list of key-point strings."
+)
 
 MAX_POINT_CHARS = 300  # a longer "key point" is kept, cut to this
 
@@ -114,10 +116,15 @@ def prompt_for(question: str, known: str, named: list[str], branches: list[tuple
     if len(branches) > 1:
         example["2"] = []
     return PROMPT.format(
-        keys=keys_of(len(branches)), example=json.dumps(example), question=" ".join(question.split()),
-        known=known or "(nothing yet)", named="\n".join(f"- {p}" for p in named) or "(none)",
-        branches="".join(BRANCH.format(n=n, query=" ".join(q.split()), evidence=ev)
-                         for n, (q, ev) in enumerate(branches, 1)))
+        keys=keys_of(len(branches)),
+        example=json.dumps(example),
+        question=" ".join(question.split()),
+        known=known or "(nothing yet)",
+        named="\n".join(f"- {p}" for p in named) or "(none)",
+        branches="".join(
+            BRANCH.format(n=n, query=" ".join(q.split()), evidence=ev) for n, (q, ev) in enumerate(branches, 1)
+        ),
+    )
 
 
 def parse_points(content: str, n: int) -> list[list[str]]:
@@ -149,8 +156,10 @@ class JudgeCache:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), timeout=60)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS judge (key TEXT PRIMARY KEY, model TEXT, request TEXT, "
-                             "content TEXT, usage TEXT)")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS judge (key TEXT PRIMARY KEY, model TEXT, request TEXT, "
+                "content TEXT, usage TEXT)"
+            )
             self._db.commit()
         except (OSError, sqlite3.Error) as exc:
             raise BranchgateError(f"judge cache {path}: cannot open it ({exc})") from None
@@ -165,8 +174,10 @@ class JudgeCache:
         return None if row is None else (row[0], json.loads(row[1]))
 
     def put(self, key: str, model: str, messages: list[dict], content: str, usage: dict) -> None:
-        self._db.execute("INSERT OR REPLACE INTO judge VALUES (?, ?, ?, ?, ?)",
-                         (key, model, json.dumps(messages, ensure_ascii=False), content, json.dumps(usage)))
+        self._db.execute(
+            "INSERT OR REPLACE INTO judge VALUES (?, ?, ?, ?, ?)",
+            (key, model, json.dumps(messages, ensure_ascii=False), content, json.dumps(usage)),
+        )
         self._db.commit()
 
     def close(self) -> None:
@@ -181,9 +192,17 @@ def _tokens(usage: dict, name: str) -> int:
 class Judge:
     """Realized utilities of a run's expanded branches from an LLM judge (see the module docstring)."""
 
-    def __init__(self, base_url: str, model: str, cache: str | Path | None = None, batch: int = 8,
-                 max_evidence_chars: int = 4000, timeout: float = 60, api_key: str | None = None,
-                 retries: int = 2):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        cache: str | Path | None = None,
+        batch: int = 8,
+        max_evidence_chars: int = 4000,
+        timeout: float = 60,
+        api_key: str | None = None,
+        retries: int = 2,
+    ):
         if batch < 1 or max_evidence_chars < 1:
             raise BranchgateError(f"judge: batch ({batch}) and max_evidence_chars ({max_evidence_chars}) must be ≥ 1")
         self.base_url, self.model, self.batch = base_url, model, batch
@@ -194,9 +213,23 @@ class Judge:
             cache = default_cache_dir() / "judge.sqlite"
         self.cache = JudgeCache(Path(cache))
         self._stats = dict.fromkeys(
-            ("runs", "branches", "key_points", "failures", "calls", "cached", "http_retries", "bad_replies",
-             "usage_missing", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-             "cached_completion_tokens"), 0)
+            (
+                "runs",
+                "branches",
+                "key_points",
+                "failures",
+                "calls",
+                "cached",
+                "http_retries",
+                "bad_replies",
+                "usage_missing",
+                "prompt_tokens",
+                "completion_tokens",
+                "cached_prompt_tokens",
+                "cached_completion_tokens",
+            ),
+            0,
+        )
         self._seconds = 0.0
 
     def utilities(self, rd: RunDecisions) -> dict[str, float]:
@@ -226,9 +259,10 @@ class Judge:
                     out[c.candidate_id] = 0.0
                     self._stats["branches"] += 1
             for start in range(0, len(todo), self.batch):
-                chunk = todo[start:start + self.batch]
-                points = self._judge(self._prompt(rd, frame, [(c, ev) for c, _, ev in chunk], list(known.values())),
-                                     len(chunk))
+                chunk = todo[start : start + self.batch]
+                points = self._judge(
+                    self._prompt(rd, frame, [(c, ev) for c, _, ev in chunk], list(known.values())), len(chunk)
+                )
                 if points is None:
                     self._stats["failures"] += len(chunk)
                     continue
@@ -250,8 +284,13 @@ class Judge:
         (``cached``, ``cached_*_tokens``: what those replies cost when they were made), ``http_retries``,
         ``bad_replies`` (replies that did not validate), ``failures`` (branches left without a utility),
         ``usage_missing`` (replies without ``usage``: their tokens are not counted)."""
-        return {"model": self.model, "endpoint": endpoint(self.base_url), "cache": str(self.cache.path),
-                **self._stats, "seconds": round(self._seconds, 3)}
+        return {
+            "model": self.model,
+            "endpoint": endpoint(self.base_url),
+            "cache": str(self.cache.path),
+            **self._stats,
+            "seconds": round(self._seconds, 3),
+        }
 
     def close(self) -> None:
         self.cache.close()
@@ -262,8 +301,9 @@ class Judge:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _prompt(self, rd: RunDecisions, frame: FrameInfo, chunk: list[tuple[CandidateInfo, str]],
-                named: list[str]) -> str:
+    def _prompt(
+        self, rd: RunDecisions, frame: FrameInfo, chunk: list[tuple[CandidateInfo, str]], named: list[str]
+    ) -> str:
         known = clip([rd.evidence[i].text for i in frame.context_ids], self.max_chars)
         kept: list[str] = []  # ALREADY NAMED (the points known before the frame), in order, within the same budget
         size = 0
@@ -277,14 +317,16 @@ class Judge:
     def _judge(self, prompt: str, n: int) -> list[list[str]] | None:
         """Key points per branch, or None when the reply and its one retry do not validate."""
         messages = [{"role": "user", "content": prompt}]
-        for attempt in range(2):
+        for _attempt in range(2):
             content = self._complete(messages)
             try:
                 return parse_points(content, n)
             except ValueError as exc:
                 self._stats["bad_replies"] += 1
-                messages = messages + [{"role": "assistant", "content": content},
-                                       {"role": "user", "content": RETRY.format(reason=exc, keys=keys_of(n))}]
+                messages = messages + [
+                    {"role": "assistant", "content": content},
+                    {"role": "user", "content": RETRY.format(reason=exc, keys=keys_of(n))},
+                ]
         return None
 
     def _complete(self, messages: list[dict]) -> str:
@@ -296,8 +338,16 @@ class Judge:
             self._stats["cached_prompt_tokens"] += _tokens(usage, "prompt_tokens")
             self._stats["cached_completion_tokens"] += _tokens(usage, "completion_tokens")
             return content
-        reply = chat(self.base_url, self.model, messages, api_key=self.api_key, timeout=self.timeout,
-                     retries=self.retries, who="judge", temperature=0)
+        reply = chat(
+            self.base_url,
+            self.model,
+            messages,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            retries=self.retries,
+            who="judge",
+            temperature=0,
+        )
         self.cache.put(key, self.model, messages, reply.content, reply.usage)
         self._stats["calls"] += 1
         self._stats["http_retries"] += reply.attempts - 1

@@ -124,8 +124,9 @@ class CitationSource(_CountSource):
 
     def utilities(self, rd, info, tools) -> dict[str, float]:
         cited = set(info.report.cited_ids)
-        return {c.candidate_id: float(sum(1 for i in _new_ids(f, c) if i in cited))
-                for f in rd.frames for c in _known(f)}
+        return {
+            c.candidate_id: float(sum(1 for i in _new_ids(f, c) if i in cited)) for f in rd.frames for c in _known(f)
+        }
 
 
 class TeacherSource:
@@ -149,8 +150,14 @@ class TeacherSource:
             if not known:
                 continue
             pool = list(dict.fromkeys(f.context_ids + [i for c in known for i in c.evidence_ids]))
-            state = State(tools.q, tools.evidence(f.context_ids), f.frame_query, f.parent_goal, f.depth,
-                          {"pool": tools.evidence(pool)})
+            state = State(
+                tools.q,
+                tools.evidence(f.context_ids),
+                f.frame_query,
+                f.parent_goal,
+                f.depth,
+                {"pool": tools.evidence(pool)},
+            )
             for c in known:
                 out[c.candidate_id] = float(set_gain(self.model, tools.evidence(c.evidence_ids), state))
         return out
@@ -168,8 +175,10 @@ class AutoSource:
 
 def _judge(teacher_source, options: dict):
     if not options.get("llm_url") or not options.get("llm_model"):
-        raise InputError("--labels judge needs --llm-url/--llm-model (an OpenAI-compatible endpoint and model "
-                         "that reads each branch's evidence and names the key points it adds)")
+        raise InputError(
+            "--labels judge needs --llm-url/--llm-model (an OpenAI-compatible endpoint and model "
+            "that reads each branch's evidence and names the key points it adds)"
+        )
     from branchgate.logs_to_dataset import judge
 
     return judge.label_source(**options)
@@ -204,8 +213,9 @@ def parse_spec(spec: str | None) -> tuple[str, str]:
     spec = (spec or "auto").strip()
     name, _, arg = spec.partition(":")
     if name not in SOURCES or (arg and name not in ("teacher", "returns")):
-        raise InputError("--labels must be one of auto, keypoints, returns[:DISCOUNT], citations, judge, "
-                         f"teacher:NAME; got {spec!r}")
+        raise InputError(
+            f"--labels must be one of auto, keypoints, returns[:DISCOUNT], citations, judge, teacher:NAME; got {spec!r}"
+        )
     if name == "teacher" and arg and arg not in T.NAMES:
         raise InputError(f"unknown teacher {arg!r} in --labels; valid names: {', '.join(T.NAMES)}")
     if name == "returns" and arg:

@@ -1,4 +1,4 @@
-"""Decision rows with labels and per-teacher pre-retrieval scores (the dataset contract: ``data.schema``).
+"""Decision rows with labels and per-teacher pre-retrieval scores (the dataset contract: ``data.dataset_schema``).
 
 Realized utility ``g`` of an expanded candidate ``c`` whose retrieved evidence E(c) is known comes from the
 run's label source (``logs_to_dataset.label_sources``: ``keypoints``, ``citations``, ``teacher:<name>``,
@@ -27,9 +27,15 @@ import numpy as np
 
 from branchgate.errors import InputError
 from branchgate.features import FEATURE_NAMES, structured_features
-from branchgate.logs_to_dataset.decisions import RunDecisions
-from branchgate.logs_to_dataset.label_sources import (DEFAULT_POSITIVE_RATE, AutoSource, RunInfo, TeacherSource,
-                                                       make, rate_threshold)
+from branchgate.logs_to_dataset.decision_points import RunDecisions
+from branchgate.logs_to_dataset.label_sources import (
+    DEFAULT_POSITIVE_RATE,
+    AutoSource,
+    RunInfo,
+    TeacherSource,
+    make,
+    rate_threshold,
+)
 
 PRUNED_LABELS = ("excluded", "teacher_pre")
 # Evidence is cut to ~10 characters per token of the encoder's window before embedding (the build sets
@@ -54,7 +60,7 @@ def run_texts(rd: RunDecisions, max_chars: int, evidence: bool | None = None) ->
     for f in rd.frames:
         if f.candidates:  # the towers' texts of a decision
             towers += [f.frame_query, f.parent_goal, *f.retained, *(c.text for c in f.candidates)]
-    # each as the teachers here read it and, stripped, as training reads it (data/decisions.TextTable)
+    # each as the teachers here read it and, stripped, as training reads it (data/decision_batches.TextTable)
     texts = [rd.root_query] + [v for t in towers if t and t.strip() for v in (t, t.strip())]
     if evidence:
         texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
@@ -85,9 +91,17 @@ class _Tools:
 class RowBuilder:
     """Turns a run's decision points into rows, given embeddings for ``texts``; ``finalize`` labels them."""
 
-    def __init__(self, teachers: dict, label_teacher: str, label_threshold: float | None = None,
-                 pruned_labels: str = "excluded", max_chars: int = EVIDENCE_MAX_CHARS, labels: str = "auto",
-                 positive_rate: float = DEFAULT_POSITIVE_RATE, label_options: dict | None = None):
+    def __init__(
+        self,
+        teachers: dict,
+        label_teacher: str,
+        label_threshold: float | None = None,
+        pruned_labels: str = "excluded",
+        max_chars: int = EVIDENCE_MAX_CHARS,
+        labels: str = "auto",
+        positive_rate: float = DEFAULT_POSITIVE_RATE,
+        label_options: dict | None = None,
+    ):
         from branchgate.models.teachers import get
 
         if pruned_labels not in PRUNED_LABELS:
@@ -120,7 +134,9 @@ class RowBuilder:
         src, missing = self.resolve(rd, info)
         return run_texts(rd, self.max_chars, evidence=missing is None and src.needs_vectors(rd))
 
-    def rows(self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None) -> list[dict]:
+    def rows(
+        self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None
+    ) -> list[dict]:
         """Rows of one run; realized rows carry ``label = None`` until ``finalize``."""
         from branchgate.models.teachers import State
 
@@ -138,7 +154,9 @@ class RowBuilder:
             x = tools.items([c.text for c in f.candidates])
             pre_state = State(q, tools.items(f.retained), f.frame_query, f.parent_goal, f.depth, {"pool": x})
             pre = {name: np.asarray(m.score(x, pre_state), dtype=np.float64) for name, m in self.teachers.items()}
-            label_pre = pre[self.label_name] if self.label_name in pre else np.asarray(self.label_model.score(x, pre_state))
+            label_pre = (
+                pre[self.label_name] if self.label_name in pre else np.asarray(self.label_model.score(x, pre_state))
+            )
             feats = structured_features(f.depth, len(f.candidates), len(f.retained)).astype(int)
             for k, c in enumerate(f.candidates):
                 g = g_of.get(c.candidate_id, math.nan)
@@ -147,17 +165,31 @@ class RowBuilder:
                 elif c.candidate_id in g_of and not math.isnan(g):
                     label, source = None, "realized"
                 elif c.candidate_id not in g_of and self.pruned_labels == "teacher_pre":
-                    label = int(_keep(float(label_pre[k]), float(self.label_model.threshold),
-                                      getattr(self.label_model, "higher_is_better", True)))
+                    label = int(
+                        _keep(
+                            float(label_pre[k]),
+                            float(self.label_model.threshold),
+                            getattr(self.label_model, "higher_is_better", True),
+                        )
+                    )
                     source = "teacher_pre"
                 else:
                     label, source = -1, "excluded"
                 row = {
-                    "run_id": rd.run_id, "frame_id": f.frame_id, "candidate_id": c.candidate_id,
-                    "root_query": rd.root_query, "frame_query": f.frame_query, "parent_goal": f.parent_goal,
-                    "retained": list(f.retained), "query": c.query, "goal": c.goal,
+                    "run_id": rd.run_id,
+                    "frame_id": f.frame_id,
+                    "candidate_id": c.candidate_id,
+                    "root_query": rd.root_query,
+                    "frame_query": f.frame_query,
+                    "parent_goal": f.parent_goal,
+                    "retained": list(f.retained),
+                    "query": c.query,
+                    "goal": c.goal,
                     **{name: int(v) for name, v in zip(FEATURE_NAMES, feats[k])},
-                    "expanded": bool(c.expanded), "utility": g, "label": label, "label_source": source,
+                    "expanded": bool(c.expanded),
+                    "utility": g,
+                    "label": label,
+                    "label_source": source,
                     "utility_kind": src.kind,
                 }
                 for name in self.teachers:
@@ -191,16 +223,22 @@ class RowBuilder:
                 else:
                     thr = fit[0]
                     by_depth = depth_thresholds(train, depth, thr, self.positive_rate, higher)
-                    rule = (f"positive rate {self.positive_rate:g} of the train split's realized utilities "
-                            f"(achieved {fit[1]:.4g}), and at least that rate at each depth")
+                    rule = (
+                        f"positive rate {self.positive_rate:g} of the train split's realized utilities "
+                        f"(achieved {fit[1]:.4g}), and at least that rate at each depth"
+                    )
             rates = {}
             for s, idx in realized.items():
                 cut = level_thresholds(records.depth(s)[idx], thr, by_depth)
                 labels = _keep(records.utility(s)[idx], cut, higher).astype(np.int64)
                 records.label(s)[idx] = labels
                 rates[s] = round(int(labels.sum()) / len(idx), 4) if len(idx) else None
-            out[kind] = {"threshold": thr, "rule": rule, "positive_rate": rates,
-                         "depth_thresholds": {str(d): t for d, t in sorted(by_depth.items())}}
+            out[kind] = {
+                "threshold": thr,
+                "rule": rule,
+                "positive_rate": rates,
+                "depth_thresholds": {str(d): t for d, t in sorted(by_depth.items())},
+            }
         return out
 
 
@@ -218,8 +256,17 @@ class LabelRecords:
         self.splits = tuple(splits)
         self.kinds: list[str] = []  # utility_kind / label_source codes → names
         self.sources: list[str] = []
-        self._cols = {s: {"utility": array("d"), "kind": array("H"), "source": array("B"), "expanded": array("B"),
-                          "depth": array("I"), "label": array("q")} for s in self.splits}
+        self._cols = {
+            s: {
+                "utility": array("d"),
+                "kind": array("H"),
+                "source": array("B"),
+                "expanded": array("B"),
+                "depth": array("I"),
+                "label": array("q"),
+            }
+            for s in self.splits
+        }
 
     @staticmethod
     def _code(names: list[str], name: str) -> int:
@@ -283,8 +330,9 @@ class LabelRecords:
 MIN_DEPTH_ROWS = 50  # realized train rows a depth needs for a threshold of its own
 
 
-def depth_thresholds(values: np.ndarray, depths: np.ndarray, threshold: float, rate: float,
-                     higher_is_better: bool = True) -> dict[int, float]:
+def depth_thresholds(
+    values: np.ndarray, depths: np.ndarray, threshold: float, rate: float, higher_is_better: bool = True
+) -> dict[int, float]:
     """The rate rule's per-depth thresholds: for each depth with at least ``MIN_DEPTH_ROWS`` realized train rows,
     the global ``threshold`` or, when that leaves fewer than ``rate`` of the depth's rows positive, the
     threshold giving ``rate`` among them (the lower of the two, so every depth has at least ``rate``).

@@ -20,11 +20,31 @@ from branchgate.fileio import load_json
 from branchgate.logs_to_dataset.traces import ReadReport, text_problem
 
 W = "openinference: "
-KINDS = {"LLM", "TOOL", "CHAIN", "AGENT", "RETRIEVER", "EMBEDDING", "RERANKER", "GUARDRAIL", "EVALUATOR", "PROMPT",
-         "UNKNOWN", "DECISION"}
-GENAI_KINDS = {"chat": "LLM", "text_completion": "LLM", "generate_content": "LLM", "execute_tool": "TOOL",
-               "invoke_agent": "AGENT", "create_agent": "AGENT", "invoke_workflow": "AGENT", "retrieval": "RETRIEVER",
-               "embeddings": "EMBEDDING"}
+KINDS = {
+    "LLM",
+    "TOOL",
+    "CHAIN",
+    "AGENT",
+    "RETRIEVER",
+    "EMBEDDING",
+    "RERANKER",
+    "GUARDRAIL",
+    "EVALUATOR",
+    "PROMPT",
+    "UNKNOWN",
+    "DECISION",
+}
+GENAI_KINDS = {
+    "chat": "LLM",
+    "text_completion": "LLM",
+    "generate_content": "LLM",
+    "execute_tool": "TOOL",
+    "invoke_agent": "AGENT",
+    "create_agent": "AGENT",
+    "invoke_workflow": "AGENT",
+    "retrieval": "RETRIEVER",
+    "embeddings": "EMBEDDING",
+}
 
 
 @dataclass
@@ -42,7 +62,7 @@ class Span:
     error: bool = False
     service: str = ""
     children: list = field(default_factory=list)
-    parent: "Span | None" = None
+    parent: Span | None = None
 
 
 def load_spans(path: Path, strict: bool, report: ReadReport) -> list[Span]:
@@ -85,8 +105,9 @@ def load_spans(path: Path, strict: bool, report: ReadReport) -> list[Span]:
                 continue
             span.service, span.line = service, line
             if span.kind and span.kind not in KINDS:
-                report.skip(path, line, at(where, f"unknown span kind {span.kind!r} (field openinference.span.kind)"),
-                            strict)
+                report.skip(
+                    path, line, at(where, f"unknown span kind {span.kind!r} (field openinference.span.kind)"), strict
+                )
                 continue
             if not span.kind:
                 report.warn(W + "span without openinference.span.kind or gen_ai.operation.name (kept in the tree only)")
@@ -136,9 +157,18 @@ def _otlp_span(item: dict, where: str) -> Span | str:
     attrs = _flat_otlp(item.get("attributes"))
     end = _int(item.get("endTimeUnixNano"))
     code = (item.get("status") or {}).get("code")
-    return Span(trace_id, span_id, _hex_id(item.get("parentSpanId"), 8) or None, str(item.get("name") or ""),
-                _kind(attrs), start, end if end is not None else start, attrs, where,
-                error=code in (2, "STATUS_CODE_ERROR"))
+    return Span(
+        trace_id,
+        span_id,
+        _hex_id(item.get("parentSpanId"), 8) or None,
+        str(item.get("name") or ""),
+        _kind(attrs),
+        start,
+        end if end is not None else start,
+        attrs,
+        where,
+        error=code in (2, "STATUS_CODE_ERROR"),
+    )
 
 
 def _phoenix_span(item: dict, where: str) -> Span | str:
@@ -154,9 +184,18 @@ def _phoenix_span(item: dict, where: str) -> Span | str:
     if kind in ("", "UNKNOWN") and _kind(attrs):
         kind = _kind(attrs)
     end = _iso_ns(item.get("end_time"))
-    return Span(str(trace_id), str(span_id), str(item["parent_id"]) if item.get("parent_id") else None,
-                str(item.get("name") or ""), kind, start, end if end is not None else start, attrs, where,
-                error=item.get("status_code") == "ERROR")
+    return Span(
+        str(trace_id),
+        str(span_id),
+        str(item["parent_id"]) if item.get("parent_id") else None,
+        str(item.get("name") or ""),
+        kind,
+        start,
+        end if end is not None else start,
+        attrs,
+        where,
+        error=item.get("status_code") == "ERROR",
+    )
 
 
 def _kind(attrs: dict) -> str:

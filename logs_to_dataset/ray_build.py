@@ -47,18 +47,31 @@ def require_ray():
     return ray
 
 
-def build_ray(traces, out, *, num_actors: int | None = None, work_dir: str | Path | None = None,
-              gpus_per_actor: float = 0, batch_texts: int = RAY_BATCH_TEXTS, **options) -> dict:
+def build_ray(
+    traces,
+    out,
+    *,
+    num_actors: int | None = None,
+    work_dir: str | Path | None = None,
+    gpus_per_actor: float = 0,
+    batch_texts: int = RAY_BATCH_TEXTS,
+    **options,
+) -> dict:
     """``build.build`` with ``RayEngine``: same arguments (``options``: ``build.BuildSettings``), same outputs
     (dataset and manifest); ``ray_run_build`` says the rest."""
     from branchgate.logs_to_dataset.build import BuildSettings
 
-    return ray_run_build(BuildSettings(traces, out, batch_texts=batch_texts, **options), num_actors=num_actors,
-                         work_dir=work_dir, gpus_per_actor=gpus_per_actor)
+    return ray_run_build(
+        BuildSettings(traces, out, batch_texts=batch_texts, **options),
+        num_actors=num_actors,
+        work_dir=work_dir,
+        gpus_per_actor=gpus_per_actor,
+    )
 
 
-def ray_run_build(settings, *, num_actors: int | None = None, work_dir: str | Path | None = None,
-                  gpus_per_actor: float = 0) -> dict:
+def ray_run_build(
+    settings, *, num_actors: int | None = None, work_dir: str | Path | None = None, gpus_per_actor: float = 0
+) -> dict:
     """``build.run_build`` of ``settings`` (a ``build.BuildSettings``) with ``RayEngine``.
 
     ``num_actors`` (default: the settings' ``workers``, the CLI's ``--workers``): encoder actors (default: Ray's
@@ -74,8 +87,10 @@ def ray_run_build(settings, *, num_actors: int | None = None, work_dir: str | Pa
     check_build_output(s.out, s.traces, s.keypoints, s.cache)  # before any folder is made
     ray = require_ray()
     if str(s.labels).split(":")[0] == "judge":
-        raise InputError("--labels judge is not supported with --engine ray (its LLM calls run on the driver); "
-                         "use --engine local", "--labels")
+        raise InputError(
+            "--labels judge is not supported with --engine ray (its LLM calls run on the driver); use --engine local",
+            "--labels",
+        )
     num_actors = num_actors or s.workers
     encoder_obj = s.encoder_obj
     if encoder_obj is None:
@@ -139,21 +154,30 @@ class RayEngine:
         path = self._dir("embed")
         blocks = max(1, min(-(-len(texts) // 256), 4 * self.num_actors))  # a small job loads one encoder
         ds = ray.data.from_items([{"i": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=blocks)
-        ds = ds.map_batches(_EncoderActor, fn_constructor_kwargs={"encoder": _portable(encoder),
-                                                                   "threads": self.cpus_per_actor,
-                                                                   "batch_size": batch_size,
-                                                                   "device": "cuda" if self.gpus else "cpu"},
-                            batch_size=max(batch_size, 256), batch_format="numpy",
-                            compute=ray.data.ActorPoolStrategy(size=min(self.num_actors, blocks)),
-                            num_cpus=self.cpus_per_actor, num_gpus=self.gpus or None)
+        ds = ds.map_batches(
+            _EncoderActor,
+            fn_constructor_kwargs={
+                "encoder": _portable(encoder),
+                "threads": self.cpus_per_actor,
+                "batch_size": batch_size,
+                "device": "cuda" if self.gpus else "cpu",
+            },
+            batch_size=max(batch_size, 256),
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=min(self.num_actors, blocks)),
+            num_cpus=self.cpus_per_actor,
+            num_gpus=self.gpus or None,
+        )
         ds.write_parquet(path)
         table = pq.read_table(path)
         order = np.argsort(np.asarray(table.column("i").to_numpy()), kind="stable")
         blobs = table.column("vec").to_pylist()
         vecs = np.stack([np.frombuffer(blobs[j], dtype=np.float32) for j in order])
         if vecs.shape != (len(texts), dim):
-            raise BranchgateError(f"ray build: {vecs.shape[0]} vectors of width {vecs.shape[1]} for "
-                                  f"{len(texts)} texts of width {dim} (in {path})")
+            raise BranchgateError(
+                f"ray build: {vecs.shape[0]} vectors of width {vecs.shape[1]} for "
+                f"{len(texts)} texts of width {dim} (in {path})"
+            )
         return vecs
 
     # -- 2. rows ---------------------------------------------------------------------------------------
@@ -172,9 +196,13 @@ class RayEngine:
         blocks = max(1, min(len(items), 4 * self.cpus))
         path = self._dir("rows")
         ds = ray.data.from_items(items, override_num_blocks=blocks)
-        ds = ds.map_batches(_rows_batch, fn_kwargs={"builder": builder, "dim": dim,
-                                                    "schema": _row_schema(list(builder.teachers))},
-                            batch_format="numpy", batch_size=None, num_cpus=1)
+        ds = ds.map_batches(
+            _rows_batch,
+            fn_kwargs={"builder": builder, "dim": dim, "schema": _row_schema(list(builder.teachers))},
+            batch_format="numpy",
+            batch_size=None,
+            num_cpus=1,
+        )
         ds.write_parquet(path)
         table = pq.read_table(path, schema=_run_schema(_row_schema(list(builder.teachers))))
         made: list = [None] * len(pending)
@@ -242,10 +270,10 @@ class _EncoderActor:
         self.encoder, self.batch_size = obj, batch_size
 
     def __call__(self, batch: dict) -> dict:
-        vecs = np.asarray(self.encoder.encode([str(t) for t in batch["text"]], batch_size=self.batch_size),
-                          dtype=np.float32)
-        return {"i": np.asarray(batch["i"], dtype=np.int64),
-                "vec": np.array([v.tobytes() for v in vecs], dtype=object)}
+        vecs = np.asarray(
+            self.encoder.encode([str(t) for t in batch["text"]], batch_size=self.batch_size), dtype=np.float32
+        )
+        return {"i": np.asarray(batch["i"], dtype=np.int64), "vec": np.array([v.tobytes() for v in vecs], dtype=object)}
 
 
 def _rows_batch(batch, builder, dim: int, schema):
@@ -272,7 +300,7 @@ def _row_schema(teacher_names):
     these utilities, as in a local build) and ``label`` nullable (set by ``RowBuilder.finalize``)."""
     import pyarrow as pa
 
-    from branchgate.data.schema import features
+    from branchgate.data.dataset_schema import features
 
     fields = []
     for f in features(teacher_names).arrow_schema:
@@ -283,8 +311,13 @@ def _row_schema(teacher_names):
 def _run_schema(row_schema):
     import pyarrow as pa
 
-    return pa.schema([pa.field("run", pa.int64()), pa.field("rows", pa.list_(pa.struct(list(row_schema)))),
-                      pa.field("missing", pa.string())])
+    return pa.schema(
+        [
+            pa.field("run", pa.int64()),
+            pa.field("rows", pa.list_(pa.struct(list(row_schema)))),
+            pa.field("missing", pa.string()),
+        ]
+    )
 
 
 def _shard(run_id: str, shards: int = 1 << 16) -> int:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from branchgate.data.schema import SPLITS
+from branchgate.data.dataset_schema import SPLITS
 from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.logs_to_dataset.labels import LabelRecords
 
@@ -46,9 +46,10 @@ class RowSpill:
         if split not in self.writers:
             self.writers[split] = pa.ipc.new_stream(str(self.path(split)), schema)
         for i in range(0, len(rows), WRITE_CHUNK_ROWS):
-            chunk = rows[i:i + WRITE_CHUNK_ROWS]
+            chunk = rows[i : i + WRITE_CHUNK_ROWS]
             self.writers[split].write_batch(
-                pa.RecordBatch.from_pydict({name: [r[name] for r in chunk] for name in schema.names}, schema=schema))
+                pa.RecordBatch.from_pydict({name: [r[name] for r in chunk] for name in schema.names}, schema=schema)
+            )
         self.seconds += time.perf_counter() - t
 
     def take_time(self) -> float:

@@ -12,7 +12,9 @@ import re
 from branchgate.errors import InputError
 from branchgate.fileio import load_json
 
-CALL_KEY = re.compile(r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$")
+CALL_KEY = re.compile(
+    r"^llm\.output_messages\.(\d+)\.message\.tool_calls\.(\d+)\.tool_call\.(id|function\.name|function\.arguments)$"
+)
 INPUT_KEY = re.compile(r"^llm\.input_messages\.(\d+)\.message\.(role|content|contents\.(\d+)\.message_content\.text)$")
 DOC_KEY = re.compile(r"^retrieval\.documents\.(\d+)\.document\.(id|content|metadata|score)$")
 
@@ -29,9 +31,15 @@ def _oi_calls(attrs: dict) -> list[dict]:
         m = CALL_KEY.match(key)
         if m:
             found.setdefault((int(m.group(1)), int(m.group(2))), {})[m.group(3)] = value
-    return [{"id": v.get("id"), "name": v.get("function.name"), "args": _json_args(v.get("function.arguments")),
-             "field": f"llm.output_messages.{i}.message.tool_calls.{j}.tool_call.function.name"}
-            for (i, j), v in sorted(found.items())]
+    return [
+        {
+            "id": v.get("id"),
+            "name": v.get("function.name"),
+            "args": _json_args(v.get("function.arguments")),
+            "field": f"llm.output_messages.{i}.message.tool_calls.{j}.tool_call.function.name",
+        }
+        for (i, j), v in sorted(found.items())
+    ]
 
 
 def _genai_calls(value) -> list[dict]:
@@ -40,8 +48,14 @@ def _genai_calls(value) -> list[dict]:
     for i, m in enumerate(messages if isinstance(messages, list) else []):
         for k, part in enumerate((m or {}).get("parts") or [] if isinstance(m, dict) else []):
             if isinstance(part, dict) and part.get("type") == "tool_call":
-                calls.append({"id": part.get("id"), "name": part.get("name"), "args": _json_args(part.get("arguments")),
-                              "field": f"gen_ai.output.messages[{i}].parts[{k}].name"})
+                calls.append(
+                    {
+                        "id": part.get("id"),
+                        "name": part.get("name"),
+                        "args": _json_args(part.get("arguments")),
+                        "field": f"gen_ai.output.messages[{i}].parts[{k}].name",
+                    }
+                )
     return calls
 
 
@@ -79,7 +93,7 @@ def call_text(call: dict) -> str:
     if isinstance(args, str):
         return args
     texts = []
-    for v in (args.values() if isinstance(args, dict) else []):
+    for v in args.values() if isinstance(args, dict) else []:
         if isinstance(v, str):
             texts.append(v)
         elif isinstance(v, list):

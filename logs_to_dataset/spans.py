@@ -34,8 +34,18 @@ from functools import lru_cache
 from branchgate.logs_to_dataset.drgym import QueryKeyPoints, doc_key
 
 MIN_SPAN_WORDS = 5
-FOLD = {"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u201c": '"', "\u201d": '"',
-        "\u2013": "-", "\u2014": "-", "\u2212": "-", "\u00a0": " "}
+FOLD = {
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u201a": "'",
+    "\u201b": "'",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2013": "-",
+    "\u2014": "-",
+    "\u2212": "-",
+    "\u00a0": " ",
+}
 _FOLD_TABLE = str.maketrans(FOLD)
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,13 +259,17 @@ class SpanIndex:
                 missing.append(i)
         return located, missing
 
-    def locate(self, doc_id: str | None, text: str) -> tuple[list[tuple[int, int, set[str]]], list[tuple[str, set[str]]]]:
+    def locate(
+        self, doc_id: str | None, text: str
+    ) -> tuple[list[tuple[int, int, set[str]]], list[tuple[str, set[str]]]]:
         """Spans located in a document's text: ((start, end, key points) in ``text``'s character offsets,
         its own spans that were not located: (span, key points)). ``doc_id`` None: no own spans."""
         located, missing = self._scan(doc_id, text)
         index = normalize_with_map(text)[1] if located else []
-        return ([(index[s], index[t - 1] + 1, set(self.entries[i].labels)) for i, s, t in located],
-                [(self.entries[i].span, set(self.entries[i].labels)) for i in missing])
+        return (
+            [(index[s], index[t - 1] + 1, set(self.entries[i].labels)) for i, s, t in located],
+            [(self.entries[i].span, set(self.entries[i].labels)) for i in missing],
+        )
 
     def labels(self, doc_id: str | None, text: str, own: bool = True) -> set[str]:
         """Key points a document covers: its own (by id; ``own=False``: only those whose span is located) and

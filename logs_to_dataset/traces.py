@@ -29,7 +29,7 @@ from pathlib import Path
 
 from branchgate.errors import InputError
 from branchgate.fileio import load_json, wide_encoding
-from branchgate.logs_to_dataset.schema import SCHEMA_VERSION, Event, SchemaVersionError, parse_event, to_json
+from branchgate.logs_to_dataset.trace_schema import SCHEMA_VERSION, Event, SchemaVersionError, parse_event, to_json
 
 BINARY_SNIFF = 8192
 
@@ -176,7 +176,7 @@ class TraceWriter:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self) -> "TraceWriter":
+    def __enter__(self) -> TraceWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -91,8 +91,10 @@ def resolve(name: str = "auto", allow_download: bool = True) -> EncoderSpec:
         path = _hub_path(BGE, allow_download)
         if path:
             return EncoderSpec(BGE, path)
-        msg = (f"encoder 'auto': {BGE} is neither cached nor reachable; falling back to the packaged "
-               f"{PACKAGED} (results differ from bge-small; the encoder used is recorded)")
+        msg = (
+            f"encoder 'auto': {BGE} is neither cached nor reachable; falling back to the packaged "
+            f"{PACKAGED} (results differ from bge-small; the encoder used is recorded)"
+        )
         warnings.warn(msg, stacklevel=2)
         log.warning(msg)
         return EncoderSpec(PACKAGED, packaged_path())
@@ -118,11 +120,14 @@ def recorded_spec(name: str, path: str | None = None) -> EncoderSpec:
         if path and Path(path).is_dir():
             now = content_hash(Path(path)) if recorded else None
             if now != recorded:
-                raise MismatchError(f"encoder directory {path} has changed since {name!r} was recorded "
-                                    f"(its files now hash to {now})") from None
+                raise MismatchError(
+                    f"encoder directory {path} has changed since {name!r} was recorded (its files now hash to {now})"
+                ) from None
             if not (recorded or name in PACKAGED_ALIASES or _hub_folder(name) in Path(path).parts):
-                raise MismatchError(f"encoder directory {path} is not a Hugging Face cache copy of {name!r}, the "
-                                    f"encoder recorded with it; put {name} in the local cache") from None
+                raise MismatchError(
+                    f"encoder directory {path} is not a Hugging Face cache copy of {name!r}, the "
+                    f"encoder recorded with it; put {name} in the local cache"
+                ) from None
             return EncoderSpec(name, path)
         raise
     return spec if spec.id == name else EncoderSpec(name, spec.path)
@@ -148,15 +153,18 @@ def _parse_local_id(name: str | None) -> tuple[str | None, str | None]:
     """``(DIR, hash)`` of a ``local:DIR#hash`` id (what ``_local_id`` writes), else ``(None, None)``."""
     if not (name and name.startswith("local:") and "#" in name):
         return None, None
-    folder, _, digest = name[len("local:"):].rpartition("#")
+    folder, _, digest = name[len("local:") :].rpartition("#")
     return folder or None, digest
 
 
 def content_hash(path: Path) -> str:
     """Short sha256 over the names and bytes of a model directory's files (not hidden ones, not Markdown)."""
     digest = hashlib.sha256()
-    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix != ".md"
-                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    files = sorted(
+        f
+        for f in path.rglob("*")
+        if f.is_file() and f.suffix != ".md" and not any(part.startswith(".") for part in f.relative_to(path).parts)
+    )
     for file in files:
         digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
         with open(file, "rb") as fh:
@@ -179,13 +187,17 @@ class Encoder:
         try:
             self.st = SentenceTransformer(spec.path, device=device, local_files_only=True)
         except Exception as exc:  # a missing or broken file, or weights that would need unpickling
-            raise EncoderUnavailable(f"encoder {spec.id!r}: cannot load {spec.path} ({_load_problem(exc, Path(spec.path))})") from None
+            raise EncoderUnavailable(
+                f"encoder {spec.id!r}: cannot load {spec.path} ({_load_problem(exc, Path(spec.path))})"
+            ) from None
         if max_length:
             positions = getattr(getattr(self.st[0], "auto_model", None), "config", None)
             positions = getattr(positions, "max_position_embeddings", None)
             if isinstance(positions, int) and not 1 <= max_length <= positions:
-                raise BranchgateError(f"encoder {spec.id!r}: max_length {max_length} is outside the 1..{positions} "
-                                      f"token positions the model has")
+                raise BranchgateError(
+                    f"encoder {spec.id!r}: max_length {max_length} is outside the 1..{positions} "
+                    f"token positions the model has"
+                )
             self.st.max_seq_length = max_length
         self.st.eval()
         for p in self.st.parameters():
@@ -195,7 +207,7 @@ class Encoder:
         self.max_length = int(self.st.max_seq_length)
 
     @classmethod
-    def load(cls, name: str = "auto", **kwargs) -> "Encoder":
+    def load(cls, name: str = "auto", **kwargs) -> Encoder:
         return cls(resolve(name), **kwargs)
 
     @property
@@ -207,15 +219,22 @@ class Encoder:
         """``"cls"`` or ``"mean"``, the poolings the torch and ONNX towers implement; others are refused."""
         modes = pooling_modes(self.st[1])
         if modes not in (("cls",), ("mean",)):
-            raise BranchgateError(f"encoder {self.id!r} pools with {'+'.join(modes) or 'nothing'}; "
-                                  "the text towers support cls or mean pooling only")
+            raise BranchgateError(
+                f"encoder {self.id!r} pools with {'+'.join(modes) or 'nothing'}; "
+                "the text towers support cls or mean pooling only"
+            )
         return modes[0]
 
     def encode(self, texts: list[str], batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        out = self.st.encode(list(texts), batch_size=batch_size, show_progress_bar=show_progress,
-                             convert_to_numpy=True, normalize_embeddings=True)
+        out = self.st.encode(
+            list(texts),
+            batch_size=batch_size,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+        )
         return np.asarray(out, dtype=np.float32)
 
     def features(self, texts: list[str]) -> dict:
@@ -229,8 +248,10 @@ class Encoder:
 
         extra = [type(m).__name__ for m in list(self.st)[2:] if type(m).__name__ != "Normalize"]
         if extra:
-            raise BranchgateError(f"encoder {self.id!r} has modules after pooling ({', '.join(extra)}); "
-                                  "the text towers support transformer + pooling + normalize only")
+            raise BranchgateError(
+                f"encoder {self.id!r} has modules after pooling ({', '.join(extra)}); "
+                "the text towers support transformer + pooling + normalize only"
+            )
         return TextTower(self.st[0].auto_model, self.pooling_mode)
 
 
@@ -244,15 +265,22 @@ def _load_problem(exc: BaseException, folder: Path) -> str:
         lines = [line.strip() for line in str(seen).splitlines()]
         needs = next((line for line in lines if "GLOBAL" in line), None)
         pickles = sorted(f.name for f in folder.glob("*") if f.suffix in (".bin", ".pt", ".pth"))
-        return (f"its weights file {' / '.join(pickles) or ''} is a pickle that cannot be loaded safely"
-                + (f" ({needs})" if needs else "")
-                + "; branchgate never unpickles more than tensors: use model.safetensors weights")
+        return (
+            f"its weights file {' / '.join(pickles) or ''} is a pickle that cannot be loaded safely"
+            + (f" ({needs})" if needs else "")
+            + "; branchgate never unpickles more than tensors: use model.safetensors weights"
+        )
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-_POOLING_FLAGS = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
-                  ("pooling_mode_max_tokens", "max"), ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
-                  ("pooling_mode_weightedmean_tokens", "weightedmean"), ("pooling_mode_lasttoken", "lasttoken"))
+_POOLING_FLAGS = (
+    ("pooling_mode_cls_token", "cls"),
+    ("pooling_mode_mean_tokens", "mean"),
+    ("pooling_mode_max_tokens", "max"),
+    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
+    ("pooling_mode_weightedmean_tokens", "weightedmean"),
+    ("pooling_mode_lasttoken", "lasttoken"),
+)
 
 
 def pooling_modes(pooling) -> tuple[str, ...]:

@@ -36,9 +36,19 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, MismatchError
-from branchgate.models.onnx_tower import (PARITY_PROBES, TOWER_FORMAT, Tower, _loaded, prepare_tower, record_reference,
-                                          recorded_reference)
-from branchgate.models.onnx_tower import export_tower, torch_stack, tower_dir, tower_key  # noqa: F401  (importable here)
+from branchgate.models.onnx_tower import (  # noqa: F401  (importable here)
+    PARITY_PROBES,
+    TOWER_FORMAT,
+    Tower,
+    _loaded,
+    export_tower,
+    prepare_tower,
+    record_reference,
+    recorded_reference,
+    torch_stack,
+    tower_dir,
+    tower_key,
+)
 
 PARITY_TOL = 1e-6
 TOKEN_BUDGET = 8192  # padded tokens per graph run (64 texts of 128 tokens)
@@ -84,9 +94,11 @@ class _Runner:
             try:
                 self._session = ort.InferenceSession(str(self.tower.onnx), opts, providers=["CPUExecutionProvider"])
             except Exception as exc:
-                raise BranchgateError(f"{self.tower.onnx}: not a loadable ONNX model "
-                                      f"({(str(exc).splitlines() or [''])[0][:200]}); delete {self.tower.path} to "
-                                      "export it again, or use --embed torch") from None
+                raise BranchgateError(
+                    f"{self.tower.onnx}: not a loadable ONNX model "
+                    f"({(str(exc).splitlines() or [''])[0][:200]}); delete {self.tower.path} to "
+                    "export it again, or use --embed torch"
+                ) from None
         return self._session
 
     def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
@@ -117,8 +129,10 @@ class _Runner:
         return out
 
     def run(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        feed = {"input_ids": np.ascontiguousarray(input_ids, np.int64),
-                "attention_mask": np.ascontiguousarray(attention_mask, np.int64)}
+        feed = {
+            "input_ids": np.ascontiguousarray(input_ids, np.int64),
+            "attention_mask": np.ascontiguousarray(attention_mask, np.int64),
+        }
         return np.asarray(self.session.run(["text_emb"], feed)[0], np.float32)
 
 
@@ -172,15 +186,18 @@ def _init_worker(tower_path: str) -> None:
 def check_parity(vecs: np.ndarray, reference: np.ndarray, where: str, probes=PARITY_PROBES) -> float:
     """Max |Δ| between the ONNX and torch vectors of the probes; ``TowerParityError`` above ``PARITY_TOL``."""
     if vecs.shape != reference.shape:
-        raise TowerParityError(f"{where}: the ONNX tower gives vectors of shape {vecs.shape}, the torch encoder "
-                               f"{reference.shape}; delete the folder to export it again, or use --embed torch")
+        raise TowerParityError(
+            f"{where}: the ONNX tower gives vectors of shape {vecs.shape}, the torch encoder "
+            f"{reference.shape}; delete the folder to export it again, or use --embed torch"
+        )
     diff = np.abs(vecs.astype(np.float64) - reference.astype(np.float64)).max(axis=1) if len(vecs) else np.zeros(1)
     worst = float(diff.max()) if np.isfinite(diff).all() else float("inf")
     if not worst <= PARITY_TOL:
         i = int(np.nanargmax(np.where(np.isfinite(diff), diff, np.inf)))
         raise TowerParityError(
             f"{where}: the ONNX text tower differs from the torch encoder by {worst:.3g} > {PARITY_TOL:g} "
-            f"(worst probe {probes[i][:40]!r}); delete the folder to export it again, or use --embed torch")
+            f"(worst probe {probes[i][:40]!r}); delete the folder to export it again, or use --embed torch"
+        )
     return worst
 
 
@@ -189,8 +206,9 @@ class OnnxEncoder:
     tower, in ``workers`` processes. The torch encoder (``torch_encoder``: an ``Encoder`` or ``LazyEncoder``)
     loads only to export the tower and to check parity, both on the first ``encode`` of a new text."""
 
-    def __init__(self, torch_encoder, workers: int | None = None, cache_dir: str | Path | None = None,
-                 live_parity: bool = False):
+    def __init__(
+        self, torch_encoder, workers: int | None = None, cache_dir: str | Path | None = None, live_parity: bool = False
+    ):
         self.torch_encoder = torch_encoder
         self.live_parity = bool(live_parity)  # embed the probes with torch now even if recorded for this stack
         self.spec, self.id = torch_encoder.spec, torch_encoder.id
@@ -218,14 +236,20 @@ class OnnxEncoder:
         t0 = time.perf_counter()
         tower = prepare_tower(self.torch_encoder, self.cache_dir)
         if tower.meta.get("encoder") != self.id or int(tower.meta.get("format", 0)) != TOWER_FORMAT:
-            raise MismatchError(f"{tower.path}: exported for encoder {tower.meta.get('encoder')!r} "
-                                f"(format {tower.meta.get('format')}), not {self.id!r}")
+            raise MismatchError(
+                f"{tower.path}: exported for encoder {tower.meta.get('encoder')!r} "
+                f"(format {tower.meta.get('format')}), not {self.id!r}"
+            )
         if self.workers > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(str(tower.path),))
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(str(tower.path),),
+            )
         reference = {"v": None if self.live_parity else recorded_reference(tower)}
 
         def torch_vectors():  # while the workers start and embed the probes
@@ -268,8 +292,9 @@ class OnnxEncoder:
             self.close()
             raise BranchgateError(
                 f"the {self.workers} embedding worker processes stopped (they are spawned: a script that builds "
-                "a dataset must guard its entry point with `if __name__ == \"__main__\":`); use workers=1 "
-                "(--workers 1) to embed in this process") from None
+                'a dataset must guard its entry point with `if __name__ == "__main__":`); use workers=1 '
+                "(--workers 1) to embed in this process"
+            ) from None
         return out
 
     def encode(self, texts, batch_size: int = 64, show_progress: bool = False) -> np.ndarray:
@@ -318,9 +343,14 @@ def build_encoder(name: str = "auto", embed: str = "onnx", workers: int | None =
 def describe(encoder) -> dict:
     """The manifest's ``embedder``: how the build embedded (onnx / torch / the given object)."""
     if isinstance(encoder, OnnxEncoder):
-        return {"path": "onnx", "workers": encoder.workers, "tower": str(encoder.tower.path) if encoder.tower else None,
-                "parity_max_abs_diff": encoder.parity, "parity_tolerance": PARITY_TOL,
-                "prepare_s": None if encoder.prepare_s is None else round(encoder.prepare_s, 3)}
+        return {
+            "path": "onnx",
+            "workers": encoder.workers,
+            "tower": str(encoder.tower.path) if encoder.tower else None,
+            "parity_max_abs_diff": encoder.parity,
+            "parity_tolerance": PARITY_TOL,
+            "prepare_s": None if encoder.prepare_s is None else round(encoder.prepare_s, 3),
+        }
     from branchgate.models.encoder import Encoder
 
     return {"path": "torch" if isinstance(encoder, Encoder) else type(encoder).__name__}

@@ -31,14 +31,21 @@ log = logging.getLogger(__name__)
 
 TOWER_FORMAT = 1  # bump when the exported tower changes (it is part of the cache key)
 PARITY_PROBES = (
-    "", " ", "\n\t", "a", "Why are bees dying?",
+    "",
+    " ",
+    "\n\t",
+    "a",
+    "Why are bees dying?",
     "What's the U.S. GDP growth (2023-24)? e.g. $1,234.5bn; see [ref] #3 & @x ~ok",
-    "水土流失的原因是什么？", "ñandú 🦤 <b>&amp;</b> Ünïcödé café naïve", "Ελληνικά и русский текст, عربى",
+    "水土流失的原因是什么？",
+    "ñandú 🦤 <b>&amp;</b> Ünïcödé café naïve",
+    "Ελληνικά и русский текст, عربى",
     "e\u0301 combining accents and zero\u200bwidth",
     "neonicotinoid pesticides and honeybee colony losses in field studies across Europe " * 3,
     "x " * 400,  # beyond the window: truncated
     " ".join(f"token{i} of a long passage about colony collapse disorder" for i in range(60)),
-    "  leading and trailing blanks  ", "[CLS] [SEP] [MASK] [UNK] special-looking tokens",
+    "  leading and trailing blanks  ",
+    "[CLS] [SEP] [MASK] [UNK] special-looking tokens",
 )
 
 
@@ -54,7 +61,7 @@ class Tower:
         return self.path / "tower.onnx"
 
     @classmethod
-    def open(cls, path: str | Path) -> "Tower":
+    def open(cls, path: str | Path) -> Tower:
         path = Path(path)
         try:
             meta = json.loads((path / "tower.json").read_text(encoding="utf-8"))
@@ -94,8 +101,9 @@ def export_tower(encoder, folder: str | Path) -> Tower:
     """Export ``encoder``'s text tower (fp32) and tokenizer to ``folder`` (replaced atomically)."""
     import torch
 
-    from branchgate.export.controller import OPSET, graph_tower, tokenizer_json
+    from branchgate.export.controller import graph_tower
     from branchgate.export.graph import eager_attention, set_attention
+    from branchgate.export.onnx_metadata import OPSET, tokenizer_json
     from branchgate.export.packed_tower import PackedBertTower
     from branchgate.fileio import atomic_dir, atomic_write_json
 
@@ -103,22 +111,34 @@ def export_tower(encoder, folder: str | Path) -> Tower:
     module = graph_tower(tower)
     feats = encoder.features(["what caused the decline", "a second, somewhat longer text to pad the batch", "x"])
     tok_text = tokenizer_json(encoder)
-    meta = {"format": TOWER_FORMAT, "encoder": encoder.id, "dim": int(encoder.dim),
-            "max_length": int(encoder.max_length), "pooling": encoder.pooling_mode,
-            "pad_token_id": int(encoder.tokenizer.pad_token_id or 0),
-            "text_tower": "packed" if isinstance(module, PackedBertTower) else "padded",
-            "tokenizer_sha256": hashlib.sha256(tok_text.encode("utf-8")).hexdigest(),
-            "branchgate_version": __version__, "torch": torch.__version__, "opset": OPSET}
+    meta = {
+        "format": TOWER_FORMAT,
+        "encoder": encoder.id,
+        "dim": int(encoder.dim),
+        "max_length": int(encoder.max_length),
+        "pooling": encoder.pooling_mode,
+        "pad_token_id": int(encoder.tokenizer.pad_token_id or 0),
+        "text_tower": "packed" if isinstance(module, PackedBertTower) else "padded",
+        "tokenizer_sha256": hashlib.sha256(tok_text.encode("utf-8")).hexdigest(),
+        "branchgate_version": __version__,
+        "torch": torch.__version__,
+        "opset": OPSET,
+    }
     previous = eager_attention(tower.transformer)  # the eager path's masking exports exactly
     try:
         with atomic_dir(folder) as tmp, torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(module, (feats["input_ids"].long(), feats["attention_mask"].long()),
-                              str(Path(tmp) / "tower.onnx"), dynamo=False,
-                              input_names=["input_ids", "attention_mask"], output_names=["text_emb"],
-                              dynamic_axes={"input_ids": {0: "N", 1: "L"}, "attention_mask": {0: "N", 1: "L"},
-                                            "text_emb": {0: "N"}},
-                              opset_version=OPSET, do_constant_folding=True)
+            torch.onnx.export(
+                module,
+                (feats["input_ids"].long(), feats["attention_mask"].long()),
+                str(Path(tmp) / "tower.onnx"),
+                dynamo=False,
+                input_names=["input_ids", "attention_mask"],
+                output_names=["text_emb"],
+                dynamic_axes={"input_ids": {0: "N", 1: "L"}, "attention_mask": {0: "N", 1: "L"}, "text_emb": {0: "N"}},
+                opset_version=OPSET,
+                do_constant_folding=True,
+            )
             (Path(tmp) / "tokenizer.json").write_text(tok_text, encoding="utf-8")
             atomic_write_json(Path(tmp) / "tower.json", meta)
     finally:
@@ -155,8 +175,9 @@ def record_reference(tower: Tower, encoder) -> np.ndarray:
     with atomic_path(tower.path / "reference.npy") as tmp:
         with open(tmp, "wb") as fh:
             np.save(fh, vecs, allow_pickle=False)
-    atomic_write_json(tower.path / "reference.json", {"probes_sha256": _probes_sha(), "stack": torch_stack(),
-                                                      "encoder": encoder.id})
+    atomic_write_json(
+        tower.path / "reference.json", {"probes_sha256": _probes_sha(), "stack": torch_stack(), "encoder": encoder.id}
+    )
     return vecs
 
 

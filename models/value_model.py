@@ -60,12 +60,25 @@ from branchgate.models.teachers.common import RIDGE
 FEATURE_NAMES = list(STRUCTURED)  # branchgate.features: computed once, for training and the Gate alike
 DERIVED_NAMES = ["order_frac", "log_n_candidates", "log_n_retained"]
 INTERACTION_NAMES = [
-    "sim_root", "sim_frame", "sim_goal",
-    "retained_max", "retained_mean",
-    "sibling_max", "sibling_mean",
-    "rank_sim_root", "rank_mmr",
-    "centroid_drift", "mmr", "mmr_siblings", "coverage_gain", "residual_novelty", "dpp_gain",
-    "root_frame", "root_goal", "has_frame", "has_goal",
+    "sim_root",
+    "sim_frame",
+    "sim_goal",
+    "retained_max",
+    "retained_mean",
+    "sibling_max",
+    "sibling_mean",
+    "rank_sim_root",
+    "rank_mmr",
+    "centroid_drift",
+    "mmr",
+    "mmr_siblings",
+    "coverage_gain",
+    "residual_novelty",
+    "dpp_gain",
+    "root_frame",
+    "root_goal",
+    "has_frame",
+    "has_goal",
 ]
 SCALAR_NAMES = FEATURE_NAMES + DERIVED_NAMES + INTERACTION_NAMES
 TOWERS = ("full", "interaction", "none")  # what text the MLP sees besides the scalars (module docstring)
@@ -200,9 +213,27 @@ def scalar_features(root, frame, goal, retained, cand, features, mmr_lambda: flo
     order, n_cand, n_ret = features[..., 1], features[..., 2], features[..., 3]
     order_frac = order / (n_cand - 1.0).clamp(min=1.0)
     derived = [order_frac, torch.log1p(n_cand.clamp(min=0.0)), torch.log1p(n_ret.clamp(min=0.0))]
-    inter = [sim_root, sim_frame, sim_goal, ret_max, ret_mean, sib_max, sib_mean,
-             rank_frac(sim_root), rank_frac(mmr), drift, mmr, mmr_sib, gain, grn, dpp,
-             root_frame, root_goal, has_frame, has_goal]
+    inter = [
+        sim_root,
+        sim_frame,
+        sim_goal,
+        ret_max,
+        ret_mean,
+        sib_max,
+        sib_mean,
+        rank_frac(sim_root),
+        rank_frac(mmr),
+        drift,
+        mmr,
+        mmr_sib,
+        gain,
+        grn,
+        dpp,
+        root_frame,
+        root_goal,
+        has_frame,
+        has_goal,
+    ]
     return torch.cat([features, torch.stack(derived + inter, dim=-1)], dim=-1)
 
 
@@ -221,15 +252,28 @@ def check_config(dim, hidden, dropout, mmr_lambda) -> None:
 class ValueNet(nn.Module):
     """Two-tower value network; see the module docstring. Pure torch, ONNX-exportable."""
 
-    def __init__(self, dim: int, hidden: int = 128, dropout: float = 0.1, mmr_lambda: float = MMR_LAMBDA,
-                 n_features: int = len(FEATURE_NAMES), towers: str = "full", order: bool = True):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int = 128,
+        dropout: float = 0.1,
+        mmr_lambda: float = MMR_LAMBDA,
+        n_features: int = len(FEATURE_NAMES),
+        towers: str = "full",
+        order: bool = True,
+    ):
         super().__init__()
         check_config(dim, hidden, dropout, mmr_lambda)
         if n_features != len(FEATURE_NAMES):
             raise ValueError(f"expected {len(FEATURE_NAMES)} structured features {FEATURE_NAMES}, got {n_features}")
         if towers not in TOWERS:
             raise ValueError(f"towers must be one of {', '.join(TOWERS)}; got {towers!r}")
-        self.dim, self.hidden, self.dropout_p, self.mmr_lambda = int(dim), int(hidden), float(dropout), float(mmr_lambda)
+        self.dim, self.hidden, self.dropout_p, self.mmr_lambda = (
+            int(dim),
+            int(hidden),
+            float(dropout),
+            float(mmr_lambda),
+        )
         self.towers, self.order = towers, bool(order)
         n_scalar = len(SCALAR_NAMES)
         if towers != "none":
@@ -237,8 +281,12 @@ class ValueNet(nn.Module):
             self.cand_tower = nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.GELU())
         n_text = {"full": 3, "interaction": 1, "none": 0}[towers] * hidden
         self.mlp = nn.Sequential(
-            nn.Linear(n_text + n_scalar, hidden), nn.GELU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.GELU(), nn.Dropout(dropout),
+            nn.Linear(n_text + n_scalar, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.GELU(),
+            nn.Dropout(dropout),
         )
         self.heads = nn.Linear(hidden, 2)  # [keep logit, standardised utility]
         self.wide = nn.Linear(n_scalar, 2)
@@ -255,17 +303,27 @@ class ValueNet(nn.Module):
 
     def config(self) -> dict:
         """Constructor arguments (stored in checkpoints)."""
-        return {"dim": self.dim, "hidden": self.hidden, "dropout": self.dropout_p, "mmr_lambda": self.mmr_lambda,
-                "towers": self.towers, "order": self.order}
+        return {
+            "dim": self.dim,
+            "hidden": self.hidden,
+            "dropout": self.dropout_p,
+            "mmr_lambda": self.mmr_lambda,
+            "towers": self.towers,
+            "order": self.order,
+        }
 
     def scalars(self, root, frame, goal, retained, cand, features) -> torch.Tensor:
         """Raw (unstandardised) scalar features, batched [B,K,S], from the structured features clamped to the
         train split's range (``set_feature_range``): the network is never asked about values it has not seen."""
         features = features.to(cand.dtype)
-        features = torch.minimum(torch.maximum(features, self.feature_min.to(cand.dtype)), self.feature_max.to(cand.dtype))
+        features = torch.minimum(
+            torch.maximum(features, self.feature_min.to(cand.dtype)), self.feature_max.to(cand.dtype)
+        )
         if not self.order:  # the position in the list reads as 0 (order, order_frac): the scores ignore the order
             j = FEATURE_NAMES.index("order")
-            features = torch.cat([features[..., :j], torch.zeros_like(features[..., j:j + 1]), features[..., j + 1:]], -1)
+            features = torch.cat(
+                [features[..., :j], torch.zeros_like(features[..., j : j + 1]), features[..., j + 1 :]], -1
+            )
         return scalar_features(root, frame, goal, retained, cand, features, self.mmr_lambda)
 
     @torch.no_grad()
@@ -307,8 +365,14 @@ class ValueNet(nn.Module):
 
     def forward(self, root, frame, goal, retained, cand, features):
         """One decision: root[D], frame[D], goal[D], retained[R,D], cand[K,D], features[K,F] → (logit[K], utility[K])."""
-        logit, util = self.score_batch(root.unsqueeze(0), frame.unsqueeze(0), goal.unsqueeze(0),
-                                       retained.unsqueeze(0), cand.unsqueeze(0), features.unsqueeze(0))
+        logit, util = self.score_batch(
+            root.unsqueeze(0),
+            frame.unsqueeze(0),
+            goal.unsqueeze(0),
+            retained.unsqueeze(0),
+            cand.unsqueeze(0),
+            features.unsqueeze(0),
+        )
         return logit[0], util[0]
 
     @torch.no_grad()

@@ -47,7 +47,7 @@ def text_atoms(text: str, spans: list[tuple[int, int, set[str]]]) -> list[Atom]:
         j = i
         while join_next[j] and j + 1 < len(units):
             j += 1
-        atoms.append(Atom(text[units[i][0]:units[j][1]], set().union(*labels[i:j + 1]), any(protected[i:j + 1])))
+        atoms.append(Atom(text[units[i][0] : units[j][1]], set().union(*labels[i : j + 1]), any(protected[i : j + 1])))
         i = j + 1
     return atoms
 
@@ -61,7 +61,7 @@ def split_long(atoms: list[Atom], limit: int) -> list[Atom]:
             out.append(a)
             continue
         for i in range(0, len(ws), limit):
-            out.append(Atom(" ".join(ws[i:i + limit]), set(a.labels)))
+            out.append(Atom(" ".join(ws[i : i + limit]), set(a.labels)))
     return out
 
 
@@ -87,8 +87,9 @@ def pack(atoms: list[Atom], next_target) -> list[Atom]:
 
 
 def _join(atoms: list[Atom]) -> Atom:
-    return Atom(" ".join(a.text for a in atoms), set().union(*(a.labels for a in atoms)),
-                any(a.protected for a in atoms))
+    return Atom(
+        " ".join(a.text for a in atoms), set().union(*(a.labels for a in atoms)), any(a.protected for a in atoms)
+    )
 
 
 def span_atoms(spans: list[tuple[str, set[str]]]) -> list[Atom]:

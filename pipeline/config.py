@@ -79,8 +79,10 @@ def _reference(path: str) -> dict:
     from branchgate.fileio import load_json, read_bounded
 
     if not path:
-        raise BranchgateError("a budget given as P% needs Config.budget_reference (simulate --budget-reference FILE): "
-                              "the reference run totals {query id: {nodes, tokens}}")
+        raise BranchgateError(
+            "a budget given as P% needs Config.budget_reference (simulate --budget-reference FILE): "
+            "the reference run totals {query id: {nodes, tokens}}"
+        )
     p = Path(path)
     if not p.is_file():
         raise InputError("budget reference not found", str(p))

@@ -47,8 +47,20 @@ REQUIRED = ("manifest.json", "queries.jsonl", "passages.jsonl.gz")
 # saving
 # ----------------------------------------------------------------------------------------------------------
 
-def save(out: str | Path, *, fmt: str, sources: list[str], chunk_words: int, seed: int, queries: dict[str, dict],
-         passages: list[dict], unreachable: list[dict], notes: Counter, skipped: list[dict]) -> Path:
+
+def save(
+    out: str | Path,
+    *,
+    fmt: str,
+    sources: list[str],
+    chunk_words: int,
+    seed: int,
+    queries: dict[str, dict],
+    passages: list[dict],
+    unreachable: list[dict],
+    notes: Counter,
+    skipped: list[dict],
+) -> Path:
     """Write an environment folder (replaced atomically). Sets each query's ``reachable`` key points (those some
     passage carries) and adds the key points no passage carries to ``unreachable``."""
     covered = {kp for p in passages for kp in p["labels"]}
@@ -59,7 +71,9 @@ def save(out: str | Path, *, fmt: str, sources: list[str], chunk_words: int, see
         per_query[qid] = round(len(q["reachable"]) / len(kps), 4) if kps else 0.0
         for k in q["key_points"]:
             if k["id"] not in covered and not any(u["key_point"] == k["id"] for u in unreachable):
-                unreachable.append({"query": qid, "key_point": k["id"], "reason": "no passage contains any of its spans"})
+                unreachable.append(
+                    {"query": qid, "key_point": k["id"], "reason": "no passage contains any of its spans"}
+                )
     lens_rel = [len(p["text"].split()) for p in passages if p["labels"]]
     lens_oth = [len(p["text"].split()) for p in passages if not p["labels"]]
     vals = list(per_query.values())
@@ -74,14 +88,23 @@ def save(out: str | Path, *, fmt: str, sources: list[str], chunk_words: int, see
         "n_key_points": sum(len(q["key_points"]) for q in queries.values()),
         "n_passages": len(passages),
         "n_relevant_passages": len(lens_rel),
-        "passage_words": {"relevant": _dist(lens_rel), "other": _dist(lens_oth),
-                          "ks_statistic": _ks(lens_rel, lens_oth)},
-        "reachable_kpr": {"mean": round(float(np.mean(vals)), 4), "min": round(float(np.min(vals)), 4),
-                          "n_below_1": int(sum(v < 1 for v in vals)), "per_query": per_query},
+        "passage_words": {
+            "relevant": _dist(lens_rel),
+            "other": _dist(lens_oth),
+            "ks_statistic": _ks(lens_rel, lens_oth),
+        },
+        "reachable_kpr": {
+            "mean": round(float(np.mean(vals)), 4),
+            "min": round(float(np.min(vals)), 4),
+            "n_below_1": int(sum(v < 1 for v in vals)),
+            "per_query": per_query,
+        },
         "unreachable_key_points": {"count": len(unreachable), "items": unreachable},
         "notes": dict(sorted(notes.items())),
         "skipped": skipped,
-        "retrieval": {"bm25": {**retrieve.BM25_PARAMS, "library": "bm25s", "stopwords": "branchgate.pipeline.textutil.STOPWORDS"}},
+        "retrieval": {
+            "bm25": {**retrieve.BM25_PARAMS, "library": "bm25s", "stopwords": "branchgate.pipeline.textutil.STOPWORDS"}
+        },
     }
     df = Counter()
     for p in passages:
@@ -105,8 +128,15 @@ def _dist(xs: list[int]) -> dict:
         return {"n": 0}
     a = np.asarray(xs)
     q = np.percentile(a, [10, 25, 50, 75, 90])
-    return {"n": len(xs), "mean": round(float(a.mean()), 1), "p10": float(q[0]), "p25": float(q[1]),
-            "median": float(q[2]), "p75": float(q[3]), "p90": float(q[4])}
+    return {
+        "n": len(xs),
+        "mean": round(float(a.mean()), 1),
+        "p10": float(q[0]),
+        "p25": float(q[1]),
+        "median": float(q[2]),
+        "p75": float(q[3]),
+        "p90": float(q[4]),
+    }
 
 
 def _ks(a: list[int], b: list[int]) -> float | None:
@@ -122,6 +152,7 @@ def _ks(a: list[int], b: list[int]) -> float | None:
 # ----------------------------------------------------------------------------------------------------------
 # loading
 # ----------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Query:
@@ -156,8 +187,16 @@ class Memo:
 class Env:
     """A loaded environment: queries, passages with labels, BM25 index, word statistics."""
 
-    def __init__(self, path: Path, manifest: dict, queries: list[Query], passages: list[dict], df: dict, n_docs: int,
-                 bm25: retrieve.BM25Index):
+    def __init__(
+        self,
+        path: Path,
+        manifest: dict,
+        queries: list[Query],
+        passages: list[dict],
+        df: dict,
+        n_docs: int,
+        bm25: retrieve.BM25Index,
+    ):
         self.path, self.manifest, self.queries = path, manifest, queries
         self.query_by_id = {q.id: q for q in queries}
         self.ids = [p["id"] for p in passages]
@@ -181,10 +220,14 @@ class Env:
 
     def fingerprint(self) -> str:
         """Identity of the environment's content (manifest hash): recorded in every trace's config."""
-        text = json.dumps({k: self.manifest.get(k) for k in ("format", "n_queries", "n_passages", "n_key_points",
-                                                              "chunk_words", "seed", "passage_words")}, sort_keys=True)
+        text = json.dumps(
+            {
+                k: self.manifest.get(k)
+                for k in ("format", "n_queries", "n_passages", "n_key_points", "chunk_words", "seed", "passage_words")
+            },
+            sort_keys=True,
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:12]
-
 
 
 def load(path: str | Path) -> Env:
@@ -195,13 +238,21 @@ def load(path: str | Path) -> Env:
         path = sample_path()
     path = Path(path)
     if not path.is_dir():
-        raise InputError("environment folder not found (build one with `branchgate env build`, or use --env sample)", str(path))
+        raise InputError(
+            "environment folder not found (build one with `branchgate env build`, or use --env sample)", str(path)
+        )
     missing = [n for n in REQUIRED if not (path / n).exists()]
     if missing:
-        raise InputError(f"not a branchgate environment: missing {', '.join(missing)} (build it with `branchgate env build`)", str(path))
+        raise InputError(
+            f"not a branchgate environment: missing {', '.join(missing)} (build it with `branchgate env build`)",
+            str(path),
+        )
     manifest = read_json(path / "manifest.json")
     if not isinstance(manifest, dict) or manifest.get("env_version", 0) > ENV_VERSION:
-        raise InputError(f"unsupported environment version {manifest.get('env_version') if isinstance(manifest, dict) else '?'}", str(path / "manifest.json"))
+        raise InputError(
+            f"unsupported environment version {manifest.get('env_version') if isinstance(manifest, dict) else '?'}",
+            str(path / "manifest.json"),
+        )
     queries = []
     with open(path / "queries.jsonl", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -209,7 +260,9 @@ def load(path: str | Path) -> Env:
                 continue
             try:
                 q = json.loads(line)
-                queries.append(Query(str(q["id"]), q["query"], q["key_points"], q.get("reachable", []), q.get("meta", {})))
+                queries.append(
+                    Query(str(q["id"]), q["query"], q["key_points"], q.get("reachable", []), q.get("meta", {}))
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise InputError(f"bad query record ({exc})", str(path / "queries.jsonl"), lineno) from None
     passages = []
@@ -218,7 +271,9 @@ def load(path: str | Path) -> Env:
             for lineno, line in enumerate(fh, 1):
                 try:
                     p = json.loads(line)
-                    passages.append({"id": p["id"], "doc": p.get("doc", ""), "text": p["text"], "labels": p.get("labels") or []})
+                    passages.append(
+                        {"id": p["id"], "doc": p.get("doc", ""), "text": p["text"], "labels": p.get("labels") or []}
+                    )
                 except (json.JSONDecodeError, KeyError, TypeError) as exc:
                     raise InputError(f"bad passage record ({exc})", str(path / "passages.jsonl.gz"), lineno) from None
     except (OSError, EOFError) as exc:

@@ -20,15 +20,34 @@ from pathlib import Path
 
 from branchgate.errors import BranchgateError, InputError
 from branchgate.fileio import check_output_dir, mark_output_dir
-from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, TRACE_DIR, check_layout, doc_key, keypoint_files, kp_order,
-                                              load_key_points, read_json, read_queries, trace_documents)
+from branchgate.logs_to_dataset.drgym import (
+    KEYPOINT_DIR,
+    TRACE_DIR,
+    check_layout,
+    doc_key,
+    keypoint_files,
+    kp_order,
+    load_key_points,
+    read_json,
+    read_queries,
+    trace_documents,
+)
 from branchgate.logs_to_dataset.spans import SpanIndex, normalize
 from branchgate.pipeline import env
 from branchgate.pipeline.chunking import Atom, pack, span_atoms, split_long, text_atoms
 from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS
 
-__all__ = ["Atom", "Builder", "build", "build_drgym", "build_musique", "pack", "span_atoms", "split_long",
-           "text_atoms"]  # the chunking names stay importable from here
+__all__ = [
+    "Atom",
+    "Builder",
+    "build",
+    "build_drgym",
+    "build_musique",
+    "pack",
+    "span_atoms",
+    "split_long",
+    "text_atoms",
+]  # the chunking names stay importable from here
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +59,7 @@ def _rng(*parts) -> random.Random:
 # ----------------------------------------------------------------------------------------------------------
 # the environment being built
 # ----------------------------------------------------------------------------------------------------------
+
 
 class Builder:
     def __init__(self, fmt: str, sources: list[str], chunk_words: int = DEFAULT_CHUNK_WORDS, seed: int = 0):
@@ -71,8 +91,15 @@ class Builder:
             self.notes["duplicate_passages_merged"] += 1
             return i
         self._by_text[key] = len(self.passages)
-        self.passages.append({"id": f"p{len(self.passages):06d}", "doc": doc, "text": text,
-                              "labels": sorted(atom.labels, key=kp_order), "kind": kind})
+        self.passages.append(
+            {
+                "id": f"p{len(self.passages):06d}",
+                "doc": doc,
+                "text": text,
+                "labels": sorted(atom.labels, key=kp_order),
+                "kind": kind,
+            }
+        )
         return len(self.passages) - 1
 
     def label(self, i: int, labels: set[str]) -> None:
@@ -81,18 +108,30 @@ class Builder:
 
     def write(self, out: str | Path) -> Path:
         if not self.queries:
-            raise BranchgateError(f"no usable query in {', '.join(self.sources)}; skipped: "
-                                  + "; ".join(f"{s['file']}:{s['line'] or ''} {s['reason']}" for s in self.skipped[:5]))
+            raise BranchgateError(
+                f"no usable query in {', '.join(self.sources)}; skipped: "
+                + "; ".join(f"{s['file']}:{s['line'] or ''} {s['reason']}" for s in self.skipped[:5])
+            )
         if not self.passages:
             raise BranchgateError(f"no passage could be built from {', '.join(self.sources)}")
-        return env.save(out, fmt=self.fmt, sources=self.sources, chunk_words=self.chunk_words, seed=self.seed,
-                        queries=self.queries, passages=self.passages, unreachable=self.unreachable, notes=self.notes,
-                        skipped=self.skipped)
+        return env.save(
+            out,
+            fmt=self.fmt,
+            sources=self.sources,
+            chunk_words=self.chunk_words,
+            seed=self.seed,
+            queries=self.queries,
+            passages=self.passages,
+            unreachable=self.unreachable,
+            notes=self.notes,
+            skipped=self.skipped,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # DeepResearchGym
 # ----------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Docs:
@@ -108,8 +147,14 @@ class _Docs:
             self.fulltext[key] = text
 
 
-def build_drgym(sources: list[str], out: str | Path, chunk_words: int = DEFAULT_CHUNK_WORDS, seed: int = 0,
-                max_queries: int | None = None, progress: bool = True) -> Path:
+def build_drgym(
+    sources: list[str],
+    out: str | Path,
+    chunk_words: int = DEFAULT_CHUNK_WORDS,
+    seed: int = 0,
+    max_queries: int | None = None,
+    progress: bool = True,
+) -> Path:
     """Queries with key points; passages: the ground-truth documents (full text where a trace or DocStream
     holds it, spans located and never split; else their quoted spans) and the other trace documents
     (distractors, chunked to lengths drawn from the relevant passages'), labelled by ``SpanIndex``."""
@@ -168,8 +213,11 @@ def _drgym_key_points(b: Builder, src: Path, new_ids: list[str]) -> list:
             del b.queries[qid]
             continue
         b.queries[qid]["key_points"] = [{"id": k.id, "text": k.text} for k in kps.points]
-        b.unreachable += [{"query": qid, "key_point": k.id, "reason": "no source span (no original point with spans)"}
-                          for k in kps.points if not k.sources]
+        b.unreachable += [
+            {"query": qid, "key_point": k.id, "reason": "no source span (no original point with spans)"}
+            for k in kps.points
+            if not k.sources
+        ]
         query_kps.append(kps)
     return query_kps
 
@@ -226,8 +274,7 @@ def _ground_truth_passages(b: Builder, index: SpanIndex, docs: _Docs, chunk_word
     return gt_lengths
 
 
-def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[int], seed: int,
-                         progress: bool) -> None:
+def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[int], seed: int, progress: bool) -> None:
     """Passages of the other full texts, chunked to lengths drawn from ``pool`` (the relevant passages' word
     counts, sorted); labelled where they quote another document's span (as the Search-o1 reader labels them)."""
     from tqdm.auto import tqdm
@@ -236,7 +283,7 @@ def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[i
     others = sorted(d for d in docs.fulltext if d not in index.own)
     for doc in tqdm(others, desc="distractor docs", disable=not progress, leave=False):
         rng = _rng(seed, docs.names[doc])
-        draw = lambda: max(8, pool[rng.randrange(len(pool))])  # noqa: E731
+        draw = lambda rng=rng: max(8, pool[rng.randrange(len(pool))])  # noqa: E731
         found, _ = index.locate(doc, docs.fulltext[doc])
         b.notes["spans_of_other_documents_located"] += _pairs((s, labs) for *s, labs in found)
         b.notes["distractor_docs_with_spans"] += bool(found)
@@ -248,8 +295,14 @@ def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[i
 # MuSiQue
 # ----------------------------------------------------------------------------------------------------------
 
-def build_musique(sources: list[str], out: str | Path, seed: int = 0, max_queries: int | None = None,
-                  question_ids: list[str] | None = None) -> Path:
+
+def build_musique(
+    sources: list[str],
+    out: str | Path,
+    seed: int = 0,
+    max_queries: int | None = None,
+    question_ids: list[str] | None = None,
+) -> Path:
     """Questions with ``paragraphs`` (``is_supporting``) and ``question_decomposition``; one key point per
     decomposition step, covered by its supporting paragraph. Passages: the ``*_corpus.json`` files when
     present (and no subset is asked for), else the questions' own paragraphs."""
@@ -279,8 +332,10 @@ def _musique_files(b: Builder, sources: list[str]) -> tuple[list[tuple[str, str]
             raise InputError("not a directory", str(src))
         files = sorted(src.glob("*.json"))
         if not files:
-            raise InputError("no *.json file (expected MuSiQue questions, e.g. musique_train.json, and optionally "
-                             "*_corpus.json)", str(src))
+            raise InputError(
+                "no *.json file (expected MuSiQue questions, e.g. musique_train.json, and optionally *_corpus.json)",
+                str(src),
+            )
         for f in files:
             data = read_json(f)
             if not isinstance(data, list):
@@ -341,8 +396,12 @@ def _musique_question(b: Builder, f: Path, i: int, q) -> None:
     if not kps:
         b.skip(f, None, f"{where}: question {qid} has no decomposition and no supporting paragraph")
         return
-    b.queries[qid] = {"id": qid, "query": q["question"].strip(), "key_points": kps,
-                      "meta": {"answer": q.get("answer"), "decomposition": [s.get("question") for s in steps]}}
+    b.queries[qid] = {
+        "id": qid,
+        "query": q["question"].strip(),
+        "key_points": kps,
+        "meta": {"answer": q.get("answer"), "decomposition": [s.get("question") for s in steps]},
+    }
 
 
 OUTPUT_KIND = "env build"  # the command named in the environment folder's mark (``fileio.check_output_dir``)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points
-from branchgate.pipeline.budgeting import RunBudget, SynthBound
+from branchgate.pipeline.exact_costs import RunBudget, SynthBound
 from branchgate.texts import candidate_text
 
 
 @dataclass
 class Expansion:
     """One candidate's expansion computed completely before it is committed, so its exact LLM cost is known
-    (``pipeline/budgeting.py``)."""
+    (``pipeline/exact_costs.py``)."""
 
     i: int
     cid: str
@@ -50,8 +50,20 @@ class Expander:
     """``Runner``'s steps on one expansion and on deferred candidates (a mixin: ``run.Runner`` is the class)."""
 
     # -- one expansion -------------------------------------------------------------------------------
-    def _expansion(self, r: "_Run", fr: dict, level: int, i: int, cid: str, c, text: str, seen: set, context: list,
-                   synth: SynthBound, children: bool = True) -> Expansion:
+    def _expansion(
+        self,
+        r: _Run,
+        fr: dict,
+        level: int,
+        i: int,
+        cid: str,
+        c,
+        text: str,
+        seen: set,
+        context: list,
+        synth: SynthBound,
+        children: bool = True,
+    ) -> Expansion:
         """Candidate ``c``'s expansion against ``seen``/``context`` (nothing written, no state changed)."""
         from branchgate.models.teachers import State
 
@@ -64,11 +76,19 @@ class Expander:
         with led.timed("post"):
             free = [pi for pi in new if pi not in r.protected]  # protected passages are never pruned
             if self.post.prunes and free:
-                post_state = State(query=r.root_items, context=self.items([env.texts[j] for j in context],
-                                                                          self.passage_tokens(context), self.post, led),
-                                   frame_query=c.query, parent_goal=c.goal, depth=fr["depth"] + 1)
-                pc = self.post.choose(self.items([env.texts[j] for j in free], self.passage_tokens(free), self.post, led),
-                                      post_state, "post_retrieval", self._rng(r.key, cid, "post"))
+                post_state = State(
+                    query=r.root_items,
+                    context=self.items([env.texts[j] for j in context], self.passage_tokens(context), self.post, led),
+                    frame_query=c.query,
+                    parent_goal=c.goal,
+                    depth=fr["depth"] + 1,
+                )
+                pc = self.post.choose(
+                    self.items([env.texts[j] for j in free], self.passage_tokens(free), self.post, led),
+                    post_state,
+                    "post_retrieval",
+                    self._rng(r.key, cid, "post"),
+                )
                 kept_free = {free[j] for j in pc.kept}
                 keep_new = [pi for pi in new if pi in r.protected or pi in kept_free]
                 self._log("post_retrieval", pc.scores)
@@ -82,16 +102,39 @@ class Expander:
             process = call_tokens([text, *kept_texts], learned)
             if children and level + 1 < self.depth_limit:
                 with led.timed("generate"):
-                    kids = self.gen.followups(r.root, c, kept_texts, self.levels[level + 1],
-                                              self._rng(r.key, f"{fr['frame_id']}.{i}"), fr["depth"] + 1, learned)
+                    kids = self.gen.followups(
+                        r.root,
+                        c,
+                        kept_texts,
+                        self.levels[level + 1],
+                        self._rng(r.key, f"{fr['frame_id']}.{i}"),
+                        fr["depth"] + 1,
+                        learned,
+                    )
                 usage = getattr(self.gen, "last_usage", None)
                 kid_texts = [candidate_text(k.query, k.goal) for k in kids]
                 follow = call_tokens([r.root, text, *learned], kid_texts)
         growth = synth.growth(keep_new, self.passage_tokens(keep_new))
-        return Expansion(i, cid, c, text, hits, hit_tokens, new, new_tokens, keep_new, learned, kids, kid_texts, usage,
-                         process, follow, growth)
+        return Expansion(
+            i,
+            cid,
+            c,
+            text,
+            hits,
+            hit_tokens,
+            new,
+            new_tokens,
+            keep_new,
+            learned,
+            kids,
+            kid_texts,
+            usage,
+            process,
+            follow,
+            growth,
+        )
 
-    def _commit(self, r: "_Run", fr: dict, e: Expansion, next_frames: list, covered_open: set) -> None:
+    def _commit(self, r: _Run, fr: dict, e: Expansion, next_frames: list, covered_open: set) -> None:
         """Write expansion ``e`` and apply it to the run's state (what the loop of Algorithm 1 does per node)."""
         env, w, stats = self.env, r.w, r.stats
         stats["nodes"] += 1
@@ -102,10 +145,22 @@ class Expander:
         for pi, tok in zip(e.hits, e.hit_tokens):
             if pi not in r.emitted:
                 r.emitted.add(pi)
-                w("evidence", evidence_id=env.ids[pi], text=env.texts[pi], source=env.ids[pi], tokens=tok,
-                  labels=[k for k in env.labels[pi] if k in r.kp_set], doc=env.docs[pi])
-        w("retrieval", candidate_id=e.cid, query=e.cand.query, evidence_ids=[env.ids[pi] for pi in e.hits],
-          tokens=int(sum(e.hit_tokens)))
+                w(
+                    "evidence",
+                    evidence_id=env.ids[pi],
+                    text=env.texts[pi],
+                    source=env.ids[pi],
+                    tokens=tok,
+                    labels=[k for k in env.labels[pi] if k in r.kp_set],
+                    doc=env.docs[pi],
+                )
+        w(
+            "retrieval",
+            candidate_id=e.cid,
+            query=e.cand.query,
+            evidence_ids=[env.ids[pi] for pi in e.hits],
+            tokens=int(sum(e.hit_tokens)),
+        )
         gain = covered_key_points((env.labels[pi] for pi in e.hits), r.kp_ids) - covered_open
         stats["expansions_with_gain"] += bool(gain)
         o = r.by_origin.setdefault(e.cand.origin, [0, 0])
@@ -119,9 +174,14 @@ class Expander:
         # retrievals and prunes in order gets the same C_t
         stale = [pi for pi in dict.fromkeys(e.hits) if pi in r.pruned and pi not in set(removed)]
         if removed or stale:
-            w("prune", stage="post_retrieval", item_ids=[env.ids[pi] for pi in removed + stale],
-              tokens_before=int(sum(e.new_tokens)), tokens_after=int(sum(self.passage_tokens(e.keep_new))),
-              actor=self.post.actor)
+            w(
+                "prune",
+                stage="post_retrieval",
+                item_ids=[env.ids[pi] for pi in removed + stale],
+                tokens_before=int(sum(e.new_tokens)),
+                tokens_after=int(sum(self.passage_tokens(e.keep_new))),
+                actor=self.post.actor,
+            )
         r.context.extend(e.keep_new)
         r.synth.add(e.keep_new, self.passage_tokens(e.keep_new))
         if not e.keep_new:
@@ -137,9 +197,17 @@ class Expander:
             for kt in e.kid_texts:
                 w("followup", candidate_id=e.cid, text=kt)
             if e.kids:
-                next_frames.append(dict(frame_id=f"{fr['frame_id']}.{e.i}", parent_frame=fr["frame_id"],
-                                        parent_candidate=e.cid, depth=fr["depth"] + 1, frame_query=e.cand.query,
-                                        parent_goal=e.cand.goal, cands=e.kids))
+                next_frames.append(
+                    dict(
+                        frame_id=f"{fr['frame_id']}.{e.i}",
+                        parent_frame=fr["frame_id"],
+                        parent_candidate=e.cid,
+                        depth=fr["depth"] + 1,
+                        frame_query=e.cand.query,
+                        parent_goal=e.cand.goal,
+                        cands=e.kids,
+                    )
+                )
 
     def _admit(self, e: Expansion, committed: int, expanded: int) -> bool:
         """Whether the budget affords ``e`` (as a leaf when only its follow-ups do not fit: sets ``e.leaf``)."""
@@ -151,7 +219,7 @@ class Expander:
             return True
         return False
 
-    def _protect(self, r: "_Run", idx: list[int]) -> None:
+    def _protect(self, r: _Run, idx: list[int]) -> None:
         """Admit passages ``idx`` to C_0 as protected context (evidence events with ``protected=True``)."""
         env = self.env
         for pi, tok in zip(idx, self.passage_tokens(idx)):
@@ -159,8 +227,16 @@ class Expander:
             r.seen.add(pi)
             r.protected.add(pi)
             r.context.append(pi)
-            r.w("evidence", evidence_id=env.ids[pi], text=env.texts[pi], source=env.ids[pi], tokens=tok,
-                labels=[k for k in env.labels[pi] if k in r.kp_set], doc=env.docs[pi], protected=True)
+            r.w(
+                "evidence",
+                evidence_id=env.ids[pi],
+                text=env.texts[pi],
+                source=env.ids[pi],
+                tokens=tok,
+                labels=[k for k in env.labels[pi] if k in r.kp_set],
+                doc=env.docs[pi],
+                protected=True,
+            )
         r.synth.add(idx, self.passage_tokens(idx))
 
     def _budget_fields(self, status: dict | None, choice, i: int, e: Expansion | None) -> dict:
@@ -176,7 +252,7 @@ class Expander:
             out["cost"] = e.cost
         return out
 
-    def _revisit(self, r: "_Run") -> None:
+    def _revisit(self, r: _Run) -> None:
         """Deferral: with budget left when the tree is done, the run-scoped gate re-scores the deferred
         candidates against the context as it is now (every retained branch); the ones it admits are expanded
         as leaves (retrieval + process, no follow-ups), each only if its exact cost fits. Their ``expand``
@@ -194,8 +270,20 @@ class Expander:
             items = list(gate.deferred)
             kw = {}
             if _accepts(gate.revisit, "costs"):  # exact costs, when the run-scoped gate takes them
-                kw["costs"] = [self._expansion(r, *self._meta(r, d.key)[:2], d.index, d.key, *self._meta(r, d.key)[3:],
-                                               r.seen, r.context, r.synth, children=False).cost for d in items]
+                kw["costs"] = [
+                    self._expansion(
+                        r,
+                        *self._meta(r, d.key)[:2],
+                        d.index,
+                        d.key,
+                        *self._meta(r, d.key)[3:],
+                        r.seen,
+                        r.context,
+                        r.synth,
+                        children=False,
+                    ).cost
+                    for d in items
+                ]
             sel = gate.revisit(state, **kw)
             no_room = {id(items[j]) for j in sel.dropped_by_budget}
             if not sel.revisited:
@@ -206,10 +294,18 @@ class Expander:
                 p = float(sel.p_keep[items.index(d)])
                 status = budget.status()
                 fits = budget.fits(e.cost)
-                w("decision", candidate_id=d.key, action="expand" if fits else "prune",
-                  actor=self.pre.actor if fits else "budget", score=p, p_keep=p,
-                  deferred_from=r.deferred_seq.get(d.key),
-                  **status, price=(sel.budget or {}).get("price"), **({"cost": e.cost} if fits else {}))
+                w(
+                    "decision",
+                    candidate_id=d.key,
+                    action="expand" if fits else "prune",
+                    actor=self.pre.actor if fits else "budget",
+                    score=p,
+                    p_keep=p,
+                    deferred_from=r.deferred_seq.get(d.key),
+                    **status,
+                    price=(sel.budget or {}).get("price"),
+                    **({"cost": e.cost} if fits else {}),
+                )
                 if fits:
                     self._commit(r, fr, e, [], covered_key_points((self.env.labels[j] for j in r.context), r.kp_ids))
                     r.n_revisited += 1
@@ -217,11 +313,19 @@ class Expander:
                 else:
                     budget.dropped += 1
         for d in gate.drop_deferred():
-            w("decision", candidate_id=d.key, action="prune", actor="budget" if id(d) in no_room else self.pre.actor,
-              score=None, p_keep=None, deferred_from=r.deferred_seq.get(d.key), **budget.status())
+            w(
+                "decision",
+                candidate_id=d.key,
+                action="prune",
+                actor="budget" if id(d) in no_room else self.pre.actor,
+                score=None,
+                p_keep=None,
+                deferred_from=r.deferred_seq.get(d.key),
+                **budget.status(),
+            )
 
     @staticmethod
-    def _meta(r: "_Run", cid: str):
+    def _meta(r: _Run, cid: str):
         return r.deferred_meta[cid]
 
 
@@ -244,8 +348,17 @@ class _Run:
     run_gate: object = None
     budget: RunBudget | None = None
     root_items: object = None
-    stats: dict = field(default_factory=lambda: {"nodes": 1, "retrieval_calls": 0, "n_candidates": 0, "n_expanded": 0,
-                                                 "n_pruned_pre": 0, "expansions_with_gain": 0, "n_frames": 0})
+    stats: dict = field(
+        default_factory=lambda: {
+            "nodes": 1,
+            "retrieval_calls": 0,
+            "n_candidates": 0,
+            "n_expanded": 0,
+            "n_pruned_pre": 0,
+            "expansions_with_gain": 0,
+            "n_frames": 0,
+        }
+    )
     by_origin: dict = field(default_factory=dict)
     retained_branches: list = field(default_factory=list)
     context: list = field(default_factory=list)  # retained evidence, in admission order

@@ -119,7 +119,7 @@ def keyphrases(texts: list[str], idf, exclude: set[str], max_len: int = 3, df=No
                         continue
                     for n in range(1, max_len + 1):
                         for i in range(0, len(run) - n + 1):
-                            key = " ".join(run[i:i + n])
+                            key = " ".join(run[i : i + n])
                             tf[key] += 1
                             topical[key] += on_topic
                             spread[key].add(ti)
@@ -154,8 +154,9 @@ def env_learnings(env, query: str, texts: list[str]) -> list[str]:
     return list(env.memo.get_or(("learnings", query, tuple(texts)), lambda: tuple(learnings(query, texts, env.idf))))
 
 
-def cited_learnings(query: str, texts: list[str], idf, max_sentences: int = 3,
-                    max_words: int = 60) -> list[tuple[str, list[int]]]:
+def cited_learnings(
+    query: str, texts: list[str], idf, max_sentences: int = 3, max_words: int = 60
+) -> list[tuple[str, list[int]]]:
     """``learnings`` with, for each sentence, the indices of the texts it was taken from (every text that
     holds the same sentence: a sentence is said once, and cites all of them)."""
     terms = set(content_words(query))
@@ -191,21 +192,34 @@ class OfflineGenerator:
 
     def _keyphrases(self, texts: list[str], exclude: set[str]) -> list[tuple[str, float]]:
         """``keyphrases`` over the env's statistics, remembered per env (pure: same texts, same phrases)."""
-        return list(self.env.memo.get_or(("keyphrases", tuple(texts), frozenset(exclude)),
-                                         lambda: tuple(keyphrases(texts, self.env.idf, exclude, df=self._df))))
+        return list(
+            self.env.memo.get_or(
+                ("keyphrases", tuple(texts), frozenset(exclude)),
+                lambda: tuple(keyphrases(texts, self.env.idf, exclude, df=self._df)),
+            )
+        )
 
     def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
         return self._frame(root, root, "", texts, k, rng, depth=0)
 
-    def followups(self, root: str, parent: Cand, texts: list[str], k: int, rng: random.Random, depth: int,
-                  learned: list[str] | None = None) -> list[Cand]:
+    def followups(
+        self,
+        root: str,
+        parent: Cand,
+        texts: list[str],
+        k: int,
+        rng: random.Random,
+        depth: int,
+        learned: list[str] | None = None,
+    ) -> list[Cand]:
         return self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
         return env_learnings(self.env, query, texts)
 
-    def _frame(self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random,
-               depth: int) -> list[Cand]:
+    def _frame(
+        self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random, depth: int
+    ) -> list[Cand]:
         topic = topic_of(root)
         exclude = set(content_words(root)) | set(content_words(frame_query)) | set(focus.split())
         half = max(1, (len(texts) + 1) // 2)
@@ -228,8 +242,12 @@ class OfflineGenerator:
                     break
                 cand = None
             if cand is None:  # nothing left to say: fall back to a rephrasing
-                cand = Cand(f"{topic} {rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} {len(out) + 1}",
-                            rng.choice(REDUNDANT_G).format(topic=topic), "redundant", focus)
+                cand = Cand(
+                    f"{topic} {rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} {len(out) + 1}",
+                    rng.choice(REDUNDANT_G).format(topic=topic),
+                    "redundant",
+                    focus,
+                )
             queries.add(cand.query)
             out.append(cand)
         rng.shuffle(out)
@@ -297,8 +315,15 @@ class ChatGenerator:
 
     name = "chat"
 
-    def __init__(self, env, base_url: str, model: str, api_key: str | None = None, timeout: float = 60.0,
-                 temperature: float = 0.0):
+    def __init__(
+        self,
+        env,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        temperature: float = 0.0,
+    ):
         self.env, self.base_url, self.model = env, base_url.rstrip("/"), model
         self.api_key, self.timeout, self.temperature = api_key, timeout, temperature
         self.last_usage: dict = {}
@@ -307,18 +332,36 @@ class ChatGenerator:
         context = "Search results:\n" + "\n".join(f"- {t[:400]}" for t in texts[:5]) if texts else ""
         return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
 
-    def followups(self, root: str, parent: Cand, texts: list[str], k: int, rng: random.Random, depth: int,
-                  learned: list[str] | None = None) -> list[Cand]:
-        context = (f"We searched: {parent.query} (goal: {parent.goal})\nLearnings:\n"
-                   + "\n".join(f"- {s}" for s in (learned or [])) + "\nWrite follow-up queries that go deeper.")
+    def followups(
+        self,
+        root: str,
+        parent: Cand,
+        texts: list[str],
+        k: int,
+        rng: random.Random,
+        depth: int,
+        learned: list[str] | None = None,
+    ) -> list[Cand]:
+        context = (
+            f"We searched: {parent.query} (goal: {parent.goal})\nLearnings:\n"
+            + "\n".join(f"- {s}" for s in (learned or []))
+            + "\nWrite follow-up queries that go deeper."
+        )
         return self._ask(PLAN_PROMPT.format(k=k, root=root, context=context), k)
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
         return env_learnings(self.env, query, texts)
 
     def _ask(self, prompt: str, k: int) -> list[Cand]:
-        reply = chat(self.base_url, self.model, [{"role": "user", "content": prompt}], api_key=self.api_key,
-                     timeout=self.timeout, who="chat generator", temperature=self.temperature)
+        reply = chat(
+            self.base_url,
+            self.model,
+            [{"role": "user", "content": prompt}],
+            api_key=self.api_key,
+            timeout=self.timeout,
+            who="chat generator",
+            temperature=self.temperature,
+        )
         self.last_usage = reply.usage
         return parse_candidates(reply.content)[:k]
 

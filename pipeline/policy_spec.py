@@ -75,14 +75,18 @@ class BudgetSpec:
     def resolve(self, reference: dict | None, where: str = "") -> tuple[int | None, int | None]:
         """``(nodes, tokens)`` limits of one run; ``reference`` = the query's reference totals (``nodes``,
         ``tokens``), needed by a percentage. Percent budgets round down (never above the share)."""
+
         def one(fixed, pct, key):
             if pct is None:
                 return fixed
             if not reference or reference.get(key) is None:
-                raise BranchgateError(f"budget_{key}={pct:g}% needs the query's reference run (Config.budget_reference, "
-                                      f"simulate --budget-reference){': ' + where if where else ''}")
+                raise BranchgateError(
+                    f"budget_{key}={pct:g}% needs the query's reference run (Config.budget_reference, "
+                    f"simulate --budget-reference){': ' + where if where else ''}"
+                )
             base = reference[key] - 1 if key == "nodes" else reference[key]  # nodes: expanded subqueries
             return int(math.floor(pct / 100.0 * max(0.0, float(base)) + 1e-9))
+
         return one(self.nodes, self.nodes_pct, "nodes"), one(self.tokens, self.tokens_pct, "tokens")
 
 
@@ -131,8 +135,9 @@ def _budget(opts: dict[str, str], flag: str, spec: str, stage: str, name: str) -
     if given == ["defer"] and defer == "0":
         return None
     if defer == "1" and name != "gate":
-        raise BranchgateError(f"{flag} {spec}: defer=1 is the run-scoped gate's deferral (gate:PATH,...,defer=1); "
-                              f"{name} has none")
+        raise BranchgateError(
+            f"{flag} {spec}: defer=1 is the run-scoped gate's deferral (gate:PATH,...,defer=1); {name} has none"
+        )
     out: dict = {"defer": defer == "1"}
     for key in ("nodes", "tokens"):
         raw = opts.get(f"budget_{key}")
@@ -145,15 +150,19 @@ def _budget(opts: dict[str, str], flag: str, spec: str, stage: str, name: str) -
             except ValueError:
                 pct = float("nan")
             if not math.isfinite(pct) or pct < 0:
-                raise BranchgateError(f"{flag} {spec}: budget_{key}={raw!r}: expected P% with P a number ≥ 0 "
-                                      "(a share of the query's reference run)")
+                raise BranchgateError(
+                    f"{flag} {spec}: budget_{key}={raw!r}: expected P% with P a number ≥ 0 "
+                    "(a share of the query's reference run)"
+                )
             out[f"{key}_pct"] = pct
             continue
         try:
             value = int(raw)
         except ValueError:
-            raise BranchgateError(f"{flag} {spec}: budget_{key}={raw!r}: expected an integer ≥ 0 ({what}) or P% "
-                                  "(a share of the query's reference run)") from None
+            raise BranchgateError(
+                f"{flag} {spec}: budget_{key}={raw!r}: expected an integer ≥ 0 ({what}) or P% "
+                "(a share of the query's reference run)"
+            ) from None
         if value < 0:
             raise BranchgateError(f"{flag} {spec}: budget_{key} must be ≥ 0 ({what}), got {value}")
         out[key] = value

@@ -52,7 +52,7 @@ class BM25Index:
         self.vocab = model.vocab_dict
 
     @classmethod
-    def build(cls, texts: list[str]) -> "BM25Index":
+    def build(cls, texts: list[str]) -> BM25Index:
         bm25s = _bm25s()
         model = bm25s.BM25(k1=BM25_PARAMS["k1"], b=BM25_PARAMS["b"], method=BM25_PARAMS["method"])
         model.index(_tokenize(texts), show_progress=False)
@@ -62,14 +62,16 @@ class BM25Index:
         self.model.save(str(path))
 
     @classmethod
-    def load(cls, path: str | Path, n_passages: int) -> "BM25Index":
+    def load(cls, path: str | Path, n_passages: int) -> BM25Index:
         try:
             model = _bm25s().BM25.load(str(path))
         except Exception as exc:  # corrupt or partial index folder
             raise BranchgateError(f"{path}: cannot load the BM25 index ({exc}); rebuild the environment") from None
         n = int(model.scores.get("num_docs", -1))
         if n != n_passages:
-            raise MismatchError(f"{path}: BM25 index has {n} passages, passages file has {n_passages}; rebuild the environment")
+            raise MismatchError(
+                f"{path}: BM25 index has {n} passages, passages file has {n_passages}; rebuild the environment"
+            )
         return cls(model)
 
     def search(self, query: str, k: int) -> list[tuple[int, float]]:
@@ -92,24 +94,29 @@ class DenseIndex:
         return "".join(c if c.isalnum() else "_" for c in encoder_id)
 
     @classmethod
-    def build(cls, env_dir: Path, texts: list[str], embed, encoder_id: str) -> "DenseIndex":
+    def build(cls, env_dir: Path, texts: list[str], embed, encoder_id: str) -> DenseIndex:
         from branchgate.fileio import atomic_write_json
 
         matrix = np.asarray(embed(texts), dtype=np.float32)
         folder = Path(env_dir) / DENSE_DIR
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / f"{cls.slug(encoder_id)}.npy", matrix.astype(np.float16))
-        atomic_write_json(folder / f"{cls.slug(encoder_id)}.json", {"encoder": encoder_id, "n": len(texts), "dim": int(matrix.shape[1])})
+        atomic_write_json(
+            folder / f"{cls.slug(encoder_id)}.json",
+            {"encoder": encoder_id, "n": len(texts), "dim": int(matrix.shape[1])},
+        )
         return cls(matrix, encoder_id)
 
     @classmethod
-    def load(cls, env_dir: Path, encoder_id: str, n_passages: int) -> "DenseIndex":
+    def load(cls, env_dir: Path, encoder_id: str, n_passages: int) -> DenseIndex:
         folder = Path(env_dir) / DENSE_DIR
         meta_path = folder / f"{cls.slug(encoder_id)}.json"
         if not meta_path.exists():
             have = sorted(p.stem for p in folder.glob("*.json")) if folder.exists() else []
-            raise BranchgateError(f"{env_dir}: no dense embeddings for encoder {encoder_id!r} (have: {have or 'none'}); "
-                                  f"build them with `branchgate env build ... --dense --encoder ...`")
+            raise BranchgateError(
+                f"{env_dir}: no dense embeddings for encoder {encoder_id!r} (have: {have or 'none'}); "
+                f"build them with `branchgate env build ... --dense --encoder ...`"
+            )
         meta = json.loads(meta_path.read_text())
         matrix = np.load(folder / f"{cls.slug(encoder_id)}.npy").astype(np.float32)
         if matrix.shape[0] != n_passages or meta.get("n") != n_passages:

@@ -21,7 +21,7 @@ brings nothing new is a dead end.
 
 Each expansion is computed completely (``Runner._expansion``: retrieval, post-retrieval pruning, learnings,
 follow-ups) before it is written (``Runner._commit``), so a run budget (``--pre SPEC,budget_tokens=T``) knows
-its exact cost and is never exceeded (``pipeline/budgeting.py``); a frame's decisions are written once its
+its exact cost and is never exceeded (``pipeline/exact_costs.py``); a frame's decisions are written once its
 expansions are costed. With ``defer=1`` the run-scoped gate's deferred candidates are revisited when the tree
 is done (``Runner._revisit``); ``Config.protect`` adds protected context. The settings are in
 ``pipeline/config.py``; the per-expansion steps and one run's state (``_Run``) in ``pipeline/expand.py``.
@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from branchgate import __version__
-from branchgate.pipeline import accounting, policies
 from branchgate.errors import BranchgateError
+from branchgate.pipeline import accounting, stage_policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
-from branchgate.pipeline.budgeting import REPORT_SENTENCES, REPORT_WORDS, RunBudget, SynthBound
 from branchgate.pipeline.config import PROTECT, SHAPES, Config, _reference
+from branchgate.pipeline.exact_costs import REPORT_SENTENCES, REPORT_WORDS, RunBudget, SynthBound
 from branchgate.pipeline.expand import Expander, Expansion, _Run, call_tokens
 from branchgate.pipeline.generate import cited_learnings
 from branchgate.texts import candidate_text
@@ -58,14 +58,14 @@ class Runner(Expander):
 
     def __init__(self, env, cfg: Config, generator, embedder=None, encoder_id: str | None = None):
         self.env, self.cfg, self.gen = env, cfg, generator
-        self.pre = policies.parse(cfg.pre, "pre_retrieval")
-        self.post = policies.parse(cfg.post, "post_retrieval")
-        self.synth = policies.parse(cfg.synth, "pre_synthesis")
+        self.pre = stage_policies.parse(cfg.pre, "pre_retrieval")
+        self.post = stage_policies.parse(cfg.post, "post_retrieval")
+        self.synth = stage_policies.parse(cfg.synth, "pre_synthesis")
         self.embedder, self.encoder_id = embedder, encoder_id
         self.levels = cfg.candidates_per_level()
         self.breadths = cfg.breadths()
         self.depth_limit = cfg.depth
-        if isinstance(self.pre, policies.ShallowPolicy):
+        if isinstance(self.pre, stage_policies.ShallowPolicy):
             self.depth_limit = len(self.pre.plan(self.levels))
         self.embed_any = any(p.needs_embeddings for p in (self.pre, self.post, self.synth))
         self._embedded: set[str] = set()
@@ -74,11 +74,14 @@ class Runner(Expander):
             raise BranchgateError(f"protect must be one of {', '.join(PROTECT)}, got {cfg.protect!r}")
         if cfg.shape not in SHAPES:
             raise BranchgateError(f"shape must be one of {', '.join(SHAPES)}, got {cfg.shape!r}")
-        self.reference = _reference(cfg.budget_reference) if self.pre.budget is not None and self.pre.budget.relative \
-            else {}
+        self.reference = (
+            _reference(cfg.budget_reference) if self.pre.budget is not None and self.pre.budget.relative else {}
+        )
         if self.pre.budget is not None and getattr(generator, "name", "offline") != "offline":
-            raise BranchgateError(f"--pre {cfg.pre}: run budgets need the offline generator (an expansion's exact cost "
-                                  "is known before it is committed only when generation is deterministic)")
+            raise BranchgateError(
+                f"--pre {cfg.pre}: run budgets need the offline generator (an expansion's exact cost "
+                "is known before it is committed only when generation is deterministic)"
+            )
 
     # -- helpers -----------------------------------------------------------------------------------
     def passage_tokens(self, idx: list[int]) -> list[int]:
@@ -89,8 +92,9 @@ class Runner(Expander):
             qv = self.embedder([query])[0]
             hits = self.env.dense(self.encoder_id).search_vector(qv, self.cfg.top_k)
         else:
-            hits = self.env.memo.get_or(("bm25", query, self.cfg.top_k),
-                                        lambda: tuple(self.env.bm25.search(query, self.cfg.top_k)))
+            hits = self.env.memo.get_or(
+                ("bm25", query, self.cfg.top_k), lambda: tuple(self.env.bm25.search(query, self.cfg.top_k))
+            )
         return [i for i, _ in hits]
 
     def items(self, texts: list[str], tokens: list[int] | None, policy, ledger: Ledger):
@@ -132,19 +136,50 @@ class Runner(Expander):
         key = f"{query.id}.r{rep}"  # random choices depend on (seed, query, repetition, place): paired across policies
         w = lambda type_, **f: writer.write(type=type_, run_id=run_id, **f)  # noqa: E731
         root = query.query
-        limits = self.pre.budget.resolve(self.reference.get(query.id), f"query {query.id}") \
-            if self.pre.budget is not None else (None, None)
+        limits = (
+            self.pre.budget.resolve(self.reference.get(query.id), f"query {query.id}")
+            if self.pre.budget is not None
+            else (None, None)
+        )
         run_gate = self.pre.start_run(run_id, *limits)
-        r = self._run = _Run(root=root, key=key, w=w, led=led, kp_ids=query.kp_ids, kp_set=set(query.kp_ids),
-                             synth=SynthBound(env, root), run_gate=run_gate)
+        r = self._run = _Run(
+            root=root,
+            key=key,
+            w=w,
+            led=led,
+            kp_ids=query.kp_ids,
+            kp_set=set(query.kp_ids),
+            synth=SynthBound(env, root),
+            run_gate=run_gate,
+        )
         r.budget = RunBudget(limits[0], limits[1], led, r.synth)
-        w("run_start", root_query=root, system=SYSTEM, config={
-            **cfg.record(), "env": env.name, "env_fingerprint": env.fingerprint(), "query_id": query.id,
-            "candidates_per_level": self.levels, "depth_limit": self.depth_limit, "encoder_id": self.encoder_id,
-            "tokenizer": accounting.TOKENIZER_ID,
-            **({"budget": {"nodes": limits[0], "tokens": limits[1], "spec": self.pre.spec,
-                           **({"run_gate": run_gate.config()} if run_gate is not None else {})}}
-               if r.budget.limited else {})})
+        w(
+            "run_start",
+            root_query=root,
+            system=SYSTEM,
+            config={
+                **cfg.record(),
+                "env": env.name,
+                "env_fingerprint": env.fingerprint(),
+                "query_id": query.id,
+                "candidates_per_level": self.levels,
+                "depth_limit": self.depth_limit,
+                "encoder_id": self.encoder_id,
+                "tokenizer": accounting.TOKENIZER_ID,
+                **(
+                    {
+                        "budget": {
+                            "nodes": limits[0],
+                            "tokens": limits[1],
+                            "spec": self.pre.spec,
+                            **({"run_gate": run_gate.config()} if run_gate is not None else {}),
+                        }
+                    }
+                    if r.budget.limited
+                    else {}
+                ),
+            },
+        )
         return r
 
     def _plan(self, r: _Run) -> list[dict]:
@@ -164,15 +199,28 @@ class Runner(Expander):
         growth = r.synth.growth(protected, self.passage_tokens(protected))
         if budget.limited and not budget.fits(plan_cost + growth, nodes=0):
             cands = []  # the budget cannot afford planning: the run expands nothing
-            budget.exhausted_at = r.w("raw", source_type="budget:exhausted", data={"candidate_ids": [],
-                                                                                   "plan": plan_cost,
-                                                                                   **budget.status()}).seq
+            budget.exhausted_at = r.w(
+                "raw", source_type="budget:exhausted", data={"candidate_ids": [], "plan": plan_cost, **budget.status()}
+            ).seq
         else:
             self._llm(r.w, led, "plan", [root, *plan_texts], cand_texts, usage=usage)
             budget.commit_plan(plan_cost, growth, run_gate)  # one ledger: the run-scoped gate reads what the run spends
             self._protect(r, protected)
-        return [dict(frame_id="f0", parent_frame=None, parent_candidate=None, depth=0, frame_query=root,
-                     parent_goal="", cands=cands)] if cands else []
+        return (
+            [
+                dict(
+                    frame_id="f0",
+                    parent_frame=None,
+                    parent_candidate=None,
+                    depth=0,
+                    frame_query=root,
+                    parent_goal="",
+                    cands=cands,
+                )
+            ]
+            if cands
+            else []
+        )
 
     def _level(self, r: _Run, frames: list[dict], level: int) -> list[dict]:
         """One level of the tree, breadth first: each frame in order; returns the next level's frames."""
@@ -185,8 +233,15 @@ class Runner(Expander):
         """One frame: frame_open and candidate events, the pre-retrieval decision, then its expansions written in
         order (their child frames appended to ``next_frames``)."""
         fid, cands = fr["frame_id"], fr["cands"]
-        r.w("frame_open", frame_id=fid, parent_frame=fr["parent_frame"], parent_candidate=fr["parent_candidate"],
-            depth=fr["depth"], frame_query=fr["frame_query"], parent_goal=fr["parent_goal"])
+        r.w(
+            "frame_open",
+            frame_id=fid,
+            parent_frame=fr["parent_frame"],
+            parent_candidate=fr["parent_candidate"],
+            depth=fr["depth"],
+            frame_query=fr["frame_query"],
+            parent_goal=fr["parent_goal"],
+        )
         r.stats["n_frames"] += 1
         cids = [f"{fid}.c{i}" for i in range(len(cands))]
         for i, (cid, c) in enumerate(zip(cids, cands)):
@@ -216,25 +271,39 @@ class Runner(Expander):
         with led.timed("pre"):
             if run_gate is not None:
                 if r.budget.tokens is not None:
-                    alone = {i: self._expansion(r, fr, level, i, cid, c, texts[i], r.seen, r.context, r.synth)
-                             for i, (cid, c) in enumerate(zip(cids, cands))}
-                dstate = DecisionState(r.root, fr["frame_query"], fr["parent_goal"], list(r.retained_branches),
-                                       int(fr["depth"]))
-                choice = self.pre.choose_run(run_gate, dstate, cands,
-                                             [alone[i].cost for i in range(len(cands))] if alone else None, cids)
+                    alone = {
+                        i: self._expansion(r, fr, level, i, cid, c, texts[i], r.seen, r.context, r.synth)
+                        for i, (cid, c) in enumerate(zip(cids, cands))
+                    }
+                dstate = DecisionState(
+                    r.root, fr["frame_query"], fr["parent_goal"], list(r.retained_branches), int(fr["depth"])
+                )
+                choice = self.pre.choose_run(
+                    run_gate, dstate, cands, [alone[i].cost for i in range(len(cands))] if alone else None, cids
+                )
                 for i in choice.deferred:
                     r.deferred_meta[cids[i]] = (fr, level, i, cands[i], texts[i])
                 r.n_deferred += len(choice.deferred)
             else:
-                state = State(query=r.root_items, context=self.items(r.retained_branches, None, self.pre, led),
-                              frame_query=fr["frame_query"], parent_goal=fr["parent_goal"], depth=fr["depth"],
-                              extra={"budget_left": self._budget_left(r.stats), "breadth": self.breadths[fr["depth"]]})
-                choice = self.pre.choose(self.items(texts, token_counts(texts), self.pre, led), state,
-                                         "pre_retrieval", self._rng(r.key, fr["frame_id"], "pre"))
+                state = State(
+                    query=r.root_items,
+                    context=self.items(r.retained_branches, None, self.pre, led),
+                    frame_query=fr["frame_query"],
+                    parent_goal=fr["parent_goal"],
+                    depth=fr["depth"],
+                    extra={"budget_left": self._budget_left(r.stats), "breadth": self.breadths[fr["depth"]]},
+                )
+                choice = self.pre.choose(
+                    self.items(texts, token_counts(texts), self.pre, led),
+                    state,
+                    "pre_retrieval",
+                    self._rng(r.key, fr["frame_id"], "pre"),
+                )
         return choice, alone
 
-    def _schedule(self, r: _Run, fr: dict, level: int, choice, alone: dict, cids: list[str],
-                  texts: list[str]) -> dict[int, Expansion | None]:
+    def _schedule(
+        self, r: _Run, fr: dict, level: int, choice, alone: dict, cids: list[str], texts: list[str]
+    ) -> dict[int, Expansion | None]:
         """The frame's kept candidates' expansions in order, each against the state its predecessors leave;
         those the budget cannot afford are None (dropped, actor "budget")."""
         cands, budget = fr["cands"], r.budget
@@ -261,11 +330,15 @@ class Runner(Expander):
         budget = r.budget
         status = budget.status() if budget.limited else None
         dropped = set(choice.dropped) | {i for i, e in plan.items() if e is None}
-        if budget.limited and budget.exhausted_at is None and (choice.exhausted or (
-                choice.kept and all(plan[i] is None for i in choice.kept))):
+        if (
+            budget.limited
+            and budget.exhausted_at is None
+            and (choice.exhausted or (choice.kept and all(plan[i] is None for i in choice.kept)))
+        ):
             # the first decision that finds the budget exhausted (as inference/recorder.py records it)
-            budget.exhausted_at = r.w("raw", source_type="budget:exhausted",
-                                      data={"candidate_ids": list(cids), **status}).seq
+            budget.exhausted_at = r.w(
+                "raw", source_type="budget:exhausted", data={"candidate_ids": list(cids), **status}
+            ).seq
         for i, cid in enumerate(cids):
             if plan.get(i) is not None:
                 action, actor = "expand", self.pre.actor
@@ -275,8 +348,15 @@ class Runner(Expander):
                 action, actor = "defer", self.pre.actor
             else:
                 action, actor = "prune", self.pre.actor
-            ev = r.w("decision", candidate_id=cid, action=action, actor=actor, score=choice.scores[i],
-                     p_keep=choice.p_keep[i], **self._budget_fields(status, choice, i, plan.get(i)))
+            ev = r.w(
+                "decision",
+                candidate_id=cid,
+                action=action,
+                actor=actor,
+                score=choice.scores[i],
+                p_keep=choice.p_keep[i],
+                **self._budget_fields(status, choice, i, plan.get(i)),
+            )
             if action == "defer":
                 r.deferred_seq[cid] = ev.seq
         budget.dropped += sum(1 for i in dropped if i in choice.kept or i in choice.dropped)
@@ -295,17 +375,29 @@ class Runner(Expander):
 
                 prot = [pi for pi in context if pi in r.protected]
                 ctx_items = self.items([env.texts[j] for j in free], self.passage_tokens(free), self.synth, led)
-                base = self.items([env.texts[j] for j in prot], self.passage_tokens(prot), self.synth, led) if prot \
+                base = (
+                    self.items([env.texts[j] for j in prot], self.passage_tokens(prot), self.synth, led)
+                    if prot
                     else Items.empty(ctx_items.emb.shape[1])
-                sc = self.synth.choose(ctx_items, State(query=r.root_items, context=base, frame_query=r.root, depth=0),
-                                       "pre_synthesis", self._rng(r.key, "synth"))
+                )
+                sc = self.synth.choose(
+                    ctx_items,
+                    State(query=r.root_items, context=base, frame_query=r.root, depth=0),
+                    "pre_synthesis",
+                    self._rng(r.key, "synth"),
+                )
                 keep = set(prot) | {free[j] for j in sc.kept}
                 final = [pi for pi in context if pi in keep]
         removed = [pi for pi in context if pi not in set(final)]
         if removed:
-            r.w("prune", stage="pre_synthesis", item_ids=[env.ids[pi] for pi in removed],
-                tokens_before=int(sum(self.passage_tokens(context))), tokens_after=int(sum(self.passage_tokens(final))),
-                actor=self.synth.actor)
+            r.w(
+                "prune",
+                stage="pre_synthesis",
+                item_ids=[env.ids[pi] for pi in removed],
+                tokens_before=int(sum(self.passage_tokens(context))),
+                tokens_after=int(sum(self.passage_tokens(final))),
+                actor=self.synth.actor,
+            )
         return final, kpr_before
 
     def _report(self, r: _Run, final: list[int]) -> None:
@@ -361,7 +453,7 @@ class Runner(Expander):
             self.score_log.extend((stage, float(v)) for v in scores if v is not None)
 
     def _budget_left(self, stats) -> int:
-        if isinstance(self.pre, policies.ShallowPolicy):
+        if isinstance(self.pre, stage_policies.ShallowPolicy):
             return max(0, self.pre.nodes - stats["nodes"])
         return 1 << 30
 

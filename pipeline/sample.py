@@ -13,12 +13,16 @@ from branchgate.errors import BranchgateError
 
 SAMPLE_QUERIES = 40
 SAMPLE_DIR = Path(str(files("branchgate.data") / "samples" / "musique_sample"))
-ATTRIBUTION = ("MuSiQue (Trivedi et al., 2022, https://github.com/StonyBrookNLP/musique), CC BY 4.0; "
-               "subset as distributed in OSU-NLP-Group/HippoRAG. Questions, decompositions and paragraphs unchanged.")
+ATTRIBUTION = (
+    "MuSiQue (Trivedi et al., 2022, https://github.com/StonyBrookNLP/musique), CC BY 4.0; "
+    "subset as distributed in OSU-NLP-Group/HippoRAG. Questions, decompositions and paragraphs unchanged."
+)
 
 
 def sample_path() -> Path:
     if not (SAMPLE_DIR / "manifest.json").exists():
-        raise BranchgateError(f"the bundled sample environment is missing ({SAMPLE_DIR}); reinstall branchgate or "
-                              "rebuild it with `python3 scripts/build_sample.py --src DIR`")
+        raise BranchgateError(
+            f"the bundled sample environment is missing ({SAMPLE_DIR}); reinstall branchgate or "
+            "rebuild it with `python3 scripts/build_sample.py --src DIR`"
+        )
     return SAMPLE_DIR

@@ -27,8 +27,19 @@ from branchgate.pipeline.run import Runner
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "simulate"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
-SUMMARY_KEYS = ("nodes", "retrieval_calls", "tokens", "kpr", "wall_s", "kpr_before_synthesis", "n_candidates",
-                "n_expanded", "n_pruned_pre", "n_context", "n_final")
+SUMMARY_KEYS = (
+    "nodes",
+    "retrieval_calls",
+    "tokens",
+    "kpr",
+    "wall_s",
+    "kpr_before_synthesis",
+    "n_candidates",
+    "n_expanded",
+    "n_pruned_pre",
+    "n_context",
+    "n_final",
+)
 
 
 def select_queries(env, runs: int | None, queries_file: str | None) -> list[tuple[str, int]]:
@@ -137,17 +148,27 @@ def spawn_map(fn, jobs: list, workers: int, initializer, initargs: tuple):
 
 # -- driver --------------------------------------------------------------------------------------------
 
-def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = None, queries_file: str | None = None,
-             workers: int = 1, gen_kw: dict | None = None, progress: bool = True, encoder=None) -> dict:
+
+def simulate(
+    env_path: str,
+    cfg: Config,
+    out: str | Path,
+    runs: int | None = None,
+    queries_file: str | None = None,
+    workers: int = 1,
+    gen_kw: dict | None = None,
+    progress: bool = True,
+    encoder=None,
+) -> dict:
     from tqdm.auto import tqdm
 
     from branchgate.pipeline import env as envmod
-    from branchgate.pipeline import policies
+    from branchgate.pipeline import stage_policies
 
     gen_kw = gen_kw or {}
     gates = []  # controller files the policies read: inputs, like the environment and the query file
     for spec, stage in ((cfg.pre, "pre_retrieval"), (cfg.post, "post_retrieval"), (cfg.synth, "pre_synthesis")):
-        policy = policies.parse(spec, stage)  # fail fast on a bad spec, before loading anything heavy
+        policy = stage_policies.parse(spec, stage)  # fail fast on a bad spec, before loading anything heavy
         gates.append(getattr(policy, "path", None))
     if cfg.breadth < 1 or cfg.depth < 1 or cfg.top_k < 1 or cfg.oversample < 1:
         raise BranchgateError("--breadth, --depth and --top-k must be ≥ 1 and --oversample ≥ 1")
@@ -155,12 +176,18 @@ def simulate(env_path: str, cfg: Config, out: str | Path, runs: int | None = Non
         raise BranchgateError(f"unknown retriever {cfg.retriever!r}: bm25 | dense")
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)  # a path or a loaded Env
     env_path = str(env.path)
-    out = check_output_dir(out, [env_path, queries_file, cfg.budget_reference or None, *gates], OUTPUT_KIND,
-                           in_place=True)
+    out = check_output_dir(
+        out, [env_path, queries_file, cfg.budget_reference or None, *gates], OUTPUT_KIND, in_place=True
+    )
     (out / "traces").mkdir(parents=True, exist_ok=True)
     mark_output_dir(out, OUTPUT_KIND)
-    conf = {"config": cfg.record(), "env": env_path, "env_fingerprint": env.fingerprint(), "tag": cfg.tag(),
-            "generator_options": {k: v for k, v in gen_kw.items() if k != "api_key"}}
+    conf = {
+        "config": cfg.record(),
+        "env": env_path,
+        "env_fingerprint": env.fingerprint(),
+        "tag": cfg.tag(),
+        "generator_options": {k: v for k, v in gen_kw.items() if k != "api_key"},
+    }
     conf_path = out / "simulate.json"
     if conf_path.exists():
         old = json.loads(conf_path.read_text())
@@ -216,8 +243,10 @@ def summarize(out: Path, run_ids: list[str] | None = None) -> dict:
     for key in SUMMARY_KEYS:
         vals = np.array([r[key] for r in rows if key in r], dtype=np.float64)
         if len(vals):
-            summary[key] = {"mean": float(vals.mean()),
-                            "se": float(vals.std(ddof=1) / np.sqrt(len(vals))) if len(vals) > 1 else 0.0}
+            summary[key] = {
+                "mean": float(vals.mean()),
+                "se": float(vals.std(ddof=1) / np.sqrt(len(vals))) if len(vals) > 1 else 0.0,
+            }
     expanded = sum(r.get("n_expanded", 0) for r in rows)
     gained = sum(r.get("expansions_with_gain", 0) for r in rows)
     summary["frac_expansions_with_gain"] = gained / expanded if expanded else None
@@ -227,8 +256,9 @@ def summarize(out: Path, run_ids: list[str] | None = None) -> dict:
             o = origins.setdefault(k, [0, 0])
             o[0] += v["expanded"]
             o[1] += v["with_gain"]
-    summary["frac_with_gain_by_origin"] = {k: {"expanded": v[0], "frac": v[1] / v[0] if v[0] else None}
-                                           for k, v in sorted(origins.items())}
+    summary["frac_with_gain_by_origin"] = {
+        k: {"expanded": v[0], "frac": v[1] / v[0] if v[0] else None} for k, v in sorted(origins.items())
+    }
     stages: dict[str, list[float]] = {}
     for r in rows:
         for k, v in (r.get("tokens_by_stage") or {}).items():

@@ -6,44 +6,87 @@ import argparse
 import os
 import sys
 
-POLICY_HELP = ("none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
-               "sc:max_items=10) | random:RATE | gate:PATH[,tau=T] | shallow:NODES (pre only); run budgets (pre only, "
-               "any policy): ,budget_nodes=N and/or ,budget_tokens=T (T or P%% of the query's --budget-reference run), "
-               "gate:PATH,budget_tokens=T,defer=1 for deferral")
+POLICY_HELP = (
+    "none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
+    "sc:max_items=10) | random:RATE | gate:PATH[,tau=T] | shallow:NODES (pre only); run budgets (pre only, "
+    "any policy): ,budget_nodes=N and/or ,budget_tokens=T (T or P%% of the query's --budget-reference run), "
+    "gate:PATH,budget_tokens=T,defer=1 for deferral"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", required=True, help="environment folder (branchgate env build), or 'sample'")
-    parser.add_argument("--out", required=True, help="output folder (traces/, simulate.json, summary.json); reruns resume")
-    parser.add_argument("--runs", type=int, default=None, help="number of runs (default: every query once); "
-                        "queries are taken in order and cycled with a new repetition index")
-    parser.add_argument("--queries", default=None, metavar="FILE", help="query ids to run, one per line (or JSON lines with 'id')")
+    parser.add_argument(
+        "--out", required=True, help="output folder (traces/, simulate.json, summary.json); reruns resume"
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="number of runs (default: every query once); "
+        "queries are taken in order and cycled with a new repetition index",
+    )
+    parser.add_argument(
+        "--queries", default=None, metavar="FILE", help="query ids to run, one per line (or JSON lines with 'id')"
+    )
     parser.add_argument("--pre", default="none", metavar="SPEC", help=f"pre-retrieval policy: {POLICY_HELP}")
-    parser.add_argument("--post", default="none", metavar="SPEC", help="post-retrieval policy (same syntax, no shallow)")
-    parser.add_argument("--synth", default="none", metavar="SPEC", help="pre-synthesis policy (same syntax, no shallow)")
-    parser.add_argument("--breadth", type=int, default=4, help="breadth at the first level; halves per level, floor 2 (default 4)")
+    parser.add_argument(
+        "--post", default="none", metavar="SPEC", help="post-retrieval policy (same syntax, no shallow)"
+    )
+    parser.add_argument(
+        "--synth", default="none", metavar="SPEC", help="pre-synthesis policy (same syntax, no shallow)"
+    )
+    parser.add_argument(
+        "--breadth", type=int, default=4, help="breadth at the first level; halves per level, floor 2 (default 4)"
+    )
     parser.add_argument("--depth", type=int, default=3, help="tree depth (default 3)")
-    parser.add_argument("--oversample", type=float, default=1.5,
-                        help="candidates per frame = ceil(breadth × this), so choosing matters (default 1.5)")
+    parser.add_argument(
+        "--oversample",
+        type=float,
+        default=1.5,
+        help="candidates per frame = ceil(breadth × this), so choosing matters (default 1.5)",
+    )
     parser.add_argument("--top-k", type=int, default=10, help="passages retrieved per subquery (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice (with the run id)")
     parser.add_argument("--workers", type=int, default=1, help="parallel processes over queries (default 1)")
-    parser.add_argument("--retriever", choices=["bm25", "dense"], default="bm25",
-                        help="bm25 (default) or dense (needs `env build --dense` with the same --encoder)")
-    parser.add_argument("--encoder", default="auto", help="encoder for teachers and dense retrieval (auto | packaged | id | dir)")
-    parser.add_argument("--generator", choices=["offline", "chat"], default="offline",
-                        help="candidate generator: offline (deterministic, default) or chat (OpenAI-compatible endpoint)")
+    parser.add_argument(
+        "--retriever",
+        choices=["bm25", "dense"],
+        default="bm25",
+        help="bm25 (default) or dense (needs `env build --dense` with the same --encoder)",
+    )
+    parser.add_argument(
+        "--encoder", default="auto", help="encoder for teachers and dense retrieval (auto | packaged | id | dir)"
+    )
+    parser.add_argument(
+        "--generator",
+        choices=["offline", "chat"],
+        default="offline",
+        help="candidate generator: offline (deterministic, default) or chat (OpenAI-compatible endpoint)",
+    )
     parser.add_argument("--llm-url", default=None, help="chat generator: base URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--llm-model", default=None, help="chat generator: model name")
-    parser.add_argument("--budget-reference", default="", metavar="FILE",
-                        help="JSON {query id: {nodes, tokens}} (e.g. the unpruned runs' totals): what budget_*=P%% "
-                             "budgets are a share of")
-    parser.add_argument("--protect", choices=["none", "plan"], default="none",
-                        help="plan: the root question's plan-search passages join the context as protected items, "
-                             "never removed by post-retrieval or pre-synthesis pruning (default none)")
-    parser.add_argument("--shape", choices=["tree", "chain"], default="tree",
-                        help="tree (default: breadth halving per level) or chain: one candidate per decision and its "
-                             "follow-up the next, as a sequential agent (Search-o1, ReAct) searches; --depth searches")
+    parser.add_argument(
+        "--budget-reference",
+        default="",
+        metavar="FILE",
+        help="JSON {query id: {nodes, tokens}} (e.g. the unpruned runs' totals): what budget_*=P%% "
+        "budgets are a share of",
+    )
+    parser.add_argument(
+        "--protect",
+        choices=["none", "plan"],
+        default="none",
+        help="plan: the root question's plan-search passages join the context as protected items, "
+        "never removed by post-retrieval or pre-synthesis pruning (default none)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=["tree", "chain"],
+        default="tree",
+        help="tree (default: breadth halving per level) or chain: one candidate per decision and its "
+        "follow-up the next, as a sequential agent (Search-o1, ReAct) searches; --depth searches",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -51,19 +94,44 @@ def run(args) -> int:
     from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import simulate
 
-    cfg = Config(breadth=args.breadth, depth=args.depth, oversample=args.oversample, top_k=args.top_k, seed=args.seed,
-                 pre=args.pre, post=args.post, synth=args.synth, generator=args.generator, retriever=args.retriever,
-                 encoder=args.encoder, budget_reference=args.budget_reference, protect=args.protect,
-                 shape=args.shape)
-    gen_kw = {"base_url": args.llm_url, "model": args.llm_model, "api_key": os.environ.get("OPENAI_API_KEY")} \
-        if args.generator == "chat" else {}
-    s = simulate(args.env, cfg, args.out, runs=args.runs, queries_file=args.queries, workers=args.workers,
-                 gen_kw=gen_kw, progress=not args.no_progress and sys.stderr.isatty())
+    cfg = Config(
+        breadth=args.breadth,
+        depth=args.depth,
+        oversample=args.oversample,
+        top_k=args.top_k,
+        seed=args.seed,
+        pre=args.pre,
+        post=args.post,
+        synth=args.synth,
+        generator=args.generator,
+        retriever=args.retriever,
+        encoder=args.encoder,
+        budget_reference=args.budget_reference,
+        protect=args.protect,
+        shape=args.shape,
+    )
+    gen_kw = (
+        {"base_url": args.llm_url, "model": args.llm_model, "api_key": os.environ.get("OPENAI_API_KEY")}
+        if args.generator == "chat"
+        else {}
+    )
+    s = simulate(
+        args.env,
+        cfg,
+        args.out,
+        runs=args.runs,
+        queries_file=args.queries,
+        workers=args.workers,
+        gen_kw=gen_kw,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
     if not s["n_runs"]:
         print("no run finished", file=sys.stderr)
         return 1
     m = lambda k: s[k]["mean"]  # noqa: E731
-    print(f"{s['n_runs']} runs in {args.out}: nodes {m('nodes'):.2f}, retrieval calls {m('retrieval_calls'):.2f}, "
-          f"tokens {m('tokens') / 1000:.1f}k, KPR {m('kpr'):.3f} (before synthesis {m('kpr_before_synthesis'):.3f}), "
-          f"wall {m('wall_s'):.2f}s/run; expansions adding ≥1 key point: {s['frac_expansions_with_gain'] or 0:.1%}")
+    print(
+        f"{s['n_runs']} runs in {args.out}: nodes {m('nodes'):.2f}, retrieval calls {m('retrieval_calls'):.2f}, "
+        f"tokens {m('tokens') / 1000:.1f}k, KPR {m('kpr'):.3f} (before synthesis {m('kpr_before_synthesis'):.3f}), "
+        f"wall {m('wall_s'):.2f}s/run; expansions adding ≥1 key point: {s['frac_expansions_with_gain'] or 0:.1%}"
+    )
     return 0

@@ -10,7 +10,8 @@ import re
 
 from branchgate.logs_to_dataset.spans import fold
 
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a about above after again against all also am an and any are aren't as at be because been before being
 below between both but by can can't cannot could couldn't did didn't do does doesn't doing don't down during
 each etc few for from further had hadn't has hasn't have haven't having he her here hers herself him himself
@@ -21,7 +22,8 @@ then there there's these they this those though through thus to too under until 
 wasn't we were weren't what what's when where which while who whom whose why will with within without
 won't would wouldn't yet you your yours yourself yourselves s t d ll m re ve also get got many make
 made use used using well even still based way ways new one two three first second within among
-""".split())
+""".split()
+)
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
 

@@ -30,7 +30,7 @@ class Tree:
     """One unpruned run: its frames (by id: depth, candidate ids), child frames, per-branch costs and evidence."""
 
     def __init__(self, run):
-        from branchgate.logs_to_dataset.decisions import run_decisions
+        from branchgate.logs_to_dataset.decision_points import run_decisions
 
         rd = run_decisions(run.run_id, run.events)
         self.run_id, self.evidence = run.run_id, rd.evidence
@@ -78,16 +78,19 @@ def gate_scores(checkpoint: str, dataset: str) -> dict:
     """``{(run_id, candidate_id): (p_keep, label, depth)}`` over every split of the dataset."""
     from branchgate.bench.stats import controller_predictions
 
-    return {(r, c): (float(x), int(y), int(d))
-            for _, part, p in controller_predictions(checkpoint, dataset, ("train", "validation", "test"))
-            for r, c, x, y, d in zip(part["run_id"], part["candidate_id"], p, part["label"], part["depth"])}
+    return {
+        (r, c): (float(x), int(y), int(d))
+        for _, part, p in controller_predictions(checkpoint, dataset, ("train", "validation", "test"))
+        for r, c, x, y, d in zip(part["run_id"], part["candidate_id"], p, part["label"], part["depth"])
+    }
 
 
-def unpruned(runs_path: str, dataset: str, checkpoint: str, split: str | None = None,
-             max_runs: int = 0) -> tuple[list, list[Tree], dict]:
+def unpruned(
+    runs_path: str, dataset: str, checkpoint: str, split: str | None = None, max_runs: int = 0
+) -> tuple[list, list[Tree], dict]:
     """The runs of ``runs_path`` (only those of ``split``, the first ``max_runs`` when > 0), their ``Tree`` and
     the gate's scores on ``dataset``, the decision dataset built from them; every candidate must have a row."""
-    from branchgate.logs_to_dataset.decisions import split_of
+    from branchgate.logs_to_dataset.decision_points import split_of
     from branchgate.logs_to_dataset.readers import read_runs
 
     runs = [r for r in read_runs([runs_path]) if split is None or split_of(r.run_id) == split][: max_runs or None]
@@ -116,6 +119,7 @@ def lazy_embed(name: str):
         for x, v in zip(todo, encoder.encode(todo, batch_size=128) if todo else []):
             cache[x] = v / max(float(np.linalg.norm(v)), 1e-9)
         return np.array([cache[x] for x in texts]).reshape(len(texts), encoder.dim)
+
     return embed
 
 
@@ -152,7 +156,7 @@ class Real(NamedTuple):
 def load_real(dataset: str, cache: str | None) -> Real:
     from datasets import concatenate_datasets
 
-    from branchgate.data.decisions import load_decision_dataset
+    from branchgate.data.decision_batches import load_decision_dataset
     from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
     from branchgate.models import teachers as T
     from branchgate.models.encoder import recorded_spec
@@ -163,12 +167,14 @@ def load_real(dataset: str, cache: str | None) -> Real:
     emb = EmbeddingCache(LazyEncoder(recorded_spec(manifest["encoder"])), path=cache)
     cand = emb.get([candidate_text(r["query"], r["goal"]) for r in rows])
     root = emb.get(list(rows["root_query"]))
-    retained_max = np.array([float((emb.get(list(r["retained"])) @ cand[i]).max()) if r["retained"] else 0.0
-                             for i, r in enumerate(rows)])
+    retained_max = np.array(
+        [float((emb.get(list(r["retained"])) @ cand[i]).max()) if r["retained"] else 0.0 for i, r in enumerate(rows)]
+    )
     teachers = {n: np.asarray(rows[f"teacher_{n}"], np.float64) for n in T.NAMES if f"teacher_{n}" in rows.column_names}
     n_ret = np.asarray(rows["n_retained"], np.float64)
-    scalars = np.column_stack([*teachers.values(), (cand * root).sum(1), retained_max, np.log1p(n_ret),
-                               np.asarray(rows["depth"], np.float64)])
+    scalars = np.column_stack(
+        [*teachers.values(), (cand * root).sum(1), retained_max, np.log1p(n_ret), np.asarray(rows["depth"], np.float64)]
+    )
     return Real(np.asarray(rows["label"]), np.asarray(rows["run_id"]), teachers, scalars, cand, root, rows, emb)
 
 
@@ -210,5 +216,7 @@ def compare(models: dict, y, runs, teachers: dict, reps: int = 5, boot: int = 10
             return safe_auroc(y[idx], p[idx]) - safe_auroc(y[idx], teachers[best][idx])
 
         lo, hi = bootstrap_ci(list(by_run), delta, boot=boot)
-        print(f"{name:44s} {np.mean(aurocs):.3f} ± {np.std(aurocs):.3f}{'':16s} {delta(list(by_run)):+.3f} "
-              f"[{lo:+.3f}, {hi:+.3f}]")
+        print(
+            f"{name:44s} {np.mean(aurocs):.3f} ± {np.std(aurocs):.3f}{'':16s} {delta(list(by_run)):+.3f} "
+            f"[{lo:+.3f}, {hi:+.3f}]"
+        )

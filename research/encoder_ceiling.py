@@ -82,8 +82,10 @@ def main(argv=None) -> int:
     tower = prepare_tower(enc)
     r = _runner(tower)
     lengths = r.tokens(texts)["attention_mask"].sum(1)
-    print(f"{len(texts)} distinct texts; tokens per text: median {np.median(lengths):.0f}, "
-          f"90th percentile {np.percentile(lengths, 90):.0f}, max {lengths.max()}")
+    print(
+        f"{len(texts)} distinct texts; tokens per text: median {np.median(lengths):.0f}, "
+        f"90th percentile {np.percentile(lengths, 90):.0f}, max {lengths.max()}"
+    )
     onnx1 = rate(lambda t: embed_texts(t, tower), texts)
 
     import torch
@@ -113,8 +115,10 @@ def main(argv=None) -> int:
     for n, v in torch_rates.items():
         print(f"torch, {n} thread(s): {v:.0f} texts/s")
     print("onnx node time: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in ops.most_common(4)))
-    print(f"ceiling of the embedding ratio on {a.threads} cores (without torch's load time): "
-          f"{a.threads * onnx1 / torch_rates[a.threads]:.2f}x")
+    print(
+        f"ceiling of the embedding ratio on {a.threads} cores (without torch's load time): "
+        f"{a.threads * onnx1 / torch_rates[a.threads]:.2f}x"
+    )
     return 0
 
 

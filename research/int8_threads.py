@@ -32,9 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def gate_feeds(model: Path) -> list[dict]:
     """The graph inputs the Gate builds for the sample decisions, each with an empty cache."""
+    from branchgate.export.samples import sample_decisions
     from branchgate.inference.gate import Gate
     from branchgate.inference.inputs import as_decision
-    from branchgate.export.samples import sample_decisions
 
     gate = Gate.load(model, threads=1)
     session, feeds = gate.session, []
@@ -68,7 +68,9 @@ def halves(feed: dict) -> list[dict]:
 
     def take(rows):
         width = int(lengths[rows].max())
-        return dict(feed, input_ids=feed["input_ids"][rows, :width], attention_mask=feed["attention_mask"][rows, :width])
+        return dict(
+            feed, input_ids=feed["input_ids"][rows, :width], attention_mask=feed["attention_mask"][rows, :width]
+        )
 
     return [take(rows) for rows in balanced_groups(lengths, 2)]
 
@@ -104,20 +106,27 @@ def matmul_models(tmp: Path) -> dict[str, Path]:
 
     k, n = 384, 1536
     w = (np.random.default_rng(0).standard_normal((k, n)) * 0.05).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-                              [numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp / "mm_fp32.onnx"))
-    quantize_dynamic(str(tmp / "mm_fp32.onnx"), str(tmp / "mm_int8.onnx"), weight_type=QuantType.QInt8, per_channel=True)
+    quantize_dynamic(
+        str(tmp / "mm_fp32.onnx"), str(tmp / "mm_int8.onnx"), weight_type=QuantType.QInt8, per_channel=True
+    )
     return {"fp32": tmp / "mm_fp32.onnx", "int8": tmp / "mm_int8.onnx"}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="controller.onnx (its .int8.onnx twin is used too) or its directory")
+    parser.add_argument(
+        "--model", required=True, help="controller.onnx (its .int8.onnx twin is used too) or its directory"
+    )
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
 
@@ -128,8 +137,8 @@ def main() -> int:
     models = {"fp32": fp32, "int8": paths_for(fp32)["int8"]}
     if not models["int8"].is_file():
         raise SystemExit(f"{models['int8']}: missing (export with --int8)")
-    from branchgate.inference.model_file import read_metadata
     from branchgate.export.parts import PARTS
+    from branchgate.inference.model_file import read_metadata
 
     if read_metadata(fp32).get("parts") != PARTS:
         raise SystemExit(f"{fp32}: exported without skippable parts; re-export it with this branchgate")
@@ -153,7 +162,10 @@ def main() -> int:
             two = session(path, 2)
             cases[f"{prec} 256x384x1536 matmul, 1 thread"] = (lambda i, s=one: s.run(None, {"x": x}), 20)
             cases[f"{prec} 256x384x1536 matmul, 2 threads"] = (lambda i, s=two: s.run(None, {"x": x}), 20)
-            cases[f"{prec} 256x384x1536 matmul, two at once on 1 thread each"] = (lambda i, p=pair: p.run([{"x": x}, {"x": x}]), 20)
+            cases[f"{prec} 256x384x1536 matmul, two at once on 1 thread each"] = (
+                lambda i, p=pair: p.run([{"x": x}, {"x": x}]),
+                20,
+            )
 
     names = list(cases)
     times = {name: [] for name in names}
@@ -168,18 +180,24 @@ def main() -> int:
                 call(i % len(feeds))
                 times[name].append((time.perf_counter() - t) * 1000.0)
     p50 = {name: float(np.median(ts)) for name, ts in times.items()}
-    print(f"{len(feeds)} decisions, {int(np.mean([f['attention_mask'].sum() for f in feeds]))} tokens each on average, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{len(feeds)} decisions, {int(np.mean([f['attention_mask'].sum() for f in feeds]))} tokens each on average, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}"
+    )
     for name in names:
         print(f"{p50[name]:8.3f} ms  {name}")
     for prec in models:
-        print(f"{prec}: second core speeds the graph up {p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
-              f"the tower {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, 2 thread(s)']:.2f}x, "
-              f"two halves at once {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves at once']:.2f}x; "
-              f"the tower is {100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph")
+        print(
+            f"{prec}: second core speeds the graph up {p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
+            f"the tower {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, 2 thread(s)']:.2f}x, "
+            f"two halves at once {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves at once']:.2f}x; "
+            f"the tower is {100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph"
+        )
         mm = f"{prec} 256x384x1536 matmul"
-        print(f"{prec} matmul: 2 threads {p50[mm + ', 1 thread'] / p50[mm + ', 2 threads']:.2f}x, "
-              f"two concurrent 1-thread runs {2 * p50[mm + ', 1 thread'] / p50[mm + ', two at once on 1 thread each']:.2f}x throughput")
+        print(
+            f"{prec} matmul: 2 threads {p50[mm + ', 1 thread'] / p50[mm + ', 2 threads']:.2f}x, "
+            f"two concurrent 1-thread runs {2 * p50[mm + ', 1 thread'] / p50[mm + ', two at once on 1 thread each']:.2f}x throughput"
+        )
     return 0
 
 

@@ -22,9 +22,14 @@ import numpy as np
 from .common import Tree, lazy_embed, logit, new_passages, top, unpruned
 from .replay_rules import frontier_change
 
-INPUTS = ("parent's new passages", "parent passages · question (mean)", "parent passages · question (max)",
-          "parent learnings · question (max)", "candidate · parent passages (max)",
-          "candidate · parent learnings (max)")
+INPUTS = (
+    "parent's new passages",
+    "parent passages · question (mean)",
+    "parent passages · question (max)",
+    "parent learnings · question (max)",
+    "candidate · parent passages (max)",
+    "candidate · parent learnings (max)",
+)
 
 
 def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, list]:
@@ -49,9 +54,21 @@ def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, l
                     continue
                 me = embed([query[c.candidate_id]])[0]
                 keys.append((t.run_id, c.candidate_id))
-                out.append((k, depth, y, p, scores[(t.run_id, parent)][1] == 1, new.get(parent, 0),
-                            float((passages @ question).mean()) if len(passages) else 0.0, top(passages, question),
-                            top(learnings, question), top(passages, me), top(learnings, me)))
+                out.append(
+                    (
+                        k,
+                        depth,
+                        y,
+                        p,
+                        scores[(t.run_id, parent)][1] == 1,
+                        new.get(parent, 0),
+                        float((passages @ question).mean()) if len(passages) else 0.0,
+                        top(passages, question),
+                        top(learnings, question),
+                        top(passages, me),
+                        top(learnings, me),
+                    )
+                )
     return np.array(out, dtype=np.float64), keys
 
 
@@ -93,9 +110,11 @@ def main() -> int:
     for d in sorted(set(depth.astype(int))):
         m = depth == d
         rates = [f"{y[m & (parent_found == f)].mean():.3f} ({int((m & (parent_found == f)).sum())})" for f in (1, 0)]
-        print(f"depth {d}: positive rate when the parent found a key point {rates[0]}, when it did not {rates[1]}; "
-              f"AUROC gate {safe_auroc(y[m], p[m]):.3f}, " +
-              ", ".join(f"{n} {safe_auroc(y[m], inputs[m, i]):.3f}" for i, n in enumerate(INPUTS)))
+        print(
+            f"depth {d}: positive rate when the parent found a key point {rates[0]}, when it did not {rates[1]}; "
+            f"AUROC gate {safe_auroc(y[m], p[m]):.3f}, "
+            + ", ".join(f"{n} {safe_auroc(y[m], inputs[m, i]):.3f}" for i, n in enumerate(INPUTS))
+        )
     base = np.c_[logit(p), depth]
     print(f"pooled: gate {safe_auroc(y, p):.3f}; regression on the gate's logit and depth {cv_auroc(base, y, run):.3f}")
     for i, n in enumerate(INPUTS):
@@ -104,8 +123,11 @@ def main() -> int:
     print(f"  + all of them: {safe_auroc(y, together):.3f}")
     print("Replayed with those out-of-fold scores below the root, minus the gate (Gate's rule, root τ 0.5):")
     for share, mean, lo, hi, outside in frontier_change(trees, scores, keys, together):
-        print(f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (" (outside the new sweep)" if outside
-              else ""), flush=True)
+        print(
+            f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+            + (" (outside the new sweep)" if outside else ""),
+            flush=True,
+        )
     return 0
 
 

@@ -82,8 +82,9 @@ def reasoning_columns(emb, traces: Traces, keys, queries, cand, root, chars: int
     text = [traces.reasoning(run, i)[-chars:] for run, i in keys]
     r = emb.get(text)
     with_query = emb.get([candidate_text(q, t) for q, t in zip(queries, text)])
-    return np.column_stack([(r * root).sum(1), (r * cand).sum(1), (with_query * root).sum(1),
-                            np.log1p([len(t.split()) for t in text])])
+    return np.column_stack(
+        [(r * root).sum(1), (r * cand).sum(1), (with_query * root).sum(1), np.log1p([len(t.split()) for t in text])]
+    )
 
 
 def result_columns(emb, traces: Traces, keys, cand, root) -> np.ndarray:
@@ -96,8 +97,9 @@ def result_columns(emb, traces: Traces, keys, cand, root) -> np.ndarray:
         snip = emb.get([opening(d.text) for d in docs])
         to_root, to_cand = snip @ root[k], snip @ cand[k]
         new = sum(d.id not in seen for d in docs)
-        cols.append([float(to_root.max()), float(to_root.mean()), float(to_cand.max()), np.log1p(len(docs)),
-                     new / len(docs)])
+        cols.append(
+            [float(to_root.max()), float(to_root.mean()), float(to_cand.max()), np.log1p(len(docs)), new / len(docs)]
+        )
     return np.asarray(cols, np.float64)
 
 
@@ -119,10 +121,15 @@ def main() -> int:
     for min_df, c in WORD_GRID:
         words = word_columns(queries, min_df)
         models[f"+ query words (min_df {min_df}: {words.shape[1]}, C={c})"] = (
-            np.column_stack([scalars, words]), c, scalars.shape[1])
+            np.column_stack([scalars, words]),
+            c,
+            scalars.shape[1],
+        )
     for chars in REASONING_CHARS:
         models[f"+ reasoning before the search ({chars} chars)"] = (
-            np.column_stack([scalars, reasoning_columns(emb, traces, keys, queries, cand, root, chars)]), 1.0)
+            np.column_stack([scalars, reasoning_columns(emb, traces, keys, queries, cand, root, chars)]),
+            1.0,
+        )
     results = result_columns(emb, traces, keys, cand, root)
     models["result list alone: best opening's cosine to Q"] = (results[:, :1], 1.0)  # one column: its own ranking
     models["+ result list (post-search: snippets)"] = (np.column_stack([scalars, results]), 1.0)

@@ -61,11 +61,16 @@ def main() -> None:
         m = test(rows.depth)
         cells = " ".join(f"{k} {safe_auroc(labels[m], rows.scorers[k][m]) or float('nan'):.3f}" for k in names)
         print(f"{stratum}: {int(m.sum())} decisions, positive rate {labels[m].mean():.3f}; {cells}")
-    print(f"pooled: gate {safe_auroc(labels, gate):.3f}; best shift below the root: "
-          "{:.3f} (shift {:+.2f})".format(*best_shift(labels, gate, deep)))
+    print(
+        f"pooled: gate {safe_auroc(labels, gate):.3f}; best shift below the root: {{:.3f}} (shift {{:+.2f}})".format(
+            *best_shift(labels, gate, deep)
+        )
+    )
     perfect = perfect_below_root(labels, gate, deep)
-    print(f"perfect below the root: pooled {safe_auroc(labels, perfect):.3f}; with the best shift "
-          "{:.3f} (shift {:+.2f})".format(*best_shift(labels, perfect, deep)))
+    print(
+        f"perfect below the root: pooled {safe_auroc(labels, perfect):.3f}; with the best shift "
+        "{:.3f} (shift {:+.2f})".format(*best_shift(labels, perfect, deep))
+    )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def gate_rule(score: dict, run_id: str, root_tau: float, tau: float, root_only: 
         s = [score[(run_id, c)] for c in ids]
         kept = decide(s, threshold_at(frame.depth, tau, root_tau), fallback=frame.depth == 0 or not root_only).kept
         return [ids[i] for i in kept]
+
     return keep
 
 
@@ -90,8 +91,11 @@ def two_tau(trees, scores, budget: float, target: float) -> None:
     for name, pts in (("one τ", [p for p in points if p[0] == p[1]]), ("root τ + τ", points)):
         best = max([p for p in pts if p[2] <= budget], key=lambda p: p[3], default=None)
         need = min([p[2] for p in pts if p[3] >= target], default=float("nan"))
-        print(f"{name}: best within {budget:.0%} of tokens: " + (f"{best[3]:.1%} (root τ {best[0]:g}, τ {best[1]:g}, "
-              f"{best[2]:.1%} tokens)" if best else "none") + f"; {target:.0%} of KPR at {need:.1%} of tokens")
+        print(
+            f"{name}: best within {budget:.0%} of tokens: "
+            + (f"{best[3]:.1%} (root τ {best[0]:g}, τ {best[1]:g}, {best[2]:.1%} tokens)" if best else "none")
+            + f"; {target:.0%} of KPR at {need:.1%} of tokens"
+        )
 
 
 def main() -> int:
@@ -104,16 +108,22 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--plot", default=None, help="write the frontiers (subtree truth) to this PNG")
     ap.add_argument("--two-tau", action="store_true", help="replay a root τ and a deeper τ (see above)")
-    ap.add_argument("--split", default=None, choices=("train", "validation", "test"),
-                    help="only the runs of this split (logs_to_dataset.decisions.split_of)")
+    ap.add_argument(
+        "--split",
+        default=None,
+        choices=("train", "validation", "test"),
+        help="only the runs of this split (logs_to_dataset.decision_points.split_of)",
+    )
     args = ap.parse_args()
 
     from branchgate.training.metrics import safe_auroc
 
     _, trees, scores = unpruned(args.runs, args.dataset, args.checkpoint, args.split)
     keep_all = np.array([t.replay(lambda f, ids: ids) for t in trees]).mean(0)
-    print(f"{len(trees)} runs; keeping everything replays {keep_all[1]:.0f} tokens, KPR {keep_all[2]:.4f} "
-          f"(the runs: {np.mean([t.tokens for t in trees]):.0f}, {np.mean([t.kpr for t in trees]):.4f})")
+    print(
+        f"{len(trees)} runs; keeping everything replays {keep_all[1]:.0f} tokens, KPR {keep_all[2]:.4f} "
+        f"(the runs: {np.mean([t.tokens for t in trees]):.0f}, {np.mean([t.kpr for t in trees]):.4f})"
+    )
     if args.two_tau:
         two_tau(trees, scores, args.budget, args.target)
         return 0
@@ -137,8 +147,10 @@ def main() -> int:
                 pts = frontier(trees, score, root_only)
                 best = max([k for s, k in pts if s <= args.budget], default=float("nan"))
                 need = min([s for s, k in pts if k >= args.target], default=float("nan"))
-                parts.append(f"{'fallback=root' if root_only else 'top-1 fallback'}: KPR ≤{args.budget:.0%} tokens "
-                             f"{best:.1%}, {args.target:.0%} KPR at {need:.1%} tokens")
+                parts.append(
+                    f"{'fallback=root' if root_only else 'top-1 fallback'}: KPR ≤{args.budget:.0%} tokens "
+                    f"{best:.1%}, {args.target:.0%} KPR at {need:.1%} tokens"
+                )
                 if truth == "subtree" and not root_only:
                     curves[beta] = (auroc, pts)
             print(f"{truth:7s} β={beta:<4g} depth≥1 AUROC {auroc:.3f} | " + " | ".join(parts), flush=True)
@@ -150,8 +162,13 @@ def main() -> int:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for beta, (auroc, pts) in curves.items():
-            ax.plot([100 * s for s, _ in pts], [100 * k for _, k in pts], marker="o", ms=3,
-                    label=f"β={beta:g} (depth ≥ 1 AUROC {auroc:.3f})" + (" — the gate" if beta == 0 else ""))
+            ax.plot(
+                [100 * s for s, _ in pts],
+                [100 * k for _, k in pts],
+                marker="o",
+                ms=3,
+                label=f"β={beta:g} (depth ≥ 1 AUROC {auroc:.3f})" + (" — the gate" if beta == 0 else ""),
+            )
         ax.axvline(100 * args.budget, color="grey", ls="--", lw=1)
         ax.axhline(100 * args.target, color="grey", ls="--", lw=1)
         ax.set_xlabel("tokens, % of unpruned")

@@ -60,10 +60,15 @@ class Rules:
         self.trees, self.embed = trees, embed
         self.p = {k: v[0] for k, v in scores.items()}
         self.own = {k: v[1] for k, v in scores.items()}
-        self.parent = {(t.run_id, x.candidate_id): pc for t in trees for pc, fid in t.child.items()
-                       for x in t.frames[fid].candidates}
-        self.query = {(t.run_id, c.candidate_id): c.query for t in trees for f in t.frames.values()
-                      for c in f.candidates}
+        self.parent = {
+            (t.run_id, x.candidate_id): pc
+            for t in trees
+            for pc, fid in t.child.items()
+            for x in t.frames[fid].candidates
+        }
+        self.query = {
+            (t.run_id, c.candidate_id): c.query for t in trees for f in t.frames.values() for c in f.candidates
+        }
         self.base = (np.mean([t.tokens for t in trees]), np.mean([t.kpr for t in trees]))
         self._replayed: dict = {}  # (family, params) → per_run's rows: a rule is replayed once
 
@@ -92,6 +97,7 @@ class Rules:
                         chosen.append(i)
                 kept = chosen
             return [ids[i] for i in sorted(kept)]
+
         return keep
 
     def _cos(self, run_id: str, a: str, b: str) -> float:
@@ -101,8 +107,9 @@ class Rules:
         """(nodes, tokens, KPR) of the rule, one row per run."""
         key = (family, tuple(params))
         if key not in self._replayed:
-            self._replayed[key] = np.array([t.replay(self.keep_fn(t.run_id, family, params)) for t in self.trees],
-                                           dtype=np.float64)
+            self._replayed[key] = np.array(
+                [t.replay(self.keep_fn(t.run_id, family, params)) for t in self.trees], dtype=np.float64
+            )
         return self._replayed[key]
 
     def replay(self, family: str, params) -> tuple[float, float, float]:
@@ -131,8 +138,9 @@ class Rules:
         return (*paired(mine[:, 2] - np.array([gate[t.run_id] for t in self.trees]), boot), outside)
 
 
-def frontier_change(trees: list[Tree], scores: dict, keys: list, p_new: np.ndarray,
-                    root_tau: float = 0.5) -> list[tuple]:
+def frontier_change(
+    trees: list[Tree], scores: dict, keys: list, p_new: np.ndarray, root_tau: float = 0.5
+) -> list[tuple]:
     """Replay the Gate's rule (``root_tau`` at the root, each τ of ``TAU_GRID`` below it) with the gate's scores
     and with ``p_new`` in place of them below the root (rows ``keys``): at each gate point, the new scores' KPR
     (interpolated to the same tokens, paired by run) minus the gate's: ``(token share, mean, 2.5%, 97.5%, whether
@@ -156,8 +164,9 @@ def summary(points, budget: float, target: float) -> str:
     best = max([p for p in points if p[2] <= budget], key=lambda p: p[3], default=None)
     need = min([p for p in points if p[3] >= target], key=lambda p: p[2], default=None)
     fmt = lambda p: f"{p[3]:.1%} KPR at {p[2]:.1%} tokens ({','.join(f'{v:g}' for v in p[0])})"  # noqa: E731
-    return (f"best within {budget:.0%} of tokens: {fmt(best) if best else 'none'}; {target:.0%} of KPR: "
-            + (fmt(need) if need else "never"))
+    return f"best within {budget:.0%} of tokens: {fmt(best) if best else 'none'}; {target:.0%} of KPR: " + (
+        fmt(need) if need else "never"
+    )
 
 
 def encoder_embed(name: str, texts: list[str]):
@@ -175,10 +184,15 @@ def main() -> int:
     ap.add_argument("--runs", required=True, help="traces of unpruned runs (a file or folder)")
     ap.add_argument("--dataset", required=True, help="the decision dataset built from those traces")
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--split", default=None, choices=("train", "validation", "test"),
-                    help="only the runs of this split (logs_to_dataset.decisions.split_of)")
-    ap.add_argument("--rules", nargs="*", default=None,
-                    help="fixed rules FAMILY:R,T,X (see above); default: every grid")
+    ap.add_argument(
+        "--split",
+        default=None,
+        choices=("train", "validation", "test"),
+        help="only the runs of this split (logs_to_dataset.decision_points.split_of)",
+    )
+    ap.add_argument(
+        "--rules", nargs="*", default=None, help="fixed rules FAMILY:R,T,X (see above); default: every grid"
+    )
     ap.add_argument("--encoder", default="auto", help="for diverse: the encoder of the cosines")
     ap.add_argument("--budget", type=float, default=0.35)
     ap.add_argument("--target", type=float, default=0.95)
@@ -197,9 +211,12 @@ def main() -> int:
         for family, params in fixed:
             n, t, k = rules.replay(family, params)
             m, lo, hi, outside = rules.versus_gate(family, params)
-            print(f"{family}:{','.join(f'{v:g}' for v in params)}: {n:.1f} nodes, {t:.1%} of tokens, {k:.1%} of KPR; "
-                  f"KPR minus the Gate's rule at these tokens {m:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-                  + (" (outside its sweep: its nearest end)" if outside else ""), flush=True)
+            print(
+                f"{family}:{','.join(f'{v:g}' for v in params)}: {n:.1f} nodes, {t:.1%} of tokens, {k:.1%} of KPR; "
+                f"KPR minus the Gate's rule at these tokens {m:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+                + (" (outside its sweep: its nearest end)" if outside else ""),
+                flush=True,
+            )
         return 0
     one = [((r, t, t), *rules.replay("depth", (r, t, t))) for r, t in itertools.product(ROOT_GRID, TAU_GRID)]
     print(f"the Gate's rule (root τ, one τ below): {summary(one, args.budget, args.target)}", flush=True)

@@ -31,8 +31,13 @@ from .common import Tree, lazy_embed, logit, new_passages, opening, top, unprune
 from .replay_rules import TAU_GRID, Rules, frontier_change, summary
 
 ROOT_TAU = 0.5
-INPUTS = ("passages new to the run", "openings · question (max)", "openings · question (mean)",
-          "new passages' openings · question (max)", "query · openings (max)")
+INPUTS = (
+    "passages new to the run",
+    "openings · question (max)",
+    "openings · question (mean)",
+    "new passages' openings · question (max)",
+    "query · openings (max)",
+)
 
 
 def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, list]:
@@ -60,9 +65,19 @@ def rows_of(runs, trees: list[Tree], scores: dict, embed) -> tuple[np.ndarray, l
                 fresh_snips = snips[np.array([i in fresh for i in ids], bool)]
                 me = vec[c.query]
                 keys.append((t.run_id, c.candidate_id))
-                out.append((k, depth, y, p, len(fresh), top(snips, question),
-                            float((snips @ question).mean()) if len(snips) else 0.0, top(fresh_snips, question),
-                            top(snips, me)))
+                out.append(
+                    (
+                        k,
+                        depth,
+                        y,
+                        p,
+                        len(fresh),
+                        top(snips, question),
+                        float((snips @ question).mean()) if len(snips) else 0.0,
+                        top(fresh_snips, question),
+                        top(snips, me),
+                    )
+                )
     return np.array(out, dtype=np.float64), keys
 
 
@@ -70,7 +85,9 @@ def load(runs_path: str, dataset: str, checkpoint: str, embed, split: str | None
     runs, trees, scores = unpruned(runs_path, dataset, checkpoint, split)
     a, keys = rows_of(runs, trees, scores, embed)
     if not len(a):
-        raise SystemExit(f"no labelled candidate below the root in {runs_path}" + (f" ({split} split)" if split else ""))
+        raise SystemExit(
+            f"no labelled candidate below the root in {runs_path}" + (f" ({split} split)" if split else "")
+        )
     return trees, scores, a, keys
 
 
@@ -84,8 +101,12 @@ def main() -> int:
     ap.add_argument("--dataset", required=True, help="the decision dataset built from those runs")
     ap.add_argument("--fit-runs", required=True, help="unpruned runs of other queries to fit on")
     ap.add_argument("--fit-dataset", required=True, help="the decision dataset built from --fit-runs")
-    ap.add_argument("--fit-split", default="validation", choices=("train", "validation", "test"),
-                    help="the --fit-runs split to fit on (default validation: runs the gate never trained on)")
+    ap.add_argument(
+        "--fit-split",
+        default="validation",
+        choices=("train", "validation", "test"),
+        help="the --fit-runs split to fit on (default validation: runs the gate never trained on)",
+    )
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--encoder", default="auto")
     ap.add_argument("--budget", type=float, default=0.35)
@@ -99,8 +120,10 @@ def main() -> int:
     embed = lazy_embed(args.encoder)
     _, _, fit, _ = load(args.fit_runs, args.fit_dataset, args.checkpoint, embed, args.fit_split)
     trees, scores, a, keys = load(args.runs, args.dataset, args.checkpoint, embed)
-    print(f"fit: {len(fit)} candidates below the root ({int(fit[:, 2].sum())} positive) in the {args.fit_split} "
-          f"split of {args.fit_runs}; eval: {len(a)} ({int(a[:, 2].sum())} positive) in {len(trees)} runs")
+    print(
+        f"fit: {len(fit)} candidates below the root ({int(fit[:, 2].sum())} positive) in the {args.fit_split} "
+        f"split of {args.fit_runs}; eval: {len(a)} ({int(a[:, 2].sum())} positive) in {len(trees)} runs"
+    )
 
     def fitted(inputs: list[int]) -> np.ndarray:
         x_fit, x = design(fit, inputs), design(a, inputs)
@@ -109,8 +132,10 @@ def main() -> int:
         return model.predict_proba((x - mu) / sd)[:, 1]
 
     y = a[:, 2]
-    print(f"below the root on the eval runs: gate {safe_auroc(y, a[:, 3]):.3f}; "
-          f"regression on its logit and depth {safe_auroc(y, fitted([])):.3f}")
+    print(
+        f"below the root on the eval runs: gate {safe_auroc(y, a[:, 3]):.3f}; "
+        f"regression on its logit and depth {safe_auroc(y, fitted([])):.3f}"
+    )
     for i, name in enumerate(INPUTS):
         print(f"  {name}: alone {safe_auroc(y, a[:, 4 + i]):.3f}; + the gate {safe_auroc(y, fitted([i])):.3f}")
     together = fitted(list(range(len(INPUTS))))
@@ -125,8 +150,11 @@ def main() -> int:
         print(f"{name} (root τ {ROOT_TAU}): {summary(points, args.budget, args.target)}")
     print("gate + result list minus the gate, KPR at the gate's tokens (paired by run):")
     for share, mean, lo, hi, outside in frontier_change(trees, scores, keys, together, ROOT_TAU):
-        print(f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]" + (" (outside the new sweep)" if outside
-              else ""), flush=True)
+        print(
+            f"  at {share:.1%} of tokens: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+            + (" (outside the new sweep)" if outside else ""),
+            flush=True,
+        )
     return 0
 
 

@@ -8,7 +8,7 @@ validation split, and scores the held-out fold. The pooled out-of-fold scores ar
 and, with ``--sim-checkpoint``, with the gate trained on the simulator alone, paired over runs.
 
     python3 -m research.sim_plus_real --sim SIM_DATASET --real REAL_DATASET --out DIR
-        [--sim-checkpoint controller.safetensors] [--folds 5] [--real-weight 10] [--config benchmark]
+        [--sim-checkpoint controller.safetensors] [--folds 5] [--real-weight 10] [--config bench_train]
         [--override --model.towers=interaction ...] [--boot 1000]
 
 SIM_DATASET, REAL_DATASET: decision datasets of the same encoder (e.g. a bench's OUT/keypoints/dataset/dataset
@@ -39,8 +39,9 @@ def fold_dataset(sim, real, test_runs: set, weight: int, manifest: dict, dest: P
     train = concatenate_datasets([sim["train"], *copies]).cast(sim["train"].features)
     if dest.exists():
         shutil.rmtree(dest)
-    DatasetDict({"train": train, "validation": sim["validation"], "test": held.cast(sim["train"].features)}
-                ).save_to_disk(str(dest))
+    DatasetDict(
+        {"train": train, "validation": sim["validation"], "test": held.cast(sim["train"].features)}
+    ).save_to_disk(str(dest))
     atomic_write_json(dest / "manifest.json", {**manifest, "created_by": "research/sim_plus_real.py"})
     return dest
 
@@ -53,14 +54,14 @@ def main() -> int:
     ap.add_argument("--sim-checkpoint", default=None, help="the gate trained on --sim alone (compared as gate_sim)")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--real-weight", type=int, default=10, help="copies of each real training decision")
-    ap.add_argument("--config", default="benchmark")
+    ap.add_argument("--config", default="bench_train")
     ap.add_argument("--override", action="append", default=[], help="an extra `branchgate train` argument")
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0, help="the fold assignment's seed")
     args = ap.parse_args()
 
     from branchgate.bench import stats
-    from branchgate.data.decisions import load_decision_dataset
+    from branchgate.data.decision_batches import load_decision_dataset
     from branchgate.fileio import atomic_write_json
     from branchgate.training.cli import resolve_config_names
     from branchgate.training.fit import train
@@ -76,19 +77,36 @@ def main() -> int:
     parts = []
     for k, fold in enumerate(folds):
         ds = fold_dataset(sim, real, set(fold), args.real_weight, manifest, out / f"fold{k}" / "dataset")
-        argv = ["--config", args.config, "--data.dataset", str(ds), "--out", str(out / f"fold{k}" / "run"),
-                "--wandb.mode", "disabled", "--trainer.enable_progress_bar=false", *args.override]
+        argv = [
+            "--config",
+            args.config,
+            "--data.dataset",
+            str(ds),
+            "--out",
+            str(out / f"fold{k}" / "run"),
+            "--wandb.mode",
+            "disabled",
+            "--trainer.enable_progress_bar=false",
+            *args.override,
+        ]
         m = train(resolve_config_names(argv))
         rows = stats.controller_rows(out / f"fold{k}" / "run" / "controller.safetensors", ds, ("test",))
         if args.sim_checkpoint:
             rows.scorers["gate_sim"] = stats.controller_rows(args.sim_checkpoint, ds, ("test",)).scorers["gate"]
         parts.append(rows)
-        print(f"fold {k}: {len(fold)} runs held out, {len(rows.labels)} labelled decisions, "
-              f"fold AUROC {rows.auroc('gate', np.arange(len(rows.labels))):.3f}, epochs {m.get('epochs')}", flush=True)
-    cat = stats.Rows(np.concatenate([p.labels for p in parts]), np.concatenate([p.utility for p in parts]),
-                     np.concatenate([p.runs for p in parts]), np.concatenate([p.frames for p in parts]),
-                     np.concatenate([p.depth for p in parts]),
-                     {k: np.concatenate([p.scorers[k] for p in parts]) for k in parts[0].scorers})
+        print(
+            f"fold {k}: {len(fold)} runs held out, {len(rows.labels)} labelled decisions, "
+            f"fold AUROC {rows.auroc('gate', np.arange(len(rows.labels))):.3f}, epochs {m.get('epochs')}",
+            flush=True,
+        )
+    cat = stats.Rows(
+        np.concatenate([p.labels for p in parts]),
+        np.concatenate([p.utility for p in parts]),
+        np.concatenate([p.runs for p in parts]),
+        np.concatenate([p.frames for p in parts]),
+        np.concatenate([p.depth for p in parts]),
+        {k: np.concatenate([p.scorers[k] for p in parts]) for k in parts[0].scorers},
+    )
     table = stats.scorer_metrics(cat, args.boot, ref="gate")
     for name, m in sorted(table.items(), key=lambda kv: -(kv[1]["auroc"] or 0)):
         d = m.get("delta_vs_gate")

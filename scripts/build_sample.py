@@ -1,6 +1,6 @@
 """Rebuild the bundled MuSiQue sample environment (``data/samples/musique_sample``) from the MuSiQue data.
 
-    python3 scripts/build_sample.py --src ../shared/data/musique
+python3 scripts/build_sample.py --src ../shared/data/musique
 """
 
 from __future__ import annotations

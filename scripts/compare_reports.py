@@ -27,16 +27,21 @@ def _best_teacher(table: dict) -> str:
 
 def row(name: str, report: dict, baseline: str) -> list[str]:
     cells = [name]
-    for ds, table in sorted(report.get("real", {}).items()):
+    for _ds, table in sorted(report.get("real", {}).items()):
         best = _best_teacher(table)
-        cells.append(f"{table['gate']['auroc']:.3f} ({best} {table[best]['auroc']:.3f}; {_ci(table[best]['delta_vs_gate'])})")
+        cells.append(
+            f"{table['gate']['auroc']:.3f} ({best} {table[best]['auroc']:.3f}; {_ci(table[best]['delta_vs_gate'])})"
+        )
     deep = report["offline_by_depth"]["depth1+"]
     best = _best_teacher(deep)
     cells.append(f"{deep['gate']['auroc']:.3f} ({best}: {_ci(deep[best]['delta_vs_gate'])})")
     cells.append(_ci(report["gate_vs"][baseline]["kpr_delta"]))
     none = report["policies"]["none"]
-    reach = sorted(p["tokens"]["mean"] / none["tokens"]["mean"] for p in report["policies"].values()
-                   if p["family"] == "gate" and p["kpr"]["mean"] >= 0.95 * none["kpr"]["mean"])
+    reach = sorted(
+        p["tokens"]["mean"] / none["tokens"]["mean"]
+        for p in report["policies"].values()
+        if p["family"] == "gate" and p["kpr"]["mean"] >= 0.95 * none["kpr"]["mean"]
+    )
     cells.append(f"{reach[0]:.0%}" if reach else "never")
     return cells
 
@@ -52,8 +57,13 @@ def main() -> int:
         report = json.loads(Path(path).read_text())
         rows.append(row(name or path, report, args.baseline))
         real = sorted(report.get("real", {}))
-    head = ["run", *[f"real {ds}: gate (best teacher; gate − it)" for ds in real],
-            "depth ≥ 1: gate (best teacher: gate − it)", f"KPR − {args.baseline} at its tokens", "95% KPR at"]
+    head = [
+        "run",
+        *[f"real {ds}: gate (best teacher; gate − it)" for ds in real],
+        "depth ≥ 1: gate (best teacher: gate − it)",
+        f"KPR − {args.baseline} at its tokens",
+        "95% KPR at",
+    ]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for cells in rows:

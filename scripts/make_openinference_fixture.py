@@ -27,7 +27,7 @@ import argparse
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ SHORT_PROMPTS = {
     "clarify_with_user_instructions": "Clarify if needed ({date}): {messages}",
     "transform_messages_into_research_topic_prompt": "Write a research brief ({date}) for: {messages}",
     "lead_researcher_prompt": "You are a research supervisor ({date}); delegate with ConductResearch, at most "
-                              "{max_concurrent_research_units} at a time, then call ResearchComplete.",
+    "{max_concurrent_research_units} at a time, then call ResearchComplete.",
     "research_system_prompt": "You are a researcher ({date}); search the web for the topic.{mcp_prompt}",
     "compress_research_system_prompt": "Clean up the research findings ({date}).",
     "compress_research_simple_human_message": "Please clean up these findings.",
@@ -93,16 +93,24 @@ def otlp_attributes(attrs) -> list[dict]:
 
 
 def otlp_span(s) -> dict:
-    out = {"traceId": f"{s.context.trace_id:032x}", "spanId": f"{s.context.span_id:016x}",
-           "parentSpanId": f"{s.parent.span_id:016x}" if s.parent else "", "name": s.name,
-           "kind": KINDS.get(s.kind.value, 0), "startTimeUnixNano": str(s.start_time),
-           "endTimeUnixNano": str(s.end_time), "attributes": otlp_attributes(s.attributes),
-           "status": {"code": s.status.status_code.value}}
+    out = {
+        "traceId": f"{s.context.trace_id:032x}",
+        "spanId": f"{s.context.span_id:016x}",
+        "parentSpanId": f"{s.parent.span_id:016x}" if s.parent else "",
+        "name": s.name,
+        "kind": KINDS.get(s.kind.value, 0),
+        "startTimeUnixNano": str(s.start_time),
+        "endTimeUnixNano": str(s.end_time),
+        "attributes": otlp_attributes(s.attributes),
+        "status": {"code": s.status.status_code.value},
+    }
     if s.status.description:
         out["status"]["message"] = s.status.description
     if s.events:
-        out["events"] = [{"name": e.name, "timeUnixNano": str(e.timestamp), "attributes": otlp_attributes(e.attributes)}
-                         for e in s.events]
+        out["events"] = [
+            {"name": e.name, "timeUnixNano": str(e.timestamp), "attributes": otlp_attributes(e.attributes)}
+            for e in s.events
+        ]
     return out
 
 
@@ -112,33 +120,49 @@ def otlp_document(spans) -> dict:
         res = tuple(sorted((s.resource.attributes or {}).items()))
         scope = (s.instrumentation_scope.name, s.instrumentation_scope.version or "")
         groups.setdefault(res, {}).setdefault(scope, []).append(s)
-    return {"resourceSpans": [
-        {"resource": {"attributes": otlp_attributes(dict(res))},
-         "scopeSpans": [{"scope": {"name": name, "version": version}, "spans": [otlp_span(s) for s in group]}
-                        for (name, version), group in scopes.items()]}
-        for res, scopes in groups.items()]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": otlp_attributes(dict(res))},
+                "scopeSpans": [
+                    {"scope": {"name": name, "version": version}, "spans": [otlp_span(s) for s in group]}
+                    for (name, version), group in scopes.items()
+                ],
+            }
+            for res, scopes in groups.items()
+        ]
+    }
 
 
 def iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).isoformat()
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
 
 
 def phoenix_span(s) -> dict:
     attrs = dict(s.attributes or {})
-    return {"name": s.name, "context": {"trace_id": f"{s.context.trace_id:032x}", "span_id": f"{s.context.span_id:016x}"},
-            "span_kind": attrs.get("openinference.span.kind", "UNKNOWN"),
-            "parent_id": f"{s.parent.span_id:016x}" if s.parent else None,
-            "start_time": iso(s.start_time), "end_time": iso(s.end_time),
-            "status_code": s.status.status_code.name, "status_message": s.status.description or "",
-            "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()},
-            "events": [{"name": e.name, "timestamp": iso(e.timestamp), "attributes": dict(e.attributes or {})}
-                       for e in s.events]}
+    return {
+        "name": s.name,
+        "context": {"trace_id": f"{s.context.trace_id:032x}", "span_id": f"{s.context.span_id:016x}"},
+        "span_kind": attrs.get("openinference.span.kind", "UNKNOWN"),
+        "parent_id": f"{s.parent.span_id:016x}" if s.parent else None,
+        "start_time": iso(s.start_time),
+        "end_time": iso(s.end_time),
+        "status_code": s.status.status_code.name,
+        "status_message": s.status.description or "",
+        "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()},
+        "events": [
+            {"name": e.name, "timestamp": iso(e.timestamp), "attributes": dict(e.attributes or {})} for e in s.events
+        ],
+    }
 
 
 RUNS = {  # name: (format, ScriptedChat script, graph config changes)
     "odr_run": ("otlp", {"topics": [SUPERVISOR_TOPICS[0], []], "queries": RESEARCH_QUERIES[:1]}, {}),
-    "odr_small": ("phoenix", {"topics": [SUPERVISOR_TOPICS[0][1:3], []], "queries": [["{t} evidence", "{t} gossip"]]},
-                  {"max_concurrent_research_units": 1}),
+    "odr_small": (
+        "phoenix",
+        {"topics": [SUPERVISOR_TOPICS[0][1:3], []], "queries": [["{t} evidence", "{t} gossip"]]},
+        {"max_concurrent_research_units": 1},
+    ),
 }
 
 
@@ -157,12 +181,15 @@ def main(argv=None) -> int:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from branchgate.inference.open_deep_research import gate_open_deep_research
+
     CONFIG, KeywordGate = odr_support.CONFIG, odr_support.KeywordGate
     install_offline, run_graph = odr_support.install_offline, odr_support.run_graph
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": "open-deep-research-offline"}),
-                              span_limits=SpanLimits(max_span_attribute_length=MAX_ATTRIBUTE_CHARS))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": "open-deep-research-offline"}),
+        span_limits=SpanLimits(max_span_attribute_length=MAX_ATTRIBUTE_CHARS),
+    )
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     instrumentor = LangChainInstrumentor()
     instrumentor.instrument(tracer_provider=provider, config=TraceConfig(hide_llm_tools=True))
@@ -185,12 +212,14 @@ def main(argv=None) -> int:
             spans = sorted(exporter.get_finished_spans(), key=lambda s: (s.start_time, s.context.span_id))
             if fmt == "otlp":
                 out = args.out / f"{name}.otlp.json"
-                out.write_text(json.dumps(otlp_document(spans), ensure_ascii=False, separators=(",", ":")) + "\n",
-                               encoding="utf-8")
+                out.write_text(
+                    json.dumps(otlp_document(spans), ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8"
+                )
             else:
                 out = args.out / f"{name}.phoenix.jsonl"
-                out.write_text("".join(json.dumps(phoenix_span(s), ensure_ascii=False) + "\n" for s in spans),
-                               encoding="utf-8")
+                out.write_text(
+                    "".join(json.dumps(phoenix_span(s), ensure_ascii=False) + "\n" for s in spans), encoding="utf-8"
+                )
             for f in (out, hook_trace):
                 print(f"{f}: {f.stat().st_size / 1024:.1f} KiB")
             print(f"{name}: {len(spans)} spans; hook counts {hook.counts}")

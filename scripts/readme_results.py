@@ -60,8 +60,9 @@ def headline(report: dict) -> str:
         f"{table[best]['delta_vs_gate']['mean']:+.3f} {ci(table[best]['delta_vs_gate'], '+.3f')}).",
     ]
     lines = [f"On {report['queries']['eval']} held-out DeepResearchGym queries ([all results](docs/results.md)):", ""]
-    lines += [textwrap.fill(b, 116, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-              for b in bullets]
+    lines += [
+        textwrap.fill(b, 116, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False) for b in bullets
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -76,8 +77,9 @@ def replace_block(text: str, new: str, begin: str = BEGIN, end: str = END) -> st
 def write(report: dict) -> None:
     """The results page's block and the README's headline from ``report``."""
     PAGE.write_text(replace_block(PAGE.read_text(encoding="utf-8"), block(report)), encoding="utf-8")
-    README.write_text(replace_block(README.read_text(encoding="utf-8"), headline(report), HEAD_BEGIN, HEAD_END),
-                      encoding="utf-8")
+    README.write_text(
+        replace_block(README.read_text(encoding="utf-8"), headline(report), HEAD_BEGIN, HEAD_END), encoding="utf-8"
+    )
 
 
 def main() -> None:
@@ -99,8 +101,10 @@ def main() -> None:
         if (out / name).is_file():
             shutil.copyfile(out / name, images / name)
     write(report)
-    print(f"docs/results.md and the README headline from {out / 'report.json'} ({len(report['policies'])} policies); "
-          f"stored {STORED}")
+    print(
+        f"docs/results.md and the README headline from {out / 'report.json'} ({len(report['policies'])} policies); "
+        f"stored {STORED}"
+    )
 
 
 if __name__ == "__main__":

@@ -99,8 +99,9 @@ def chat_stub():
                     chars = sum(len(m["content"]) for m in body["messages"])
                     usage = {"prompt_tokens": chars // 4, "completion_tokens": len(content) // 4}
                 stub.usage.append(usage)
-                data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
-                                   "usage": usage}).encode()
+                data = json.dumps(
+                    {"choices": [{"message": {"role": "assistant", "content": content}}], "usage": usage}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -129,8 +130,9 @@ def chat_stub():
 try:  # property-based tests (tests/test_fuzz.py): small by default, `--hypothesis-profile long` for a long run
     from hypothesis import HealthCheck, settings
 
-    _FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-                 database=None)
+    _FUZZ = dict(
+        deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow], database=None
+    )
     settings.register_profile("fast", max_examples=30, **_FUZZ)
     settings.register_profile("long", max_examples=1000, **_FUZZ)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

@@ -37,7 +37,7 @@ def labelled_decisions():
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained_controller(encoder):
     """(ValueNet in eval mode, checkpoint meta) trained briefly on ``labelled_decisions``."""
     from branchgate.export.controller import torch_threads
@@ -49,9 +49,9 @@ def trained_controller(encoder):
 def _train(encoder):
     import torch
 
-    from branchgate.inference.inputs import as_decision
     from branchgate.export.torch_ref import TorchController
     from branchgate.features import structured_features
+    from branchgate.inference.inputs import as_decision
     from branchgate.models.value_model import ValueNet
     from branchgate.training.checkpoint import make_meta, train_feature_range
 
@@ -68,14 +68,15 @@ def _train(encoder):
         s, texts = as_decision(state, cands)
         emb = torch.from_numpy(ref.embed([s.root_query, s.frame_query, s.parent_goal, *s.retained, *texts]))
         r = len(s.retained)
-        ret = emb[3:3 + r] if r else torch.zeros(1, encoder.dim)
+        ret = emb[3 : 3 + r] if r else torch.zeros(1, encoder.dim)
         feats = torch.from_numpy(structured_features(s.depth, len(texts), r))
-        batches.append((emb[0], emb[1], emb[2], ret, emb[3 + r:], feats, torch.tensor(labels, dtype=torch.float32)))
+        batches.append((emb[0], emb[1], emb[2], ret, emb[3 + r :], feats, torch.tensor(labels, dtype=torch.float32)))
     train_range = train_feature_range(torch.cat([b[5] for b in batches]).numpy())  # as training/module.py does
     net.set_feature_range([v[0] for v in train_range.values()], [v[1] for v in train_range.values()])
     with torch.no_grad():
-        scal = torch.cat([net.scalars(b[0][None], b[1][None], b[2][None], b[3][None], b[4][None], b[5][None])[0]
-                          for b in batches])
+        scal = torch.cat(
+            [net.scalars(b[0][None], b[1][None], b[2][None], b[3][None], b[4][None], b[5][None])[0] for b in batches]
+        )
         net.set_standardisation(scal.mean(0), scal.std(0), 0.0, 1.0)
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
     for _ in range(15):
@@ -91,11 +92,11 @@ def _train(encoder):
 
 
 def write_dataset(path: Path, encoder_id: str = "") -> Path:
-    """A decision dataset (the ``data.schema`` contract, with a manifest) holding the labelled sample decisions
+    """A decision dataset (the ``data.dataset_schema`` contract, with a manifest) holding the labelled sample decisions
     in every split."""
     import datasets
 
-    from branchgate.data.schema import DATASET_SCHEMA_VERSION, SPLITS, features
+    from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, features
     from branchgate.fileio import atomic_write_json
     from branchgate.inference.inputs import as_state
 
@@ -103,19 +104,43 @@ def write_dataset(path: Path, encoder_id: str = "") -> Path:
     for d, (state, cands, labels) in enumerate(labelled_decisions()):
         s = as_state(state)
         for i, (c, y) in enumerate(zip(cands, labels)):
-            rows.append({"run_id": f"run{d // 2}", "frame_id": f"f{d % 2}", "candidate_id": f"c{i}",
-                         "root_query": s.root_query, "frame_query": s.frame_query, "parent_goal": s.parent_goal,
-                         "retained": list(s.retained), "query": c["query"], "goal": c["goal"], "depth": s.depth,
-                         "order": i, "n_candidates": len(cands), "n_retained": len(s.retained), "expanded": True,
-                         "utility": float(y), "label": y, "label_source": "realized", "utility_kind": "keypoints"})
+            rows.append(
+                {
+                    "run_id": f"run{d // 2}",
+                    "frame_id": f"f{d % 2}",
+                    "candidate_id": f"c{i}",
+                    "root_query": s.root_query,
+                    "frame_query": s.frame_query,
+                    "parent_goal": s.parent_goal,
+                    "retained": list(s.retained),
+                    "query": c["query"],
+                    "goal": c["goal"],
+                    "depth": s.depth,
+                    "order": i,
+                    "n_candidates": len(cands),
+                    "n_retained": len(s.retained),
+                    "expanded": True,
+                    "utility": float(y),
+                    "label": y,
+                    "label_source": "realized",
+                    "utility_kind": "keypoints",
+                }
+            )
     ds = datasets.Dataset.from_list(rows, features=features([]))
     datasets.DatasetDict({name: ds for name in SPLITS}).save_to_disk(str(path))
-    atomic_write_json(Path(path) / "manifest.json", {"schema_version": DATASET_SCHEMA_VERSION, "encoder": encoder_id,
-                                                     "label_kind": "keypoints", "n_runs": {"total": len(rows)}})
+    atomic_write_json(
+        Path(path) / "manifest.json",
+        {
+            "schema_version": DATASET_SCHEMA_VERSION,
+            "encoder": encoder_id,
+            "label_kind": "keypoints",
+            "n_runs": {"total": len(rows)},
+        },
+    )
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exported(encoder) -> dict:
     """Export the trained controller once (checkpoint → fp32 + int8 ONNX, parity on the dataset)."""
     from branchgate.export.controller import export_controller
@@ -125,7 +150,9 @@ def exported(encoder) -> dict:
     net, meta = trained_controller(encoder)
     ckpt = save_controller(root / "controller.safetensors", net, meta)
     dataset = write_dataset(root / "dataset", encoder.id)
-    report = export_controller(ckpt, root / "out" / "controller.onnx", int8=True, parity_dataset=dataset, encoder=encoder)
+    report = export_controller(
+        ckpt, root / "out" / "controller.onnx", int8=True, parity_dataset=dataset, encoder=encoder
+    )
     report["checkpoint"] = str(ckpt)
     report["dataset"] = str(dataset)
     return report
@@ -151,7 +178,7 @@ def spy_runs(gate) -> list[tuple[int, ...]]:
 
 def relabelled(model, folder, props: dict[str, str]) -> Path:
     """A copy of the exported ``model`` (with its tokenizer) in ``folder`` whose metadata is ``props``."""
-    from branchgate.export.controller import write_metadata
+    from branchgate.export.onnx_metadata import write_metadata
 
     out = Path(folder) / "controller.onnx"
     write_metadata(Path(model), out, props)

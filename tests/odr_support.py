@@ -44,12 +44,21 @@ def _slug(text: str) -> str:
 
 def search_results(query: str) -> list[dict]:
     """The fake search engine: two deterministic hits per query."""
-    return [{"url": f"https://bees.example.org/{_slug(query)}/{k}", "title": f"{query} ({k})",
-             "content": f"Passage {k} on {query}.", "raw_content": None, "score": 0.9 - 0.1 * k} for k in (1, 2)]
+    return [
+        {
+            "url": f"https://bees.example.org/{_slug(query)}/{k}",
+            "title": f"{query} ({k})",
+            "content": f"Passage {k} on {query}.",
+            "raw_content": None,
+            "score": 0.9 - 0.1 * k,
+        }
+        for k in (1, 2)
+    ]
 
 
-async def fake_search(search_queries, max_results: int = 5, topic: str = "general", include_raw_content: bool = True,
-                      config=None):
+async def fake_search(
+    search_queries, max_results: int = 5, topic: str = "general", include_raw_content: bool = True, config=None
+):
     """Stands in for ``open_deep_research.utils.tavily_search_async`` (same signature and answer shape)."""
     await asyncio.sleep(0)
     return [{"query": q, "results": search_results(q)[:max_results]} for q in search_queries]
@@ -107,9 +116,12 @@ class ScriptedChat(BaseChatModel):
             return AIMessage(content="Findings: " + " ".join(urls))
         self._count("report")
         cited = [u for u in urls if not any(w in u for w in OFF_TOPIC)]  # the writer uses relevant findings only
-        return AIMessage(content="# Honeybee colony losses\n\nMites and pesticides drive losses. "
-                         + " ".join(f"[{i + 1}]({u})" for i, u in enumerate(cited))
-                         + "\n\n### Sources\n" + "\n".join(f"- {u}" for u in cited))
+        return AIMessage(
+            content="# Honeybee colony losses\n\nMites and pesticides drive losses. "
+            + " ".join(f"[{i + 1}]({u})" for i, u in enumerate(cited))
+            + "\n\n### Sources\n"
+            + "\n".join(f"- {u}" for u in cited)
+        )
 
     def _structured(self, name: str, messages) -> dict[str, Any]:
         if name == "ClarifyWithUser":
@@ -160,8 +172,15 @@ def install_offline(monkeypatch, **script) -> ScriptedChat:
     return model
 
 
-CONFIG = {"configurable": {"allow_clarification": False, "max_concurrent_research_units": 2,
-                           "max_researcher_iterations": 3, "max_react_tool_calls": 4, "search_api": "tavily"}}
+CONFIG = {
+    "configurable": {
+        "allow_clarification": False,
+        "max_concurrent_research_units": 2,
+        "max_researcher_iterations": 3,
+        "max_react_tool_calls": 4,
+        "search_api": "tavily",
+    }
+}
 
 
 def run_graph(question: str = QUESTION, config: dict | None = None) -> dict:
@@ -169,4 +188,3 @@ def run_graph(question: str = QUESTION, config: dict | None = None) -> dict:
     from open_deep_research.deep_researcher import deep_researcher
 
     return asyncio.run(deep_researcher.ainvoke({"messages": [HumanMessage(content=question)]}, config or CONFIG))
-

@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from export_support import exported
 
 from branchgate.decide import decide
 from branchgate.inference.adapters import candidate_fields, gated
@@ -16,7 +17,6 @@ from branchgate.inference.gate import Gate, Selection
 from branchgate.inference.gpt_researcher import gate_research
 from branchgate.inference.inputs import as_state
 from branchgate.logs_to_dataset.traces import read_events
-from export_support import exported
 
 
 class RuleGate:
@@ -29,8 +29,9 @@ class RuleGate:
 
     def select(self, state, candidates, tau=None, max_keep=None):
         self.states.append(as_state(state))
-        p = np.array([0.9 if any(w in candidate_fields(c)[0] for w in self.keep_words) else 0.1 for c in candidates],
-                     np.float32)
+        p = np.array(
+            [0.9 if any(w in candidate_fields(c)[0] for w in self.keep_words) else 0.1 for c in candidates], np.float32
+        )
         tau = self.tau if tau is None else tau
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, p, d.fallback, tau)
@@ -73,8 +74,10 @@ def test_gated_async_function_never_returns_empty_for_non_empty_input():
     assert asyncio.iscoroutinefunction(plan)
     kept = asyncio.run(wrapped("q"))
     assert kept == ["nothing to keep here"]  # top-1 fallback (ties → first)
+
     async def none(prompt):
         return []
+
     assert asyncio.run(gated(none, RuleGate())("q")) == []
 
 
@@ -117,15 +120,22 @@ class FakeDeepResearchSkill:
         base = self.generated
         self.generated += num_queries
         words = ["varroa mites keep", "pesticides keep", "honey prices", "weather keep", "beekeeping keep", "trivia"]
-        return [{"query": f"{words[(base + i) % len(words)]} {base + i}", "researchGoal": f"goal {base + i}"}
-                for i in range(num_queries)]
+        return [
+            {"query": f"{words[(base + i) % len(words)]} {base + i}", "researchGoal": f"goal {base + i}"}
+            for i in range(num_queries)
+        ]
 
     async def process_research_results(self, query, context, num_learnings=3):
         await asyncio.sleep(0)
-        return {"learnings": [f"learned about {query}"], "followUpQuestions": [f"what else on {query}?"], "citations": {}}
+        return {
+            "learnings": [f"learned about {query}"],
+            "followUpQuestions": [f"what else on {query}?"],
+            "citations": {},
+        }
 
-    async def deep_research(self, query, breadth, depth, learnings=None, citations=None, visited_urls=None,
-                            on_progress=None):
+    async def deep_research(
+        self, query, breadth, depth, learnings=None, citations=None, visited_urls=None, on_progress=None
+    ):
         serp_queries = await self.generate_search_queries(query, num_queries=breadth)
         if not serp_queries:
             raise UnboundLocalError("cannot access local variable 'all_learnings'")  # the real skill's failure
@@ -138,8 +148,11 @@ class FakeDeepResearchSkill:
                 else:
                     context = f"passage on {serp_query['query']}\nmore text"
                 results = await self.process_research_results(query=serp_query["query"], context=context)
-                return {"learnings": results["learnings"], "followUpQuestions": results["followUpQuestions"],
-                        "researchGoal": serp_query["researchGoal"]}
+                return {
+                    "learnings": results["learnings"],
+                    "followUpQuestions": results["followUpQuestions"],
+                    "researchGoal": serp_query["researchGoal"],
+                }
 
         results = await asyncio.gather(*[process_query(q) for q in serp_queries])
         all_learnings = list(learnings or [])
@@ -147,12 +160,18 @@ class FakeDeepResearchSkill:
             all_learnings.extend(result["learnings"])
             if depth > 1:
                 next_query = f"""
-                Previous research goal: {result['researchGoal']}
-                Follow-up questions: {' '.join(result['followUpQuestions'])}
+                Previous research goal: {result["researchGoal"]}
+                Follow-up questions: {" ".join(result["followUpQuestions"])}
                 """
-                deeper = await self.deep_research(query=next_query, breadth=max(2, breadth // 2), depth=depth - 1,
-                                                  learnings=all_learnings, citations=citations,
-                                                  visited_urls=visited_urls, on_progress=on_progress)
+                deeper = await self.deep_research(
+                    query=next_query,
+                    breadth=max(2, breadth // 2),
+                    depth=depth - 1,
+                    learnings=all_learnings,
+                    citations=citations,
+                    visited_urls=visited_urls,
+                    on_progress=on_progress,
+                )
                 all_learnings = deeper["learnings"]
         return {"learnings": all_learnings}
 
@@ -184,7 +203,9 @@ def test_hook_gates_and_records_the_whole_tree(tmp_path):
     cands = {e.candidate_id: e for e in events if e.type == "candidate"}
     decisions = {e.candidate_id: e for e in events if e.type == "decision"}
     assert types["candidate"] == 4 + 3 * 2 and set(decisions) == set(cands)
-    kept_root = [c for c in cands.values() if c.frame_id == frames[0].frame_id and decisions[c.candidate_id].action == "expand"]
+    kept_root = [
+        c for c in cands.values() if c.frame_id == frames[0].frame_id and decisions[c.candidate_id].action == "expand"
+    ]
     assert [c.query.split()[0] for c in kept_root] == ["varroa", "pesticides", "weather"]
     assert [f.parent_candidate for f in frames[1:]] == [c.candidate_id for c in kept_root]
     assert [f.parent_goal for f in frames[1:]] == [c.goal for c in kept_root]
@@ -256,7 +277,7 @@ def test_drop_in_is_import_safe_without_gpt_researcher():
 def test_a_second_candidate_list_in_one_frame_is_its_own_decision_point(tmp_path):
     """Two generate_search_queries calls inside one deep_research: each list is gated as positions 0..n-1, and
     the trace records each as its own decision point, so the dataset sees what the Gate saw."""
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
 
     class TwoLists(FakeDeepResearchSkill):
         async def deep_research(self, query, breadth, depth, **kwargs):

@@ -45,8 +45,20 @@ def bench(tmp_path_factory):
     (d / "train.txt").write_text("\n".join(ids[:12]) + "\n")
     (d / "eval.jsonl").write_text("".join(json.dumps({"id": q}) + "\n" for q in ids[30:34]))
     (d / "tiny.yaml").write_text(TINY.replace("RATES", "0.5"))
-    argv = ["bench", "--env", "sample", "--train-queries", str(d / "train.txt"), "--eval-queries",
-            str(d / "eval.jsonl"), "--out", str(d / "out"), "--config", str(d / "tiny.yaml"), "--no-progress"]
+    argv = [
+        "bench",
+        "--env",
+        "sample",
+        "--train-queries",
+        str(d / "train.txt"),
+        "--eval-queries",
+        str(d / "eval.jsonl"),
+        "--out",
+        str(d / "out"),
+        "--config",
+        str(d / "tiny.yaml"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     # the bench's own dataset and traces stand in for a real agent's (--real takes decision datasets or traces)
     assert main(argv + _real(d)) == 0
@@ -54,7 +66,11 @@ def bench(tmp_path_factory):
 
 
 def _real(d):
-    return ["--real", str(d / "out" / "keypoints" / "dataset" / "dataset"), str(d / "out" / "simulate" / "seed0" / "traces")]
+    return [
+        "--real",
+        str(d / "out" / "keypoints" / "dataset" / "dataset"),
+        str(d / "out" / "simulate" / "seed0" / "traces"),
+    ]
 
 
 def _contains(d):
@@ -66,7 +82,7 @@ def _contains(d):
 def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
     """Issue 48 item 14, the issue's 30 / 10 bundled-sample bench: the eval queries' runs fill no validation split, which an
     eval-only dataset does not need."""
-    from branchgate.logs_to_dataset.decisions import split_of
+    from branchgate.logs_to_dataset.decision_points import split_of
     from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import run_id_of
 
@@ -77,10 +93,26 @@ def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
     train = [q for q in ids if q not in ev][:12]
     (tmp_path / "train.txt").write_text("\n".join(train) + "\n")
     (tmp_path / "eval.txt").write_text("\n".join(ev) + "\n")
-    (tmp_path / "small.yaml").write_text(TINY.replace("RATES", "0.5").replace("budget_fractions: [0.3]", "budget_fractions: []"))
+    (tmp_path / "small.yaml").write_text(
+        TINY.replace("RATES", "0.5").replace("budget_fractions: [0.3]", "budget_fractions: []")
+    )
     out = tmp_path / "out"
-    rc = main(["bench", "--env", "sample", "--train-queries", str(tmp_path / "train.txt"), "--eval-queries",
-               str(tmp_path / "eval.txt"), "--out", str(out), "--config", str(tmp_path / "small.yaml"), "--no-progress"])
+    rc = main(
+        [
+            "bench",
+            "--env",
+            "sample",
+            "--train-queries",
+            str(tmp_path / "train.txt"),
+            "--eval-queries",
+            str(tmp_path / "eval.txt"),
+            "--out",
+            str(out),
+            "--config",
+            str(tmp_path / "small.yaml"),
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err[-3000:]
     manifest = json.loads((out / "eval_data" / "dataset" / "manifest.json").read_text())
     assert manifest["n_runs"]["validation"] == 0 and manifest["n_runs"]["total"] == 10
@@ -91,8 +123,17 @@ def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
 @pytest.mark.slow
 def test_report_has_every_policy_and_plausible_values(bench):
     d, _, rep = bench
-    assert {"policies", "gate_vs", "offline", "offline_by_depth", "real", "labels", "by_labels", "encoder",
-            "timings"} <= set(rep)
+    assert {
+        "policies",
+        "gate_vs",
+        "offline",
+        "offline_by_depth",
+        "real",
+        "labels",
+        "by_labels",
+        "encoder",
+        "timings",
+    } <= set(rep)
     assert list(rep["by_labels"]) == ["keypoints"] and rep["by_labels"]["keypoints"]["gate_vs"] == rep["gate_vs"]
     pol = rep["policies"]
     expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5"} | {f"{t}@1" for t in NAMES}
@@ -109,8 +150,10 @@ def test_report_has_every_policy_and_plausible_values(bench):
         assert _contains(g["kpr_delta"]) and -1 <= g["kpr_delta"]["mean"] <= 1
     assert set(rep["offline"]) == {"gate", *NAMES}
     assert {"depth0", "depth1+"} <= set(rep["offline_by_depth"])
-    assert sum(m["n_rows"] for m in (rep["offline_by_depth"][s]["gate"] for s in ("depth0", "depth1+"))) \
+    assert (
+        sum(m["n_rows"] for m in (rep["offline_by_depth"][s]["gate"] for s in ("depth0", "depth1+")))
         == rep["offline"]["gate"]["n_rows"]
+    )
     for m in rep["offline"].values():
         assert 0 <= m["auroc"] <= 1 and 0 <= m["auprc"] <= 1 and 0 <= m["top1_informative"] <= 1
     ev = rep["offline_eval_by_depth"]  # the eval queries' unpruned runs: 4 queries, every candidate labelled
@@ -124,21 +167,34 @@ def test_report_has_every_policy_and_plausible_values(bench):
     strata = rep["real_by_depth"]["dataset"]  # the same decisions by depth: rows add up, each stratum its own AUROC
     assert set(strata) == {"depth0", "depth1+"} and set(strata["depth0"]) == {"gate", *NAMES}
     assert sum(t["gate"]["n_rows"] for t in strata.values()) == real["gate"]["n_rows"]
-    assert all(_contains(m["delta_vs_gate"]) for t in strata.values() for k, m in t.items() if k != "gate"
-               and m["delta_vs_gate"]["mean"] is not None)
+    assert all(
+        _contains(m["delta_vs_gate"])
+        for t in strata.values()
+        for k, m in t.items()
+        if k != "gate" and m["delta_vs_gate"]["mean"] is not None
+    )
     assert (d / "out" / "real_auroc.png").read_bytes()[:4] == b"\x89PNG"
     assert rep["labels"]["source"] == "keypoints" and rep["encoder"].endswith("all-MiniLM-L6-v2")
     assert set(STEPS) | {"total"} == set(rep["timings"]) and rep["timings"]["total"] > 0
     md = (d / "out" / "report.md").read_text()
     assert "## Real decisions: dataset, depth0" in md
-    assert "| gate@tau=0.5 |" in md and "## Offline" in md and "## Offline on the eval queries' unpruned runs, depth1+" in md
+    assert (
+        "| gate@tau=0.5 |" in md
+        and "## Offline" in md
+        and "## Offline on the eval queries' unpruned runs, depth1+" in md
+    )
     assert any(f.startswith("Within depth ≥ 1 on the eval queries' unpruned runs") for f in rep["findings"])
     b = rep["budgets"]  # run budgets at 30% of each query's unpruned tokens: never exceeded
     assert set(b["policies"]) == {"gate@budget=0.3", "gate+defer@budget=0.3", "dpp@budget=0.3", "shallow@budget=0.3"}
     assert b["violations"] == 0 and b["checked_runs"] == 16 and b["queries"] == 4
     assert all(p["runs"] == 4 and 0 < p["budget_share"]["mean"] <= 1 for p in b["policies"].values())
-    assert set(b["vs"]["0.3"]) == {"gate vs dpp", "gate vs shallow", "gate+defer vs dpp", "gate+defer vs shallow",
-                                   "gate+defer vs gate"}
+    assert set(b["vs"]["0.3"]) == {
+        "gate vs dpp",
+        "gate vs shallow",
+        "gate+defer vs dpp",
+        "gate+defer vs shallow",
+        "gate+defer vs gate",
+    }
     assert "## Budgets" in md and any(f.startswith("Budgets: no run exceeded its budget") for f in rep["findings"])
     assert (d / "out" / "kpr_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -159,8 +215,9 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["steps_run"] == ["closed_loop"]  # the baselines' closed loop; the gate's points are untouched
-    assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS if s != "closed_loop"} \
-        == {s: t for s, t in mtimes.items() if s != "closed_loop"}
+    assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS if s != "closed_loop"} == {
+        s: t for s, t in mtimes.items() if s != "closed_loop"
+    }
     assert "random@0.9" in rep["policies"]
     after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "closed_loop").glob("seed0/*/point.json")}
     assert {k: after[k] for k in points} == points  # only the new point was simulated
@@ -170,8 +227,10 @@ def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_lo
 def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(bench):
     d, argv, first = bench
     out = d / "out"
-    (d / "tiny2.yaml").write_text(TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:")
-                                  + "experimental:\n  stop_taus: [0.5]\n  greedy_root_taus: [0.1]\n")
+    (d / "tiny2.yaml").write_text(
+        TINY.replace("RATES", "0.5, 0.9").replace("  gate_taus:", "  root_taus: [0.1]\n  root_tau: 0.6\n  gate_taus:")
+        + "experimental:\n  stop_taus: [0.5]\n  greedy_root_taus: [0.1]\n"
+    )
     argv = [a if a != str(d / "tiny.yaml") else str(d / "tiny2.yaml") for a in argv]
     argv = argv + _real(d) + ["--labels", "keypoints,citations", "--workers", "2"]
     assert main(argv) == 0
@@ -209,8 +268,10 @@ def test_train_seeds_add_training_runs_and_leave_the_eval_steps_cached(bench, tm
     out = tmp_path / "out"
     shutil.copytree(d / "out", out)
     (tmp_path / "seeds.yaml").write_text(TINY.replace("RATES", "0.5") + "experimental:\n  train_seeds: [0, 1]\n")
-    argv = [str(tmp_path / "seeds.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
-            for a in argv]
+    argv = [
+        str(tmp_path / "seeds.yaml") if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
+        for a in argv
+    ]
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
     assert rep["steps_run"][0] == "simulate" and "keypoints/train" in rep["steps_run"]
@@ -289,8 +350,9 @@ def _own_bench(bench, tmp_path, config: str):
     out = tmp_path / "out"
     shutil.copytree(d / "out", out)
     (tmp_path / config).write_text(TINY.replace("RATES", "0.5"))
-    argv = [str(tmp_path / config) if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a
-            for a in argv]
+    argv = [
+        str(tmp_path / config) if a == str(d / "tiny.yaml") else str(out) if a == str(d / "out") else a for a in argv
+    ]
     assert main(argv) == 0
     return out, argv
 
@@ -316,9 +378,17 @@ def test_train_trees_are_checked_before_any_work():
 
     assert train_trees({}) == [] and trees([]) == []
     assert trees([{"breadth": 8, "depth": "2"}, {"breadth": 2, "oversample": 1}]) == [
-        {"breadth": 8, "depth": 2}, {"breadth": 2, "oversample": 1.0}]
-    for bad, at in ((["wide"], "[0]"), ([{"width": 3}], "[0]"), ([{"breadth": 2}, {"breadth": 0}], "[1]"),
-                    ([{"depth": "x"}], "[0]"), ([{"breadth": 2}, {"breadth": 2}], ""), ({"breadth": 2}, "")):
+        {"breadth": 8, "depth": 2},
+        {"breadth": 2, "oversample": 1.0},
+    ]
+    for bad, at in (
+        (["wide"], "[0]"),
+        ([{"width": 3}], "[0]"),
+        ([{"breadth": 2}, {"breadth": 0}], "[1]"),
+        ([{"depth": "x"}], "[0]"),
+        ([{"breadth": 2}, {"breadth": 2}], ""),
+        ({"breadth": 2}, ""),
+    ):
         field = "experimental.train_trees" + at
         with pytest.raises(InputError) as e:
             trees(bad)
@@ -329,8 +399,8 @@ def test_experimental_options_are_off_by_default_and_misplaced_or_removed_ones_a
     """Issue 49: the options that measured no gain sit in the config's ``experimental`` section, off by default;
     one given where it used to be (``policies.stop_taus``) or a removed one (``train_shapes``) is an error naming
     it, not silently ignored."""
-    from branchgate.bench.policies import variant_taus
     from branchgate.bench.settings import load_config, seed_lists, train_trees
+    from branchgate.bench.sweeps import variant_taus
     from branchgate.errors import InputError
 
     cfg = load_config("bench")
@@ -341,8 +411,12 @@ def test_experimental_options_are_off_by_default_and_misplaced_or_removed_ones_a
     mine = load_config(str(tmp_path / "mine.yaml"))
     assert variant_taus(mine)["stop"] == [0.5] and seed_lists(mine) == ([0], [0, 1])
     assert mine["experimental"]["greedy_root_taus"] == [] and mine["policies"] == cfg["policies"]
-    for text, key in (("policies:\n  stop_taus: [0.5]\n", "stop_taus"), ("train_shapes: [tree, chain]\n", "train_shapes"),
-                      ("policies:\n  greedy_taus: [0.5]\n", "greedy_taus"), ("experimental: [1]\n", "experimental")):
+    for text, key in (
+        ("policies:\n  stop_taus: [0.5]\n", "stop_taus"),
+        ("train_shapes: [tree, chain]\n", "train_shapes"),
+        ("policies:\n  greedy_taus: [0.5]\n", "greedy_taus"),
+        ("experimental: [1]\n", "experimental"),
+    ):
         (tmp_path / "old.yaml").write_text(text)
         with pytest.raises(InputError) as e:
             load_config(str(tmp_path / "old.yaml"))
@@ -354,7 +428,8 @@ def test_experimental_options_are_off_by_default_and_misplaced_or_removed_ones_a
 def test_train_trees_add_wider_training_runs_and_leave_the_eval_steps_cached(bench, tmp_path):
     out, argv = _own_bench(bench, tmp_path, "trees.yaml")
     rows = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
-    _rerun_with_more_training_runs(out, argv, tmp_path / "trees.yaml",
-                                   "experimental:\n  train_trees: [{breadth: 4, depth: 1}]\n", "tree0")
+    _rerun_with_more_training_runs(
+        out, argv, tmp_path / "trees.yaml", "experimental:\n  train_trees: [{breadth: 4, depth: 1}]\n", "tree0"
+    )
     wide = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
     assert wide == rows + 12 * 6  # each one-level run adds one frame of ceil(4 × 1.5) = 6 candidates

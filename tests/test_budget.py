@@ -1,4 +1,4 @@
-"""Run budgets and deferral (issue 25): inference/budget.py with a real small Gate, the CLI's run_id, the
+"""Run budgets and deferral (issue 25): inference/run_gate.py with a real small Gate, the CLI's run_id, the
 adapters, traces with defer/budget events through `dataset build`."""
 
 from __future__ import annotations
@@ -7,15 +7,16 @@ import json
 
 import numpy as np
 import pytest
+from export_support import exported
 
 from branchgate.errors import BranchgateError, InputError
 from branchgate.export.samples import sample_decisions
-from branchgate.inference.budget import Budget, BudgetExceeded, Deferred, RunGate
-from branchgate.inference.gate import Gate, Selection
-from export_support import exported
+from branchgate.inference.gate import Gate
+from branchgate.inference.run_gate import Budget, BudgetExceeded, Deferred, RunGate
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402 (after the importorskip above)
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +143,14 @@ def test_budget_never_exceeded_over_random_decision_sequences(gate, data):
     tokens = data.draw(st.one_of(st.none(), st.integers(0, 3000)), "tokens")
     defer = data.draw(st.booleans(), "defer")
     lo = data.draw(st.floats(0.0, 0.6), "lo")
-    run = RunGate(Shifted(gate, lo, lo + 0.4), Budget(nodes, tokens), defer=defer,
-                  price_exponent=data.draw(st.floats(0.2, 4.0), "exponent"),
-                  tokens_per_node=data.draw(st.integers(1, 800), "prior"),
-                  max_share=data.draw(st.one_of(st.none(), st.floats(0.05, 1.0)), "share"))
+    run = RunGate(
+        Shifted(gate, lo, lo + 0.4),
+        Budget(nodes, tokens),
+        defer=defer,
+        price_exponent=data.draw(st.floats(0.2, 4.0), "exponent"),
+        tokens_per_node=data.draw(st.integers(1, 800), "prior"),
+        max_share=data.draw(st.one_of(st.none(), st.floats(0.05, 1.0)), "share"),
+    )
     spent_nodes = 0
     for _ in range(data.draw(st.integers(1, 8), "steps")):
         state, cands = DECISIONS[data.draw(st.integers(0, len(DECISIONS) - 1))]
@@ -154,8 +159,13 @@ def test_budget_never_exceeded_over_random_decision_sequences(gate, data):
         costs = data.draw(st.one_of(st.none(), st.lists(st.integers(0, 900), min_size=len(cands), max_size=len(cands))))
         selecting = data.draw(st.booleans())
         if selecting:
-            sel = run.select(state, cands, costs=costs, tau=data.draw(st.floats(0.0, 1.0)),
-                             max_keep=data.draw(st.one_of(st.none(), st.integers(1, 4))))
+            sel = run.select(
+                state,
+                cands,
+                costs=costs,
+                tau=data.draw(st.floats(0.0, 1.0)),
+                max_keep=data.draw(st.one_of(st.none(), st.integers(1, 4))),
+            )
         else:
             sel = run.revisit(state, max_keep=data.draw(st.one_of(st.none(), st.integers(1, 3))))
         spent_nodes += len(sel.kept)
@@ -201,8 +211,9 @@ def test_deferral_sets_aside_the_band_and_revisit_expands_the_best(gate):
     # revisit against a later context: the re-scored best deferred candidate is expanded first
     later = dict(state, retained=[c["query"] for c in cands[:2]])
     pending = list(run.deferred)
-    again, _ = shifted.predict(__import__("branchgate.inference.inputs", fromlist=["as_state"]).as_state(later),
-                               [d.text for d in pending])
+    again, _ = shifted.predict(
+        __import__("branchgate.inference.inputs", fromlist=["as_state"]).as_state(later), [d.text for d in pending]
+    )
     before = run.budget.spent_nodes
     rev = run.revisit(later, max_keep=1)
     assert rev.kept == [int(np.argmax(again))] and rev.revisited[0] is pending[rev.kept[0]]
@@ -221,16 +232,24 @@ def test_revisit_respects_the_budget_and_the_floor(gate):
     rev = run.revisit(DECISIONS[0][0])
     assert rev.kept == [] and rev.exhausted and len(rev.dropped_by_budget) == n and len(run.deferred) == n
     assert run.budget.spent_nodes == 2
-    run = RunGate(Shifted(gate, 0.3, 0.62), Budget(nodes=20), defer=True, price_start=0.6, defer_margin=0.35,
-                  revisit_floor=0.99)
+    run = RunGate(
+        Shifted(gate, 0.3, 0.62), Budget(nodes=20), defer=True, price_start=0.6, defer_margin=0.35, revisit_floor=0.99
+    )
     run.select(*DECISIONS[0])
     n = len(run.deferred)
     assert n and run.revisit(DECISIONS[0][0]).kept == [] and len(run.deferred) == n
 
 
 def test_rungate_json_round_trip(gate):
-    run = RunGate(Shifted(gate, 0.3, 0.62), Budget(nodes=20, tokens=5000), defer=True, run_id="r1",
-                  price_start=0.6, defer_margin=0.35, tokens_per_node=300)
+    run = RunGate(
+        Shifted(gate, 0.3, 0.62),
+        Budget(nodes=20, tokens=5000),
+        defer=True,
+        run_id="r1",
+        price_start=0.6,
+        defer_margin=0.35,
+        tokens_per_node=300,
+    )
     run.select(*DECISIONS[0])
     run.spend(120)
     obj = json.loads(json.dumps(run.to_json()))
@@ -271,8 +290,9 @@ def test_cli_run_id_keeps_the_budget_across_calls(monkeypatch, capsys, model, tm
     assert stored["budget"]["spent_nodes"] == spent
     total = spent
     for _ in range(4):  # later calls in new processes' worth of state: the budget carries over
-        rc, [b], _ = _cli(monkeypatch, capsys, model, {"run_id": "r1", "state": state, "candidates": cands},
-                          "--state", statefile)
+        rc, [b], _ = _cli(
+            monkeypatch, capsys, model, {"run_id": "r1", "state": state, "candidates": cands}, "--state", statefile
+        )
         total += len(b["kept"])
         assert rc == 0 and total <= 4 and b["budget"]["spent_nodes"] == total
     assert total == 4 and b["exhausted"] is True and b["kept"] == [] and len(b["dropped_by_budget"]) == len(cands)
@@ -282,17 +302,33 @@ def test_cli_run_id_keeps_the_budget_across_calls(monkeypatch, capsys, model, tm
     rc, _, err = _cli(monkeypatch, capsys, model, {"budget_nodes": 3, "state": state, "candidates": cands})
     assert rc == 2 and "run_id" in err
     # end_run forgets it; the next call with the same id starts afresh
-    rc, [c], _ = _cli(monkeypatch, capsys, model, {"run_id": "r1", "state": state, "candidates": [], "end_run": True},
-                      "--state", statefile)
+    rc, [c], _ = _cli(
+        monkeypatch,
+        capsys,
+        model,
+        {"run_id": "r1", "state": state, "candidates": [], "end_run": True},
+        "--state",
+        statefile,
+    )
     assert rc == 0 and "r1" not in json.loads((tmp_path / "runs.json").read_text())["runs"]
 
 
 def test_cli_defer_revisit_and_default_state_folder(monkeypatch, capsys, model, tmp_path):
     monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
     state, cands = DECISIONS[0]
-    reqs = [{"run_id": "d1", "budget_nodes": 20, "budget_tokens": 10_000, "defer": True, "tau": 1.0,
-             "state": state, "candidates": cands, "costs": [100] * len(cands)},
-            {"run_id": "d1", "spend": [80], "revisit": True, "state": dict(state, retained=["x"]), "max_keep": 1}]
+    reqs = [
+        {
+            "run_id": "d1",
+            "budget_nodes": 20,
+            "budget_tokens": 10_000,
+            "defer": True,
+            "tau": 1.0,
+            "state": state,
+            "candidates": cands,
+            "costs": [100] * len(cands),
+        },
+        {"run_id": "d1", "spend": [80], "revisit": True, "state": dict(state, retained=["x"]), "max_keep": 1},
+    ]
     rc, (a, b), _ = _cli(monkeypatch, capsys, model, reqs)
     assert rc == 0 and a["kept"] and a["budget"]["reserved_tokens"] == 100 * len(a["kept"])
     files = list((tmp_path / "cache" / "gate_runs").glob("*.json"))
@@ -344,8 +380,9 @@ def _Skill(**kw):
                 all_learnings.extend(result["learnings"])
                 if depth > 1:
                     nxt = f"Previous research goal: {q['researchGoal']}\nFollow-up questions: x\n"
-                    all_learnings = (await self.deep_research(nxt, max(2, breadth // 2), depth - 1,
-                                                              learnings=all_learnings))["learnings"]
+                    all_learnings = (
+                        await self.deep_research(nxt, max(2, breadth // 2), depth - 1, learnings=all_learnings)
+                    )["learnings"]
             await asyncio.sleep(0)
             return {"learnings": all_learnings}
 
@@ -381,8 +418,9 @@ def _budget_trace(gate, path):
     from branchgate.inference.inputs import DecisionState
     from branchgate.inference.recorder import TraceRecorder
 
-    run = RunGate(Shifted(gate, 0.3, 0.62), Budget(nodes=3), defer=True, price_start=0.6, defer_margin=0.35,
-                  run_id="defer-run")
+    run = RunGate(
+        Shifted(gate, 0.3, 0.62), Budget(nodes=3), defer=True, price_start=0.6, defer_margin=0.35, run_id="defer-run"
+    )
     rec = TraceRecorder(run, path, run_id="defer-run", system="test", root_query=DECISIONS[0][0]["root_query"])
     rec._start()
 
@@ -402,8 +440,9 @@ def _budget_trace(gate, path):
 
     for f, (state, cands) in enumerate(DECISIONS[:2]):
         frame(f, state, cands)
-    chosen = rec._revisit(DecisionState(rec.root_query, rec.root_query, "", list(rec.retained), 0), "controller:gate",
-                          max_keep=1)
+    chosen = rec._revisit(
+        DecisionState(rec.root_query, rec.root_query, "", list(rec.retained), 0), "controller:gate", max_keep=1
+    )
     for d in chosen:
         rec._retrieval(d.key, d.text, [rec._evidence_id(f"evidence for deferred {d.text}")])
     frame(2, *DECISIONS[2])  # the budget is spent: every candidate pruned by actor "budget"
@@ -420,7 +459,7 @@ def _budget_trace(gate, path):
 
 def test_traces_with_defer_and_budget_round_trip_through_dataset_build(gate, encoder, tmp_path):
     from branchgate.logs_to_dataset.build import build
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
 
     trace = tmp_path / "traces" / "run.jsonl"
     trace.parent.mkdir()
@@ -456,16 +495,18 @@ def test_traces_with_defer_and_budget_round_trip_through_dataset_build(gate, enc
     r = row[chosen[0].key]
     assert r["frame_id"] == first_frame and r["expanded"] and r["label_source"] == "realized" and r["label"] == 1
     never = [cid for cid in defers if cid != chosen[0].key]
-    assert never and all(not row[c]["expanded"] and row[c]["label_source"] == "excluded" and row[c]["label"] == -1
-                         for c in never)
+    assert never and all(
+        not row[c]["expanded"] and row[c]["label_source"] == "excluded" and row[c]["label"] == -1 for c in never
+    )
     assert len(rows) == sum(len(f.candidates) for f in rd.frames)
     assert manifest["n_expanded"] == sum(c.expanded for c in by_id.values())
     assert manifest["deferral"] == rd.deferral  # the build counts the run's deferrals
 
 
 def test_revisit_with_costs_prefers_the_cheap_deferred_candidate(gate):
-    run = RunGate(Shifted(gate, 0.6, 0.6), Budget(nodes=10, tokens=10_000), defer=True, price_start=0.65,
-                  defer_margin=0.1)
+    run = RunGate(
+        Shifted(gate, 0.6, 0.6), Budget(nodes=10, tokens=10_000), defer=True, price_start=0.65, defer_margin=0.1
+    )
     state, cands = DECISIONS[0]
     sel = run.select(state, cands, costs=[100] * len(cands))
     assert sel.fallback and len(sel.kept) == 1 and len(run.deferred) == len(cands) - 1

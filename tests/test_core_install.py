@@ -17,19 +17,38 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_support import exported
 
 from branchgate.inference.gate import Gate
-from export_support import exported
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["numpy", "onnxruntime", "tokenizers", "pydantic"]
-NETWORK_SIGNS = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
-                 "Could not find a version that satisfies", "No matching distribution found", "Network is unreachable",
-                 "ConnectTimeoutError", "ReadTimeoutError", "ProxyError", "SSLError")
-DECISION = {"state": {"root_query": "Why are honeybee colonies collapsing?", "frame_query": "", "parent_goal": "",
-                      "retained": ["varroa mites\nparasites"], "depth": 1},
-            "candidates": [{"query": "neonicotinoid field studies", "goal": "pesticides"},
-                           {"query": "honey prices by country", "goal": ""}, {"query": "蜜蜂 病毒"}]}
+NETWORK_SIGNS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Could not find a version that satisfies",
+    "No matching distribution found",
+    "Network is unreachable",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+    "SSLError",
+)
+DECISION = {
+    "state": {
+        "root_query": "Why are honeybee colonies collapsing?",
+        "frame_query": "",
+        "parent_goal": "",
+        "retained": ["varroa mites\nparasites"],
+        "depth": 1,
+    },
+    "candidates": [
+        {"query": "neonicotinoid field studies", "goal": "pesticides"},
+        {"query": "honey prices by country", "goal": ""},
+        {"query": "蜜蜂 病毒"},
+    ],
+}
 
 
 def _env() -> dict:
@@ -50,8 +69,23 @@ def _run(cmd, what: str, timeout: int = 900, **kw) -> subprocess.CompletedProces
 
 def _copy_source(dst: Path) -> Path:
     """The repository without git data, caches, build output or tests (pip builds in the source tree)."""
-    ignore = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", "tests", ".pytest_cache",
-                                    "wandb", "lightning_logs", "quickstart", "envs", "traces", "runs", "out", "*.onnx")
+    ignore = shutil.ignore_patterns(
+        ".git",
+        "__pycache__",
+        "*.egg-info",
+        "build",
+        "dist",
+        "tests",
+        ".pytest_cache",
+        "wandb",
+        "lightning_logs",
+        "quickstart",
+        "envs",
+        "traces",
+        "runs",
+        "out",
+        "*.onnx",
+    )
     shutil.copytree(REPO, dst, ignore=ignore)
     return dst
 
@@ -76,8 +110,15 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     assert "branchgate" in names and not names & {"torch", "transformers", "sentence-transformers", "datasets"}
 
     cli = venv / "bin" / "branchgate"
-    proc = subprocess.run([str(cli), "gate", "--model", model], input=json.dumps(DECISION), capture_output=True,
-                          text=True, timeout=300, env=_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [str(cli), "gate", "--model", model],
+        input=json.dumps(DECISION),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     answer = json.loads(proc.stdout)
     want = Gate.load(model).select(DECISION["state"], DECISION["candidates"])
@@ -85,8 +126,15 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     np.testing.assert_allclose(answer["p_keep"], want.p_keep, atol=1e-5)
     assert len(answer["utility"]) == 3
 
-    bad = subprocess.run([str(cli), "gate", "--model", model], input='{"state": {}, "candidates": []}',
-                         capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
+    bad = subprocess.run(
+        [str(cli), "gate", "--model", model],
+        input='{"state": {}, "candidates": []}',
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2 and "state.root_query" in bad.stderr
     helped = subprocess.run([str(cli), "--help"], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
     assert helped.returncode == 0 and "gate" in helped.stdout

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from branchgate.data.datamodule import DecisionDataModule
-from branchgate.data.decisions import TextTable, build_decisions
+from branchgate.data.decision_batches import TextTable, build_decisions
 from branchgate.data.embedding_cache import EmbeddingCache
 from branchgate.data.synthetic import write_synthetic_dataset
 from branchgate.errors import InputError, MismatchError
@@ -65,7 +65,11 @@ def test_empty_text_is_a_zero_vector(dataset):
     batch = s.batch(roots[:3], dm.table)
     assert torch.all(batch["goal"] == 0)
     stats = dm.train_stats()
-    assert stats["n_pos"] > 0 and stats["n_neg"] > 0 and stats["pos_weight"] == pytest.approx(stats["n_neg"] / stats["n_pos"])
+    assert (
+        stats["n_pos"] > 0
+        and stats["n_neg"] > 0
+        and stats["pos_weight"] == pytest.approx(stats["n_neg"] / stats["n_pos"])
+    )
 
 
 def test_dataset_encoder_mismatch_is_an_error(dataset, tmp_path):

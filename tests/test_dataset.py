@@ -12,21 +12,44 @@ import numpy as np
 import pytest
 
 from branchgate.cli import main
+from branchgate.data.dataset_schema import columns
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.build import NothingParsed, build
-from branchgate.logs_to_dataset.decisions import run_decisions, split_of
-from branchgate.data.schema import columns
+from branchgate.logs_to_dataset.decision_points import run_decisions, split_of
 from branchgate.logs_to_dataset.readers import read_runs
-from branchgate.logs_to_dataset.schema import SchemaVersionError
+from branchgate.logs_to_dataset.trace_schema import SchemaVersionError
 from branchgate.logs_to_dataset.traces import TraceWriter
 from branchgate.models.teachers import NAMES
 
 FIX = Path(__file__).parent / "fixtures"
-CONTRACT = ["run_id", "frame_id", "candidate_id", "root_query", "frame_query", "parent_goal", "retained", "query",
-            "goal", "depth", "order", "n_candidates", "n_retained", "expanded", "utility", "label", "label_source",
-            "utility_kind"] + [f"teacher_{n}" for n in NAMES]
-SPLIT_RUNS = {"run-0": "train", "run-1": "train", "run-4": "validation", "run-18": "validation",
-              "run-16": "test", "run-21": "test"}
+CONTRACT = [
+    "run_id",
+    "frame_id",
+    "candidate_id",
+    "root_query",
+    "frame_query",
+    "parent_goal",
+    "retained",
+    "query",
+    "goal",
+    "depth",
+    "order",
+    "n_candidates",
+    "n_retained",
+    "expanded",
+    "utility",
+    "label",
+    "label_source",
+    "utility_kind",
+] + [f"teacher_{n}" for n in NAMES]
+SPLIT_RUNS = {
+    "run-0": "train",
+    "run-1": "train",
+    "run-4": "validation",
+    "run-18": "validation",
+    "run-16": "test",
+    "run-21": "test",
+}
 
 
 def _run(run_id, path=FIX / "canonical"):
@@ -41,17 +64,34 @@ def _write_split_traces(path: Path, question: str | None = None) -> None:
             w.write(type="run_start", run_id=run_id, root_query=question or f"question {run_id}")
             w.write(type="frame_open", run_id=run_id, frame_id="f0", frame_query=f"question {run_id}")
             for k in range(2):
-                w.write(type="candidate", run_id=run_id, frame_id="f0", candidate_id=f"c{k}", order=k,
-                        query=f"subquery {k} of {run_id}")
+                w.write(
+                    type="candidate",
+                    run_id=run_id,
+                    frame_id="f0",
+                    candidate_id=f"c{k}",
+                    order=k,
+                    query=f"subquery {k} of {run_id}",
+                )
                 w.write(type="decision", run_id=run_id, candidate_id=f"c{k}", action="expand")
-                w.write(type="evidence", run_id=run_id, evidence_id=f"{run_id}-e{k}",
-                        text=f"evidence passage {k} about {run_id}", tokens=6)
-                w.write(type="retrieval", run_id=run_id, candidate_id=f"c{k}", query=f"subquery {k}",
-                        evidence_ids=[f"{run_id}-e{k}"])
+                w.write(
+                    type="evidence",
+                    run_id=run_id,
+                    evidence_id=f"{run_id}-e{k}",
+                    text=f"evidence passage {k} about {run_id}",
+                    tokens=6,
+                )
+                w.write(
+                    type="retrieval",
+                    run_id=run_id,
+                    candidate_id=f"c{k}",
+                    query=f"subquery {k}",
+                    evidence_ids=[f"{run_id}-e{k}"],
+                )
             w.write(type="run_end", run_id=run_id)
 
 
 # --- decision points ---------------------------------------------------------------------------------
+
 
 def test_split_is_by_run_hash_and_stable():
     for run_id in ["a", "caffeine-01", "9000001", *SPLIT_RUNS]:
@@ -68,7 +108,8 @@ def test_retained_branches_and_context_follow_seq_order():
     assert f0.retained == [] and f0.context_ids == []
     assert f1.retained == [
         "caffeine half-life and sleep onset latency\nFind how long caffeine stays active and whether it delays falling asleep.",
-        "caffeine intake timing before bed deep sleep\nMeasure the effect of evening caffeine on slow-wave sleep."]
+        "caffeine intake timing before bed deep sleep\nMeasure the effect of evening caffeine on slow-wave sleep.",
+    ]
     assert f1.context_ids == ["p101", "p102", "p201"]  # p202 removed by the post-retrieval prune
     pruned = f0.candidates[2]
     assert not pruned.expanded and pruned.evidence_ids is None
@@ -102,8 +143,8 @@ def test_orders_are_renumbered_to_positions_for_rows_and_training(tmp_path):
     numbers candidates; training batches take them from features.structured_features whatever the stored column."""
     import datasets
 
-    from branchgate.data.decisions import TextTable, build_decisions
-    from branchgate.data.schema import DECISION_COLUMNS
+    from branchgate.data.dataset_schema import DECISION_COLUMNS
+    from branchgate.data.decision_batches import TextTable, build_decisions
 
     path = tmp_path / "t.jsonl"
     with TraceWriter(path) as w:
@@ -115,9 +156,20 @@ def test_orders_are_renumbered_to_positions_for_rows_and_training(tmp_path):
     assert [(c.candidate_id, c.order) for c in rd.frames[0].candidates] == [("b", 0), ("c", 1), ("a", 2)]
     rows = {name: [] for name in DECISION_COLUMNS}
     for i, (order, depth) in enumerate(((40, 2), (5, 2), (17, 2))):  # stored orders from elsewhere: not positions
-        row = {"run_id": "r", "frame_id": "f", "root_query": "q", "frame_query": "", "parent_goal": "",
-               "retained": ["x"], "query": f"c{i}", "goal": "", "depth": depth, "order": order, "label": 1,
-               "utility": 1.0}
+        row = {
+            "run_id": "r",
+            "frame_id": "f",
+            "root_query": "q",
+            "frame_query": "",
+            "parent_goal": "",
+            "retained": ["x"],
+            "query": f"c{i}",
+            "goal": "",
+            "depth": depth,
+            "order": order,
+            "label": 1,
+            "utility": 1.0,
+        }
         for name in DECISION_COLUMNS:
             rows[name].append(row[name])
     dset = build_decisions("test", datasets.Dataset.from_dict(rows), TextTable())
@@ -135,6 +187,7 @@ def test_run_without_run_start_is_rejected(tmp_path):
 
 
 # --- the dataset ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
@@ -167,7 +220,7 @@ def test_training_finds_every_text_it_reads_in_the_build_cache(built):
     assert dm.cache_stats["misses"] == 0 and dm.cache_stats["hits"] == dm.cache_stats["distinct_texts"]
 
 
-def _frame(ds) -> "object":
+def _frame(ds) -> object:
     import pandas as pd
 
     return pd.concat([ds[s].to_pandas().assign(split=s) for s in ds], ignore_index=True)
@@ -187,7 +240,7 @@ def test_rows_columns_and_types_follow_the_contract(built):
 
 
 def test_split_by_question_keeps_every_run_of_a_question_in_one_split(tmp_path, encoder):
-    from branchgate.logs_to_dataset.decisions import split_key
+    from branchgate.logs_to_dataset.decision_points import split_key
 
     assert split_key("r1", "Why  is the sky blue?") == "r1"
     assert split_key("r1", "Why  is the sky blue?", "question") == split_key("r2", "why is the sky BLUE?", "question")
@@ -196,8 +249,14 @@ def test_split_by_question_keeps_every_run_of_a_question_in_one_split(tmp_path, 
     (tmp_path / "t").mkdir()
     _write_split_traces(tmp_path / "t" / "splits.jsonl", question="one question asked again and again")
     by_run = build([tmp_path / "t"], tmp_path / "a", encoder_obj=encoder, cache=tmp_path / "c.sqlite", progress=False)
-    by_question = build([tmp_path / "t"], tmp_path / "b", encoder_obj=encoder, cache=tmp_path / "c.sqlite",
-                        progress=False, split_by="question")
+    by_question = build(
+        [tmp_path / "t"],
+        tmp_path / "b",
+        encoder_obj=encoder,
+        cache=tmp_path / "c.sqlite",
+        progress=False,
+        split_by="question",
+    )
     assert by_run["split_by"] == "run" and min(by_run["n_runs"][s] for s in ("train", "validation", "test")) > 0
     assert by_question["split_by"] == "question"
     assert sorted(by_question["n_runs"][s] for s in ("train", "validation", "test")) == [0, 0, len(SPLIT_RUNS)]
@@ -244,13 +303,28 @@ def test_labels_realized_excluded_and_teacher_scores(built):
 
 def test_manifest_reports_inputs_encoder_and_cache(built, traces, encoder):
     manifest, _, _, cache = built
-    for key in ("schema_version", "n_runs", "n_decisions", "n_frames", "n_files", "skipped", "teacher",
-                "label_threshold", "label_kind", "encoder", "source_sha256", "teachers", "created_by"):
+    for key in (
+        "schema_version",
+        "n_runs",
+        "n_decisions",
+        "n_frames",
+        "n_files",
+        "skipped",
+        "teacher",
+        "label_threshold",
+        "label_kind",
+        "encoder",
+        "source_sha256",
+        "teachers",
+        "created_by",
+    ):
         assert key in manifest
     assert manifest["encoder"] == encoder.id and manifest["teachers"] == list(NAMES) and manifest["teacher"] == "sc"
     assert manifest["label_kind"] == "mixed" and manifest["label_thresholds"]["keypoints"] == 1.0
     rules = manifest["label_threshold_rules"]
-    assert rules["keypoints"] == "the source's default (keypoints)" and rules["teacher:sc"].startswith("positive rate 0.1 ")
+    assert rules["keypoints"] == "the source's default (keypoints)" and rules["teacher:sc"].startswith(
+        "positive rate 0.1 "
+    )
     assert manifest["label_thresholds"]["teacher:sc"] != 0.05 and manifest["label_spec"] == "auto"
     assert set(manifest["positive_rate"]["teacher:sc"]) == {"train", "validation", "test"}
     assert manifest["label_missing"] == {}
@@ -266,8 +340,15 @@ def test_manifest_reports_inputs_encoder_and_cache(built, traces, encoder):
 
 def test_rebuild_hits_the_cache_and_teacher_pre_option(built, traces, encoder, tmp_path):
     manifest, ds, _, cache = built
-    m2 = build([traces], tmp_path / "o2", encoder_obj=encoder, cache=cache, progress=False,
-               pruned_labels="teacher_pre", label_threshold=0.01)
+    m2 = build(
+        [traces],
+        tmp_path / "o2",
+        encoder_obj=encoder,
+        cache=cache,
+        progress=False,
+        pruned_labels="teacher_pre",
+        label_threshold=0.01,
+    )
     assert m2["embedding_cache"]["misses"] == 0 and m2["embedding_cache"]["hits"] > 0
     assert m2["source_sha256"] == manifest["source_sha256"] and m2["label_threshold"] is None  # mixed kinds
     from datasets import load_from_disk
@@ -307,14 +388,24 @@ def test_bad_records_are_skipped_and_listed_or_fail_under_strict(tmp_path, encod
 
 def test_nothing_parsed_and_future_version(tmp_path, encoder):
     with pytest.raises(NothingParsed):
-        build([FIX / "gptr_broken" / "task_1740920002_empty.json"], tmp_path / "o", encoder_obj=encoder,
-              cache=tmp_path / "c.sqlite", progress=False)
+        build(
+            [FIX / "gptr_broken" / "task_1740920002_empty.json"],
+            tmp_path / "o",
+            encoder_obj=encoder,
+            cache=tmp_path / "c.sqlite",
+            progress=False,
+        )
     # no dataset, but the manifest says what was read and why nothing parsed (issue 24)
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["manifest.json"]
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["reason"] == "empty file"
     with pytest.raises(SchemaVersionError):
-        build([FIX / "canonical_broken" / "future_version.jsonl"], tmp_path / "o", encoder_obj=encoder,
-              cache=tmp_path / "c.sqlite", progress=False)
+        build(
+            [FIX / "canonical_broken" / "future_version.jsonl"],
+            tmp_path / "o",
+            encoder_obj=encoder,
+            cache=tmp_path / "c.sqlite",
+            progress=False,
+        )
 
 
 @pytest.fixture
@@ -326,8 +417,17 @@ def cli_encoder(monkeypatch, encoder):
 
 def test_cli_exit_codes(cli_encoder, tmp_path, capsys):
     out = tmp_path / "ds"
-    args = ["dataset", "build", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"), "--encoder", "packaged",
-            "--no-progress"]
+    args = [
+        "dataset",
+        "build",
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c.sqlite"),
+        "--encoder",
+        "packaged",
+        "--no-progress",
+    ]
     assert main([*args, "--traces", str(FIX / "searcho1"), "--label-threshold", "0.05"]) == 0
     err = capsys.readouterr().err
     assert "3 runs from 6 files → 4 decisions" in err and "warning: all 3 realized teacher:sc labels are 0" in err
@@ -377,12 +477,22 @@ def test_searcho1_keypoint_labels_make_keypoint_utilities(tmp_path, encoder):
     assert list(kp.label) == [1, 0, 1]
     assert list(df[df.run_id == "9100002"].utility_kind) == ["teacher:sc"]
     assert m["label_kind"] == "mixed" and m["label_kinds"] == {"keypoints": 3, "teacher:sc": 1}
-    assert m["keypoints"] == {"source": "auto", "runs_with_ground_truth": 1, "runs_without_ground_truth": 1,
-                              "runs_with_labelled_evidence": 1,
-                              "evidence": 4, "evidence_labelled": 3, "labelled_by_id": 2, "labelled_by_span_only": 1,
-                              "key_points": 5, "key_points_reachable": 4, "bad_links": 1}
-    m2 = build([FIX / "searcho1_kp"], tmp_path / "o2", encoder_obj=encoder, cache=cache, progress=False,
-               keypoints="none")
+    assert m["keypoints"] == {
+        "source": "auto",
+        "runs_with_ground_truth": 1,
+        "runs_without_ground_truth": 1,
+        "runs_with_labelled_evidence": 1,
+        "evidence": 4,
+        "evidence_labelled": 3,
+        "labelled_by_id": 2,
+        "labelled_by_span_only": 1,
+        "key_points": 5,
+        "key_points_reachable": 4,
+        "bad_links": 1,
+    }
+    m2 = build(
+        [FIX / "searcho1_kp"], tmp_path / "o2", encoder_obj=encoder, cache=cache, progress=False, keypoints="none"
+    )
     assert m2["label_kind"] == "teacher:sc" and m2["keypoints"]["runs_with_ground_truth"] == 0
     assert m2["source_sha256"] != m["source_sha256"]  # the key-point files are inputs too
 
@@ -390,8 +500,17 @@ def test_searcho1_keypoint_labels_make_keypoint_utilities(tmp_path, encoder):
 def test_cli_keypoints_option(cli_encoder, tmp_path, capsys):
     traces = tmp_path / "so1"
     shutil.copytree(FIX / "searcho1_kp" / "Searcho1_ClueWeb22", traces)
-    args = ["dataset", "build", "--traces", str(traces), "--out", str(tmp_path / "ds"), "--cache",
-            str(tmp_path / "c.sqlite"), "--no-progress"]
+    args = [
+        "dataset",
+        "build",
+        "--traces",
+        str(traces),
+        "--out",
+        str(tmp_path / "ds"),
+        "--cache",
+        str(tmp_path / "c.sqlite"),
+        "--no-progress",
+    ]
     assert main([*args, "--keypoints", str(FIX / "searcho1_kp" / "key_point")]) == 0
     manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert manifest["label_kinds"]["keypoints"] == 3 and manifest["keypoints"]["evidence_labelled"] == 3

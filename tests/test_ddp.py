@@ -26,8 +26,9 @@ class _HashEncoder:
     id, dim = "sentence-transformers/all-MiniLM-L6-v2", 384
 
     def encode(self, texts, **_):
-        out = np.stack([np.random.default_rng(list(text.encode("utf-8"))[:64] or [0]).standard_normal(self.dim)
-                        for text in texts]).astype(np.float32)
+        out = np.stack(
+            [np.random.default_rng(list(text.encode("utf-8"))[:64] or [0]).standard_normal(self.dim) for text in texts]
+        ).astype(np.float32)
         return out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
@@ -38,13 +39,43 @@ def ddp_run(tmp_path_factory):
     cache = root / "emb.sqlite"
     warm_cache(ds, cache, _HashEncoder())  # warm: neither rank loads the encoder
     out = root / "run"
-    cmd = [sys.executable, "-m", "branchgate", "train", "--config", "quickstart", "--data.dataset", str(ds),
-           "--data.cache", str(cache), "--out", str(out), "--wandb.mode", "disabled",
-           "--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=1",
-           "--model.hidden", "16", "--model.lr", "0.003", "--data.batch_decisions", "8",
-           "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled",
-           "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "branchgate",
+        "train",
+        "--config",
+        "quickstart",
+        "--data.dataset",
+        str(ds),
+        "--data.cache",
+        str(cache),
+        "--out",
+        str(out),
+        "--wandb.mode",
+        "disabled",
+        "--trainer.accelerator=cpu",
+        "--trainer.strategy=ddp",
+        "--trainer.devices=2",
+        "--trainer.max_epochs=1",
+        "--model.hidden",
+        "16",
+        "--model.lr",
+        "0.003",
+        "--data.batch_decisions",
+        "8",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "WANDB_MODE": "disabled",
+        "PYTHONUNBUFFERED": "1",
+    }
     for key in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         env.pop(key, None)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)

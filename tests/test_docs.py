@@ -41,6 +41,7 @@ def prose(text: str) -> str:
 
 # ---- anchors -------------------------------------------------------------------------------------------------
 
+
 def _heading_text(raw: str) -> str:
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", raw)  # a link's text
     text = re.sub(r"<[^>]+>", "", text).replace("`", "")
@@ -102,6 +103,7 @@ def link_problems(path: Path, root: Path = REPO) -> list[str]:
 
 # ---- commands ------------------------------------------------------------------------------------------------
 
+
 def cli_options(commands) -> dict[tuple[str, ...], frozenset[str]]:
     """Every runnable command path and the option strings its parser accepts; ``()`` is the top level.
     ``commands``: ``scripts/cli_reference.commands``, the one walk over the parser."""
@@ -117,8 +119,9 @@ def cli_options(commands) -> dict[tuple[str, ...], frozenset[str]]:
 @cache
 def train_options() -> frozenset[str]:
     """``branchgate train`` hands its arguments to LightningCLI: its options are those of its own --help."""
-    run = subprocess.run([sys.executable, "-m", "branchgate", "train", "--help"], capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
+    run = subprocess.run(
+        [sys.executable, "-m", "branchgate", "train", "--help"], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
     assert run.returncode == 0, run.stderr
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w.-]*)", run.stdout))
 
@@ -152,8 +155,9 @@ def command_problems(line: str, where: str, known: dict) -> list[str]:
         tok = toks[i]
         if set(tok) <= set("|&;<>()"):
             start = True
-        elif start and (tok == "$" or re.fullmatch(r"[A-Za-z_]\w*=\S*", tok) or re.fullmatch(r"python[\d.]*", tok)
-                        or tok == "-m"):
+        elif start and (
+            tok == "$" or re.fullmatch(r"[A-Za-z_]\w*=\S*", tok) or re.fullmatch(r"python[\d.]*", tok) or tok == "-m"
+        ):
             pass  # still at the command position
         elif start and tok == "branchgate":
             i = _check(toks, i + 1, known, where, out)
@@ -190,6 +194,7 @@ def _check(toks: list[str], i: int, known: dict, where: str, out: list[str]) -> 
 
 # ---- repository paths ----------------------------------------------------------------------------------------
 
+
 def path_problems(path: Path, root: Path = REPO) -> list[str]:
     """Repository paths named in inline code (``scripts/split_queries.py``, ``bench/stats.bootstrap_ci``) that do
     not exist. Placeholders (``NAME``, ``<step>``, ``*``) are skipped; ``folder/module.name`` may name a module's
@@ -209,6 +214,7 @@ def path_problems(path: Path, root: Path = REPO) -> list[str]:
 
 
 # ---- the tests -----------------------------------------------------------------------------------------------
+
 
 def test_every_relative_link_resolves():
     problems = [p for doc in documents() for p in link_problems(doc)]
@@ -249,7 +255,8 @@ def test_the_checks_find_a_planted_broken_link_and_anchor(tmp_path):
     (tmp_path / "README.md").write_text(
         "# R\n\n[ok](docs/page.md) [ok](docs/page.md#page) [ok](#r) [gone](docs/nope.md) "
         "[bad anchor](docs/page.md#no-such-heading) [dash](docs/page.md#report-keys-all-of-them) "
-        "`[not a link](docs/nope2.md)`\n\n```\n[in code](docs/nope3.md)\n```\n")
+        "`[not a link](docs/nope2.md)`\n\n```\n[in code](docs/nope3.md)\n```\n"
+    )
     (tmp_path / "docs" / "index.md").write_text("[out of the site](../ARCHITECTURE.md) [in](page.md#page)\n")
     problems = [p for doc in documents(tmp_path) for p in link_problems(doc, tmp_path)]
     assert any("'docs/nope.md': no such file" in p for p in problems)
@@ -262,29 +269,38 @@ def test_the_checks_find_a_planted_broken_link_and_anchor(tmp_path):
 
 def test_the_checks_find_a_planted_bad_command_and_option(harness):
     known = cli_options(harness("cli_reference").commands)
-    text = ("```bash\nbranchgate dataset build --traces logs/ --out ds --no-such-option 3\n"
-            "RAY_ADDRESS=auto branchgate dataset build --traces a --out b --engine ray\n"
-            "echo '{\"a\": 1}' | branchgate gate --model m.onnx --tua 0.3   # a typo\n"
-            "pip install branchgate\n```\n\n"
-            "Run `branchgate simulat --env sample --out x`, `branchgate dataset` and "
-            "`branchgate bench --env DIR --train-queries F \\| G --eval-queries F --out DIR`, "
-            "then `python3 -m branchgate train --config quickstart --trainer.max_epochs=2 --model.no_such_knob 1`.\n")
+    text = (
+        "```bash\nbranchgate dataset build --traces logs/ --out ds --no-such-option 3\n"
+        "RAY_ADDRESS=auto branchgate dataset build --traces a --out b --engine ray\n"
+        "echo '{\"a\": 1}' | branchgate gate --model m.onnx --tua 0.3   # a typo\n"
+        "pip install branchgate\n```\n\n"
+        "Run `branchgate simulat --env sample --out x`, `branchgate dataset` and "
+        "`branchgate bench --env DIR --train-queries F \\| G --eval-queries F --out DIR`, "
+        "then `python3 -m branchgate train --config quickstart --trainer.max_epochs=2 --model.no_such_knob 1`.\n"
+    )
     problems = [p for line in shown_commands(text) for p in command_problems(line, "x.md", known)]
-    assert sorted(problems) == sorted([
-        "x.md: `branchgate dataset build` has no option --no-such-option",
-        "x.md: `branchgate gate` has no option --tua",
-        "x.md: `branchgate simulat` is not a command",
-        "x.md: `branchgate dataset` needs a subcommand",
-        "x.md: `branchgate train` has no option --model.no_such_knob",
-    ]), problems
+    assert sorted(problems) == sorted(
+        [
+            "x.md: `branchgate dataset build` has no option --no-such-option",
+            "x.md: `branchgate gate` has no option --tua",
+            "x.md: `branchgate simulat` is not a command",
+            "x.md: `branchgate dataset` needs a subcommand",
+            "x.md: `branchgate train` has no option --model.no_such_knob",
+        ]
+    ), problems
 
 
 def test_site_builds_strict(tmp_path):
     """mkdocs.yml's site: `mkdocs build --strict` (broken links, missing anchors, pages missing from the nav
     configuration's files all fail it)."""
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "site" / "results" / "index.html").is_file()
     page = (tmp_path / "site" / "results" / "index.html").read_text(encoding="utf-8")

@@ -34,8 +34,10 @@ def test_parse_trace_and_documents():
     assert truncated and orphans == [] and searches[0].after.strip() == "So far so good."
     docs = drgym.parse_documents(searches[0].result, lambda m, n=1: warnings.update({m: n}))
     # a URL may hold parentheses; a document without a ClueWebID is known by its URL; a tag inside a document is text
-    assert [(d.id, d.url) for d in docs] == [("cw-A", "https://a.example/wiki/Foo_(bar)"),
-                                              ("https://b.example/page", "https://b.example/page")]
+    assert [(d.id, d.url) for d in docs] == [
+        ("cw-A", "https://a.example/wiki/Foo_(bar)"),
+        ("https://b.example/page", "https://b.example/page"),
+    ]
     assert docs[0].text == "Alpha text.\nSecond line of A." and "<|begin_search_query|>" in docs[1].text
     assert [d.id for d in drgym.trace_documents(TRACE)] == ["cw-A", "https://b.example/page", "https://c.example"]
     assert warnings["searcho1: unterminated search result at the end of the trace (read up to the cut)"] == 1
@@ -50,12 +52,17 @@ def test_orphan_result_blocks_still_give_documents():
 
 # --- normalisation -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, norm", [
-    ("He said \u201cit\u2019s   fine\u201d \u2014 really.", "he said it s fine really"),
-    ("  --Stra\u00dfe\u00a0\ufb01ne!  ", "strasse fine"),  # casefold (ß → ss), NFKC (ﬁ → fi), no-break space
-    ("x_y \u00bd", "x y 1 2"),  # underscore is not alphanumeric; ½ → 1⁄2
-    ("", ""), ("...", ""),
-])
+
+@pytest.mark.parametrize(
+    "text, norm",
+    [
+        ("He said \u201cit\u2019s   fine\u201d \u2014 really.", "he said it s fine really"),
+        ("  --Stra\u00dfe\u00a0\ufb01ne!  ", "strasse fine"),  # casefold (ß → ss), NFKC (ﬁ → fi), no-break space
+        ("x_y \u00bd", "x y 1 2"),  # underscore is not alphanumeric; ½ → 1⁄2
+        ("", ""),
+        ("...", ""),
+    ],
+)
 def test_normalize(text, norm):
     assert spans.normalize(text) == norm
     got, index = spans.normalize_with_map(text)
@@ -67,18 +74,24 @@ def test_normalize_map_points_at_the_original_characters():
     norm, index = spans.normalize_with_map(text)
     s = norm.index("quick brown fox")
     e = s + len("quick brown fox")
-    assert text[index[s]:index[e - 1] + 1] == "Quick\u201d  brown-fox"
+    assert text[index[s] : index[e - 1] + 1] == "Quick\u201d  brown-fox"
     assert text[index[norm.index("jumps\u00e9")]] == "j"
-    assert [text[index[i]].casefold() for i, c in enumerate(norm) if c != " "] == [c for c in text.casefold() if c.isalnum()]
+    assert [text[index[i]].casefold() for i, c in enumerate(norm) if c != " "] == [
+        c for c in text.casefold() if c.isalnum()
+    ]
 
 
 def test_find_span_rules():
-    norm = spans.normalize("He said \u201cit\u2019s fine\u201d \u2014 really. Then the next line goes on for a while "
-                           "and then some more words come before the very end of it all.")
+    norm = spans.normalize(
+        "He said \u201cit\u2019s fine\u201d \u2014 really. Then the next line goes on for a while "
+        "and then some more words come before the very end of it all."
+    )
     assert spans.find_span(norm, 'he said "it\'s fine" - really') is not None  # punctuation and case ignored
     s, e = spans.find_span(norm, "He said it's fine ... the next line goes on")  # ellipsis pieces, in any gap
     assert norm[s:e].startswith("he said") and norm[s:e].endswith("goes on")
-    long_span = "Then the next line goes on for a while and [a few words are left out] come before the very end of it all"
+    long_span = (
+        "Then the next line goes on for a while and [a few words are left out] come before the very end of it all"
+    )
     s, e = spans.find_span(norm, long_span)  # head and tail anchors (≥ 12 words)
     assert norm[s:e].startswith("then the next") and norm[s:e].endswith("end of it all")
     assert spans.find_span(norm, "something else entirely here") is None
@@ -87,17 +100,25 @@ def test_find_span_rules():
 
 # --- key points --------------------------------------------------------------------------------------------
 
-PER_DOC = {"key_points": {
-    "CW-1": [{"point_number": 1, "point_content": "a", "spans": ["Span one of the first document here.", " "]},
-             {"point_number": 2, "point_content": "b", "spans": []}],
-    "null": [{"point_number": 1, "point_content": "c", "spans": ["A quote of no document at all."]}],
-    "cw-2": [{"point_number": 1, "point_content": "d", "spans": ["Short one"]}]}}
-AGG = {"key_points": [
-    {"point_number": 1, "point_content": "Point one.", "original_point_number": [1, 3]},
-    {"point_number": 2, "point_content": "Point two.", "original_point_number": [2, 9, True]},
-    {"point_number": 3, "original_point_number": [4]},
-    {"point_number": 4, "point_content": "Point four.", "original_point_number": [4]},
-    {"point_number": 1, "point_content": "Point one again.", "original_point_number": [4]}]}
+PER_DOC = {
+    "key_points": {
+        "CW-1": [
+            {"point_number": 1, "point_content": "a", "spans": ["Span one of the first document here.", " "]},
+            {"point_number": 2, "point_content": "b", "spans": []},
+        ],
+        "null": [{"point_number": 1, "point_content": "c", "spans": ["A quote of no document at all."]}],
+        "cw-2": [{"point_number": 1, "point_content": "d", "spans": ["Short one"]}],
+    }
+}
+AGG = {
+    "key_points": [
+        {"point_number": 1, "point_content": "Point one.", "original_point_number": [1, 3]},
+        {"point_number": 2, "point_content": "Point two.", "original_point_number": [2, 9, True]},
+        {"point_number": 3, "original_point_number": [4]},
+        {"point_number": 4, "point_content": "Point four.", "original_point_number": [4]},
+        {"point_number": 1, "point_content": "Point one again.", "original_point_number": [4]},
+    ]
+}
 
 
 def test_parse_key_points_ids_numbering_and_problems():
@@ -106,8 +127,11 @@ def test_parse_key_points_ids_numbering_and_problems():
     by_id = {k.id: k for k in kps.points}
     # per-document points numbered across documents in file order; the null document is null:<qid>; a
     # repeated point number merges; blank spans and points without spans give nothing
-    assert by_id["q7#1"].sources == [("cw-1", "Span one of the first document here."),
-                                     ("null:q7", "A quote of no document at all."), ("cw-2", "Short one")]
+    assert by_id["q7#1"].sources == [
+        ("cw-1", "Span one of the first document here."),
+        ("null:q7", "A quote of no document at all."),
+        ("cw-2", "Short one"),
+    ]
     assert by_id["q7#2"].sources == [] and by_id["q7#4"].sources == [("cw-2", "Short one")]
     assert kps.bad_links == 2 and kps.bad_entries == 1  # 9 is out of 1..4, True is no number; #3 has no content
     assert ("q7_aggregated.json", "key_points[2]: needs 'point_content'") in kps.problems
@@ -136,16 +160,25 @@ def test_kp_order_is_numeric():
 
 # --- span matching -----------------------------------------------------------------------------------------
 
+
 def _kps(qid: str, points: dict[int, list[tuple[str, str]]]) -> drgym.QueryKeyPoints:
     return drgym.QueryKeyPoints(qid, [drgym.KeyPoint(f"{qid}#{n}", "", src) for n, src in points.items()])
 
 
 def test_span_index_labels_own_documents_and_long_quotes_of_others():
-    index = spans.SpanIndex([
-        _kps("q1", {1: [("doc-a", "Bees regurgitate nectar into the honeycomb cells.")],
+    index = spans.SpanIndex(
+        [
+            _kps(
+                "q1",
+                {
+                    1: [("doc-a", "Bees regurgitate nectar into the honeycomb cells.")],
                     2: [("doc-a", "wax")],
-                    3: [("doc-b", "bees dance")]}),
-        _kps("q2", {1: [("doc-c", "The queen lays up to two thousand eggs a day.")]})])
+                    3: [("doc-b", "bees dance")],
+                },
+            ),
+            _kps("q2", {1: [("doc-c", "The queen lays up to two thousand eggs a day.")]}),
+        ]
+    )
     page = "Worker BEES regurgitate nectar \u2014 into the honeycomb\ncells! And bees dance. The queen lays up to two"
     # its own key points by id (case-insensitive), even those whose span is not in the text
     assert index.labels("DOC-A", "no text at all") == {"q1#1", "q1#2"}
@@ -157,25 +190,48 @@ def test_span_index_labels_own_documents_and_long_quotes_of_others():
     found, missing = index.locate("doc-a", page)
     assert missing == [("wax", {"q1#2"})]
     assert [(page[s:e], labs) for s, e, labs in found] == [
-        ("BEES regurgitate nectar \u2014 into the honeycomb\ncells", {"q1#1"})]
+        ("BEES regurgitate nectar \u2014 into the honeycomb\ncells", {"q1#1"})
+    ]
 
 
 def test_span_index_finds_quotes_that_start_inside_a_word():
     # substring semantics: the anchor index must not lose a match whose first word is cut
-    index = spans.SpanIndex([_kps("q", {1: [("d1", "cat sat on the warm mat today")],
-                                        2: [("d1", "the warm mat today and then the dog came ... barking loudly at it")]})])
-    assert index.labels("d2", "A bobcat sat on the warm mat today and then the dog came in, barking loudly at it.") \
-        == {"q#1", "q#2"}
+    index = spans.SpanIndex(
+        [
+            _kps(
+                "q",
+                {
+                    1: [("d1", "cat sat on the warm mat today")],
+                    2: [("d1", "the warm mat today and then the dog came ... barking loudly at it")],
+                },
+            )
+        ]
+    )
+    assert index.labels("d2", "A bobcat sat on the warm mat today and then the dog came in, barking loudly at it.") == {
+        "q#1",
+        "q#2",
+    }
     assert index.labels("d2", "A cat sat on the warm rug today.") == set()
 
 
 def test_span_index_agrees_with_trying_every_span():
-    quotes = ["one two three four five", "two three four five six seven", "alpha beta gamma delta epsilon",
-             "x ... one two three four five ... six seven eight nine", "ten eleven", "a b c d e f g h i j k l m n",
-             "a b c d e f g h ... z"]
+    quotes = [
+        "one two three four five",
+        "two three four five six seven",
+        "alpha beta gamma delta epsilon",
+        "x ... one two three four five ... six seven eight nine",
+        "ten eleven",
+        "a b c d e f g h i j k l m n",
+        "a b c d e f g h ... z",
+    ]
     index = spans.SpanIndex([_kps("q", {i + 1: [(f"s{i}", s)] for i, s in enumerate(quotes)})])
-    texts = ["zero one two three four five six seven eight nine ten eleven", "gamma delta epsilon alpha beta",
-             "a b c d e f g h q r s t u v w x y z i j k l m n", "a b c d e f g h i j k l m n o", "xone two three four fives"]
+    texts = [
+        "zero one two three four five six seven eight nine ten eleven",
+        "gamma delta epsilon alpha beta",
+        "a b c d e f g h q r s t u v w x y z i j k l m n",
+        "a b c d e f g h i j k l m n o",
+        "xone two three four fives",
+    ]
     for text in texts:
         norm = spans.normalize(text)
         brute = {k for e in index.entries if e.cross and e.needle.find(norm) for k in e.labels}
@@ -184,6 +240,7 @@ def test_span_index_agrees_with_trying_every_span():
 
 
 # --- the reader and the environment builder agree ----------------------------------------------------------
+
 
 def _evidence_labels(folder: Path) -> dict[tuple[str, str], set[str]]:
     out = {}
@@ -223,16 +280,34 @@ def test_reader_and_environment_label_documents_alike(tmp_path, monkeypatch):
     for d in ("queries", "key_point", "Searcho1_ClueWeb22"):
         (root / d).mkdir(parents=True)
     (root / "queries" / "q.jsonl").write_text('{"id": "q1", "query": "how do bees make honey"}\n')
-    (root / "key_point" / "q1.json").write_text(json.dumps({"key_points": {
-        "cw-gt": [{"point_number": 1, "spans": ["Bees regurgitate nectar into the honeycomb cells."]},
-                  {"point_number": 2, "spans": ["fanning ... evaporates the water"]}],
-        "cw-span-only": [{"point_number": 1, "spans": ["Honey never spoils when it is sealed."]},
-                         {"point_number": 2, "spans": ["Bees dance"]}]}}))
-    (root / "key_point" / "q1_aggregated.json").write_text(json.dumps({"key_points": [
-        {"point_number": 1, "point_content": "Nectar is regurgitated.", "original_point_number": [1]},
-        {"point_number": 2, "point_content": "Water evaporates.", "original_point_number": [2]},
-        {"point_number": 3, "point_content": "Honey keeps.", "original_point_number": [3]},
-        {"point_number": 4, "point_content": "Bees dance.", "original_point_number": [4]}]}))
+    (root / "key_point" / "q1.json").write_text(
+        json.dumps(
+            {
+                "key_points": {
+                    "cw-gt": [
+                        {"point_number": 1, "spans": ["Bees regurgitate nectar into the honeycomb cells."]},
+                        {"point_number": 2, "spans": ["fanning ... evaporates the water"]},
+                    ],
+                    "cw-span-only": [
+                        {"point_number": 1, "spans": ["Honey never spoils when it is sealed."]},
+                        {"point_number": 2, "spans": ["Bees dance"]},
+                    ],
+                }
+            }
+        )
+    )
+    (root / "key_point" / "q1_aggregated.json").write_text(
+        json.dumps(
+            {
+                "key_points": [
+                    {"point_number": 1, "point_content": "Nectar is regurgitated.", "original_point_number": [1]},
+                    {"point_number": 2, "point_content": "Water evaporates.", "original_point_number": [2]},
+                    {"point_number": 3, "point_content": "Honey keeps.", "original_point_number": [3]},
+                    {"point_number": 4, "point_content": "Bees dance.", "original_point_number": [4]},
+                ]
+            }
+        )
+    )
     (root / "Searcho1_ClueWeb22" / "q1.q").write_text("how do bees make honey")
     (root / "Searcho1_ClueWeb22" / "q1.a").write_text(
         "<|begin_search_query|>bees honey<|end_search_query|>\n<|begin_search_result|>"
@@ -241,7 +316,8 @@ def test_reader_and_environment_label_documents_alike(tmp_path, monkeypatch):
         "Doc 2 (URL: http://mirror.example, ClueWebID: cw-mirror)\nA mirror: bees regurgitate nectar, into the "
         "honeycomb cells! Also, honey never spoils when it's sealed.\n"
         "Doc 3 (URL: http://other.example, ClueWebID: cw-other)\nBees dance to show where flowers are.\n"
-        "<|end_search_result|>\nDone.")
+        "<|end_search_result|>\nDone."
+    )
     env_docs = _env_doc_labels(monkeypatch)
     env_build.build_drgym([str(root)], tmp_path / "env", chunk_words=20, progress=False)
     evidence = _evidence_labels(root / "Searcho1_ClueWeb22")
@@ -256,14 +332,22 @@ def test_reader_and_environment_label_documents_alike(tmp_path, monkeypatch):
 def test_real_reader_and_environment_label_the_same_documents_alike(tmp_path, monkeypatch, shared):
     """The first 40 Search-o1 traces (in name order) with their key points: every retrieved document gets the
     same key points from the reader as its passages get from the environment builder."""
-    traces, kp_dir, queries = shared("drgym", "Searcho1_ClueWeb22"), shared("drgym", "key_point"), shared("drgym", "queries")
+    traces, kp_dir, queries = (
+        shared("drgym", "Searcho1_ClueWeb22"),
+        shared("drgym", "key_point"),
+        shared("drgym", "queries"),
+    )
     qids = [p.stem for p in sorted(traces.glob("*.a"))[:40]]
     root = tmp_path / "drgym"
     for d in ("queries", "key_point", "Searcho1_ClueWeb22"):
         (root / d).mkdir(parents=True)
     wanted = set(qids)
-    lines = [line for f in sorted(queries.glob("*.jsonl")) for line in f.read_text(encoding="utf-8").splitlines()
-             if line.strip() and str(json.loads(line).get("id")) in wanted]
+    lines = [
+        line
+        for f in sorted(queries.glob("*.jsonl"))
+        for line in f.read_text(encoding="utf-8").splitlines()
+        if line.strip() and str(json.loads(line).get("id")) in wanted
+    ]
     (root / "queries" / "q.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     for q in qids:  # links, not copies
         for f in drgym.keypoint_files(kp_dir, q):

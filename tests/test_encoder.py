@@ -55,10 +55,11 @@ def test_cls_pooled_encoder_is_pooled_by_cls_in_the_tower(encoder, cls_encoder):
 
 
 def test_cls_pooled_controller_exports_and_gates_like_the_encoder(cls_encoder, tmp_path):
+    from export_support import trained_controller
+
     from branchgate.export.controller import export_model
     from branchgate.inference.gate import Gate
     from branchgate.inference.model_file import read_metadata
-    from export_support import trained_controller
 
     net, meta = trained_controller(cls_encoder)
     report = export_model(net, meta, tmp_path / "controller.onnx", encoder=cls_encoder, int8=False)
@@ -110,10 +111,24 @@ def test_a_local_encoder_is_named_by_its_content(tmp_path):
         recorded_spec(first.id, first.path)
 
 
-BGE_SMALL_FILES = [".gitattributes", "README.md", "config.json", "config_sentence_transformers.json", "model.safetensors",
-                   "modules.json", "pytorch_model.bin", "sentence_bert_config.json", "special_tokens_map.json",
-                   "tokenizer.json", "tokenizer_config.json", "vocab.txt", "1_Pooling/config.json", "onnx/model.onnx",
-                   "onnx/config.json", "onnx/tokenizer.json"]  # the hub repo's files
+BGE_SMALL_FILES = [
+    ".gitattributes",
+    "README.md",
+    "config.json",
+    "config_sentence_transformers.json",
+    "model.safetensors",
+    "modules.json",
+    "pytorch_model.bin",
+    "sentence_bert_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "1_Pooling/config.json",
+    "onnx/model.onnx",
+    "onnx/config.json",
+    "onnx/tokenizer.json",
+]  # the hub repo's files
 
 
 def test_a_hub_download_fetches_only_what_sentence_transformers_reads(tmp_path, monkeypatch):
@@ -122,14 +137,17 @@ def test_a_hub_download_fetches_only_what_sentence_transformers_reads(tmp_path, 
 
     from branchgate.models import encoder as enc
 
-    repos = {"BAAI/bge-small-en-v1.5": BGE_SMALL_FILES,
-             "org/older-model": [f for f in BGE_SMALL_FILES if f != "model.safetensors"]}  # PyTorch weights only
+    repos = {
+        "BAAI/bge-small-en-v1.5": BGE_SMALL_FILES,
+        "org/older-model": [f for f in BGE_SMALL_FILES if f != "model.safetensors"],
+    }  # PyTorch weights only
     calls = []
 
     def snapshot(repo_id, allow_patterns=None, ignore_patterns=None, **kwargs):
         folder = tmp_path / repo_id.replace("/", "--")
-        calls.append(list(filter_repo_objects(repos[repo_id], allow_patterns=allow_patterns,
-                                              ignore_patterns=ignore_patterns)))
+        calls.append(
+            list(filter_repo_objects(repos[repo_id], allow_patterns=allow_patterns, ignore_patterns=ignore_patterns))
+        )
         for name in calls[-1]:
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(b"")
@@ -137,9 +155,20 @@ def test_a_hub_download_fetches_only_what_sentence_transformers_reads(tmp_path, 
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
     assert enc._download("BAAI/bge-small-en-v1.5") == str(tmp_path / "BAAI--bge-small-en-v1.5")
-    assert calls == [["config.json", "config_sentence_transformers.json", "model.safetensors", "modules.json",
-                      "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
-                      "vocab.txt", "1_Pooling/config.json"]]  # no pytorch_model.bin, nothing under onnx/
+    assert calls == [
+        [
+            "config.json",
+            "config_sentence_transformers.json",
+            "model.safetensors",
+            "modules.json",
+            "sentence_bert_config.json",
+            "special_tokens_map.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "vocab.txt",
+            "1_Pooling/config.json",
+        ]
+    ]  # no pytorch_model.bin, nothing under onnx/
     calls.clear()
     enc._download("org/older-model")  # no safetensors: a second call adds the PyTorch weights
     assert len(calls) == 2 and "pytorch_model.bin" in calls[1] and "onnx/model.onnx" not in calls[1]

@@ -17,9 +17,12 @@ SKY_DOC = (
     "Why is the sky blue? It is a question children ask.  Sunlight is scattered by the molecules of the air,\n"
     "and blue light scatters more than red light. The sky looks \u201cblue\u201d because of Rayleigh scattering. "
     "Violet light scatters even more, but our eyes are less sensitive to it. Clouds are white because water "
-    "droplets scatter all colours equally. " + " ".join(f"Filler sentence number {i} talks about weather." for i in range(12))
+    "droplets scatter all colours equally. "
+    + " ".join(f"Filler sentence number {i} talks about weather." for i in range(12))
 )
-DISTRACTOR = " ".join(f"Honeybees visit flowers and sentence {i} describes nectar collection in hives." for i in range(30))
+DISTRACTOR = " ".join(
+    f"Honeybees visit flowers and sentence {i} describes nectar collection in hives." for i in range(30)
+)
 
 
 def write_drgym(root: Path) -> Path:
@@ -28,31 +31,72 @@ def write_drgym(root: Path) -> Path:
     (root / "Searcho1_ClueWeb22").mkdir()
     (root / "queries" / "researchy_queries_sample_doc_click.jsonl").write_text(
         '{"id": "q1", "query": "why is the sky blue"}\nnot json\n{"id": "q2", "query": "how do bees make honey"}\n'
-        '{"id": "q3", "query": "a query without key points"}\n')
-    kp = {"question": "why is the sky blue", "key_points": {
-        "docA": [{"point_number": 1, "point_content": "Air molecules scatter blue light more.",
-                  "spans": ["Sunlight is scattered by the molecules of the air, and blue light scatters more than red light."]},
-                 {"point_number": 2, "point_content": "Rayleigh scattering.",
-                  "spans": ['The sky looks "blue" because of Rayleigh scattering.']}],
-        "null": [],
-        "docB": [{"point_number": 1, "point_content": "Sunsets are red.",
-                  "spans": ["At sunset light crosses more air, so the reds dominate the evening sky."]}]}}
-    agg = {"question": "why is the sky blue", "key_points": [
-        {"point_number": 1, "point_content": "Scattering by air molecules favours blue light.", "original_point_number": [1, 3]},
-        {"point_number": 2, "point_content": "This is Rayleigh scattering.", "original_point_number": [2]},
-        {"point_number": 3, "point_content": "A point with no source.", "original_point_number": []}]}
+        '{"id": "q3", "query": "a query without key points"}\n'
+    )
+    kp = {
+        "question": "why is the sky blue",
+        "key_points": {
+            "docA": [
+                {
+                    "point_number": 1,
+                    "point_content": "Air molecules scatter blue light more.",
+                    "spans": [
+                        "Sunlight is scattered by the molecules of the air, and blue light scatters more than red light."
+                    ],
+                },
+                {
+                    "point_number": 2,
+                    "point_content": "Rayleigh scattering.",
+                    "spans": ['The sky looks "blue" because of Rayleigh scattering.'],
+                },
+            ],
+            "null": [],
+            "docB": [
+                {
+                    "point_number": 1,
+                    "point_content": "Sunsets are red.",
+                    "spans": ["At sunset light crosses more air, so the reds dominate the evening sky."],
+                }
+            ],
+        },
+    }
+    agg = {
+        "question": "why is the sky blue",
+        "key_points": [
+            {
+                "point_number": 1,
+                "point_content": "Scattering by air molecules favours blue light.",
+                "original_point_number": [1, 3],
+            },
+            {"point_number": 2, "point_content": "This is Rayleigh scattering.", "original_point_number": [2]},
+            {"point_number": 3, "point_content": "A point with no source.", "original_point_number": []},
+        ],
+    }
     (root / "key_point" / "q1.json").write_text(json.dumps(kp))
     (root / "key_point" / "q1_aggregated.json").write_text(json.dumps(agg))
-    kp2 = {"question": "how do bees make honey", "key_points": {"docC": [
-        {"point_number": 1, "point_content": "Bees regurgitate nectar.", "spans": ["Bees regurgitate nectar into the honeycomb cells."]}]}}
-    agg2 = {"question": "how do bees make honey", "key_points": [
-        {"point_number": 1, "point_content": "Nectar is regurgitated.", "original_point_number": [1]}]}
+    kp2 = {
+        "question": "how do bees make honey",
+        "key_points": {
+            "docC": [
+                {
+                    "point_number": 1,
+                    "point_content": "Bees regurgitate nectar.",
+                    "spans": ["Bees regurgitate nectar into the honeycomb cells."],
+                }
+            ]
+        },
+    }
+    agg2 = {
+        "question": "how do bees make honey",
+        "key_points": [{"point_number": 1, "point_content": "Nectar is regurgitated.", "original_point_number": [1]}],
+    }
     (root / "key_point" / "q2.json").write_text(json.dumps(kp2))
     (root / "key_point" / "q2_aggregated.json").write_text(json.dumps(agg2))
     (root / "Searcho1_ClueWeb22" / "q1.a").write_text(
         "Thinking...\n<|begin_search_query|>sky blue<|end_search_query|>\n<|begin_search_result|>"
         f"Doc 1 (URL: http://a.example, ClueWebID: docA)\n{SKY_DOC}\n"
-        f"Doc 2 (URL: http://x.example, ClueWebID: docX)\n{DISTRACTOR}\n<|end_search_result|>\nDone.")
+        f"Doc 2 (URL: http://x.example, ClueWebID: docX)\n{DISTRACTOR}\n<|end_search_result|>\nDone."
+    )
     return root
 
 
@@ -67,10 +111,14 @@ def test_drgym_build_labels_spans_and_reports_unreachable(tmp_path):
     assert m["reachable_kpr"]["per_query"] == {"q1": pytest.approx(2 / 3, abs=1e-3), "q2": 1.0}
     assert [u["key_point"] for u in m["unreachable_key_points"]["items"]] == ["q1#3"]
     # every span sits whole inside the passage that carries its key point (never split across passages)
-    spans = {"q1#1": ["Sunlight is scattered by the molecules of the air, and blue light scatters more than red light.",
-                      "At sunset light crosses more air, so the reds dominate the evening sky."],
-             "q1#2": ['The sky looks "blue" because of Rayleigh scattering.'],
-             "q2#1": ["Bees regurgitate nectar into the honeycomb cells."]}
+    spans = {
+        "q1#1": [
+            "Sunlight is scattered by the molecules of the air, and blue light scatters more than red light.",
+            "At sunset light crosses more air, so the reds dominate the evening sky.",
+        ],
+        "q1#2": ['The sky looks "blue" because of Rayleigh scattering.'],
+        "q2#1": ["Bees regurgitate nectar into the honeycomb cells."],
+    }
     for kp, texts in spans.items():
         for span in texts:
             holders = [i for i, t in enumerate(env.texts) if normalize(span) in normalize(t)]
@@ -97,11 +145,25 @@ def test_drgym_several_sources_merge(tmp_path):
     b = tmp_path / "b"
     (b / "queries").mkdir(parents=True)
     (b / "key_point").mkdir()
-    (b / "queries" / "q.jsonl").write_text('{"id": "q9", "query": "what is rust"}\n{"id": "q1", "query": "why is the sky blue"}\n')
-    (b / "key_point" / "q9.json").write_text(json.dumps({"key_points": {"docR": [{"point_number": 1, "point_content": "x",
-                                                                                   "spans": ["Rust is iron oxide formed by corrosion."]}]}}))
-    (b / "key_point" / "q9_aggregated.json").write_text(json.dumps({"key_points": [
-        {"point_number": 1, "point_content": "Rust is iron oxide.", "original_point_number": [1]}]}))
+    (b / "queries" / "q.jsonl").write_text(
+        '{"id": "q9", "query": "what is rust"}\n{"id": "q1", "query": "why is the sky blue"}\n'
+    )
+    (b / "key_point" / "q9.json").write_text(
+        json.dumps(
+            {
+                "key_points": {
+                    "docR": [
+                        {"point_number": 1, "point_content": "x", "spans": ["Rust is iron oxide formed by corrosion."]}
+                    ]
+                }
+            }
+        )
+    )
+    (b / "key_point" / "q9_aggregated.json").write_text(
+        json.dumps(
+            {"key_points": [{"point_number": 1, "point_content": "Rust is iron oxide.", "original_point_number": [1]}]}
+        )
+    )
     env = envmod.load(env_build.build_drgym([str(a), str(b)], tmp_path / "env", progress=False))
     assert [q.id for q in env.queries] == ["q1", "q2", "q9"]  # the repeated q1 is kept once
     assert any("q9#1" in lab for lab in env.labels)
@@ -140,7 +202,12 @@ def test_broken_key_point_file_is_skipped_and_reported(tmp_path):
 
 
 def test_pack_never_splits_protected_atoms():
-    atoms = [env_build.Atom("a " * 5), env_build.Atom("b " * 30, {"k"}, True), env_build.Atom("c " * 5), env_build.Atom("d " * 12)]
+    atoms = [
+        env_build.Atom("a " * 5),
+        env_build.Atom("b " * 30, {"k"}, True),
+        env_build.Atom("c " * 5),
+        env_build.Atom("d " * 12),
+    ]
     chunks = env_build.pack(env_build.split_long(atoms, 10), lambda: 10)
     joined = [c.text for c in chunks]
     assert any(("b " * 30).strip() in t for t in joined)
@@ -151,12 +218,20 @@ def test_pack_never_splits_protected_atoms():
 def test_musique_build(tmp_path):
     src = tmp_path / "m"
     src.mkdir()
-    q = {"id": "2hop_1", "question": "Who founded the company that makes the Widget?", "answer": "Ann",
-         "paragraphs": [{"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.", "is_supporting": True},
-                        {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.", "is_supporting": True},
-                        {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.", "is_supporting": False}],
-         "question_decomposition": [{"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
-                                    {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1}]}
+    q = {
+        "id": "2hop_1",
+        "question": "Who founded the company that makes the Widget?",
+        "answer": "Ann",
+        "paragraphs": [
+            {"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.", "is_supporting": True},
+            {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.", "is_supporting": True},
+            {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.", "is_supporting": False},
+        ],
+        "question_decomposition": [
+            {"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
+            {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1},
+        ],
+    }
     (src / "musique_x.json").write_text(json.dumps([q, {"id": "broken"}]))
     env = envmod.load(env_build.build_musique([str(src)], tmp_path / "env"))
     assert [k["id"] for k in env.queries[0].key_points] == ["2hop_1#1", "2hop_1#2"]
@@ -193,8 +268,8 @@ def test_real_drgym_subset_is_reachable_and_length_balanced(tmp_path, shared):
 
 def test_dense_retriever_over_cached_embeddings(tmp_path, encoder, monkeypatch):
     from branchgate.errors import BranchgateError
-    from branchgate.pipeline.retrieve import DenseIndex
     from branchgate.pipeline.config import Config
+    from branchgate.pipeline.retrieve import DenseIndex
     from branchgate.pipeline.simulate import simulate
 
     monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
@@ -205,6 +280,12 @@ def test_dense_retriever_over_cached_embeddings(tmp_path, encoder, monkeypatch):
     DenseIndex.build(out, env.texts, encoder.encode, encoder.id)
     hits = envmod.load(out).dense(encoder.id).search_vector(encoder.encode(["how do bees make honey"])[0], 2)
     assert "q2#1" in env.labels[hits[0][0]] or "q2#1" in env.labels[hits[1][0]]
-    s = simulate(str(out), Config(depth=1, retriever="dense", encoder="packaged"), tmp_path / "t", runs=2,
-                 progress=False, encoder=encoder)
+    s = simulate(
+        str(out),
+        Config(depth=1, retriever="dense", encoder="packaged"),
+        tmp_path / "t",
+        runs=2,
+        progress=False,
+        encoder=encoder,
+    )
     assert s["n_runs"] == 2 and s["kpr"]["mean"] > 0

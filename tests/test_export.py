@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_support import exported, max_abs, trained_controller
 
 from branchgate.cli import main
 from branchgate.errors import MismatchError
@@ -17,7 +18,6 @@ from branchgate.inference.inputs import DecisionState
 from branchgate.inference.metadata import REQUIRED_METADATA
 from branchgate.inference.model_file import read_metadata
 from branchgate.texts import candidate_text
-from export_support import exported, max_abs, trained_controller
 
 
 def test_export_writes_model_int8_twin_tokenizer_and_card(encoder):
@@ -52,8 +52,10 @@ def _edge_decisions():
     return [
         (DecisionState("soil erosion causes", "soil erosion causes", "", [], 0), ["terracing effectiveness"]),
         (DecisionState("soil erosion causes", "", "", [], 0), ["a", "terracing effectiveness\nmeasure yield", "a"]),
-        (DecisionState("soil erosion causes", "frame q", "parent goal", ret, 2),
-         [ret[0], "wind erosion in drylands", long_text, "水土流失的原因", "érosion des sols 🌱 <b>&amp;</b>"]),
+        (
+            DecisionState("soil erosion causes", "frame q", "parent goal", ret, 2),
+            [ret[0], "wind erosion in drylands", long_text, "水土流失的原因", "érosion des sols 🌱 <b>&amp;</b>"],
+        ),
         (DecisionState("", "", "", ["only retained"], 1), ["x", "y"]),
     ]
 
@@ -73,7 +75,7 @@ def test_fp32_gate_matches_torch_on_edge_shapes(encoder):
 
 def _compare(torch_ref, gate) -> float:
     worst = 0.0
-    for rounds in range(2):  # second round: every text cached (the dummy-text path)
+    for _rounds in range(2):  # second round: every text cached (the dummy-text path)
         for state, cands in _edge_decisions():
             p_t, u_t = torch_ref.predict(state, cands)
             p_o, u_o = gate.predict(state, cands)
@@ -152,12 +154,36 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
 
     dec = tmp_path / "decisions.jsonl"
     dec.write_text("".join(json.dumps({"state": s, "candidates": c}) + "\n" for s, c in sample_decisions()[:2]))
-    rc = main(["bench-gate", "--model", report["files"]["fp32"], "--checkpoint", report["checkpoint"], "--reps", "2",
-               "--decisions", str(dec), "--json", "--threads", "1"])
+    rc = main(
+        [
+            "bench-gate",
+            "--model",
+            report["files"]["fp32"],
+            "--checkpoint",
+            report["checkpoint"],
+            "--reps",
+            "2",
+            "--decisions",
+            str(dec),
+            "--json",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("torch_ms_p50", "onnx_fp32_ms_p50", "onnx_int8_ms_p50", "torch_ms_p95", "onnx_fp32_ms_p95",
-                "onnx_int8_ms_p95", "warm_torch_ms_p50", "warm_onnx_int8_ms_p50", "speedup_fp32", "speedup_int8"):
+    for key in (
+        "torch_ms_p50",
+        "onnx_fp32_ms_p50",
+        "onnx_int8_ms_p50",
+        "torch_ms_p95",
+        "onnx_fp32_ms_p95",
+        "onnx_int8_ms_p95",
+        "warm_torch_ms_p50",
+        "warm_onnx_int8_ms_p50",
+        "speedup_fp32",
+        "speedup_int8",
+    ):
         assert res[key] > 0, key
     assert res["decisions"] == 2 and res["threads"] == 1
     assert res["load_avg_1min_start"] >= 0 and res["load_avg_1min"] >= 0  # so a noisy run can be told apart
@@ -168,7 +194,7 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
 
 
 def test_ratio_interval_resamples_whole_rounds():
-    from branchgate.export.bench import ratio_interval
+    from branchgate.export.latency import ratio_interval
 
     steady = ratio_interval([40.0] * 6, [10.0] * 6, rounds=3)
     assert steady == pytest.approx((4.0, 4.0))
@@ -194,14 +220,28 @@ def test_gate_constants_agree_with_the_training_side():
 
 def test_fp32_gate_scores_what_evaluate_scores(encoder, tmp_path):
     """End to end: on a dataset's test rows the fp32 Gate gives the p_keep the training path gives (rows grouped
-    by data.decisions, embedded by the encoder, scored by training.evaluate), and `branchgate evaluate`'s AUROC."""
+    by data.decision_batches, embedded by the encoder, scored by training.evaluate), and `branchgate evaluate`'s AUROC."""
     report = exported(encoder)
     par = report["parity"]
     assert par["training_max_abs_diff_p_keep"] <= 1e-5
     assert par["training_auroc"] == pytest.approx(par["fp32_auroc"], abs=1e-9)
     out = tmp_path / "eval"
-    assert main(["evaluate", "--checkpoint", report["checkpoint"], "--dataset", report["dataset"], "--out", str(out),
-                 "--cache", str(tmp_path / "cache.sqlite")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--checkpoint",
+                report["checkpoint"],
+                "--dataset",
+                report["dataset"],
+                "--out",
+                str(out),
+                "--cache",
+                str(tmp_path / "cache.sqlite"),
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     from branchgate.export.parity import load_decisions
 

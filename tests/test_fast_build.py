@@ -11,8 +11,15 @@ import pytest
 
 from branchgate.errors import BranchgateError
 from branchgate.logs_to_dataset.build import build
-from branchgate.models.onnx_encoder import (PARITY_PROBES, PARITY_TOL, OnnxEncoder, TowerParityError, embed_texts,
-                                            prepare_tower, tower_dir)
+from branchgate.models.onnx_encoder import (
+    PARITY_PROBES,
+    PARITY_TOL,
+    OnnxEncoder,
+    TowerParityError,
+    embed_texts,
+    prepare_tower,
+    tower_dir,
+)
 
 FIX = Path(__file__).parent / "fixtures"
 TRACES = [FIX / "canonical", FIX / "searcho1", FIX / "gptr"]  # 7 runs of three formats, teacher-labelled
@@ -136,8 +143,13 @@ def test_parity_check_fails_loudly_on_a_mismatched_tower(encoder, towers, tmp_pa
         enc.encode(["any text"])
     assert str(bad) in str(exc.value)  # names the folder to delete
     with pytest.raises(TowerParityError):  # also through the build, before any row is written
-        build(TRACES, tmp_path / "ds", encoder_obj=OnnxEncoder(encoder, workers=1, cache_dir=tmp_path / "wrong"),
-              cache=tmp_path / "emb.sqlite", **KW)
+        build(
+            TRACES,
+            tmp_path / "ds",
+            encoder_obj=OnnxEncoder(encoder, workers=1, cache_dir=tmp_path / "wrong"),
+            cache=tmp_path / "emb.sqlite",
+            **KW,
+        )
     assert not (tmp_path / "ds" / "dataset_dict.json").exists()
     # the live check (torch now, not the recorded reference vectors) fails the same way
     with pytest.raises(TowerParityError):
@@ -180,8 +192,9 @@ def test_runs_are_read_as_a_stream(encoder, towers, onnx_built, tmp_path, monkey
             self.inner.close()
 
     watch = Watch(OnnxEncoder(encoder, workers=1, cache_dir=towers))
-    m = build([], tmp_path / "ds", runs=stream(), encoder_obj=watch, cache=tmp_path / "emb.sqlite",
-              **dict(KW, batch_texts=1))
+    m = build(
+        [], tmp_path / "ds", runs=stream(), encoder_obj=watch, cache=tmp_path / "emb.sqlite", **dict(KW, batch_texts=1)
+    )
     assert len(runs) >= 5 and len(pulled) == len(runs) and m["n_runs"]["total"] == len(runs)
     assert len(watch.calls) >= 3 and watch.calls[0] < len(runs)  # embedding began after the first run only
     assert watch.calls == sorted(watch.calls)
@@ -280,8 +293,12 @@ def test_workers_exit_when_the_build_is_killed(encoder, towers, tmp_path):
 
     script = tmp_path / "parent.py"
     script.write_text(KILLED_PARENT)
-    proc = subprocess.Popen([sys.executable, str(script), str(towers)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(towers)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     try:
         line = next((ln for ln in proc.stdout if ln.startswith("PIDS")), "")
         workers = [int(p) for p in line.split()[1:]]
@@ -303,4 +320,3 @@ def _running(pid: int) -> bool:
             return fh.read().rpartition(")")[2].split()[0] != "Z"  # a zombie has exited
     except OSError:
         return False
-

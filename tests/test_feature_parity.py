@@ -80,8 +80,7 @@ def teacher_features(d: dict) -> dict[str, np.ndarray]:
     """The five teachers on one decision, as the dataset calls them (pool = the frame's candidates)."""
     k, r = len(d["cand"]), len(d["retained"])
     x = Items([f"c{i}" for i in range(k)], d["cand"])
-    state = State(Items(["q"], d["root"][None]), Items([f"r{i}" for i in range(r)], d["retained"]),
-                  extra={"pool": x})
+    state = State(Items(["q"], d["root"][None]), Items([f"r{i}" for i in range(r)], d["retained"]), extra={"pool": x})
     return {
         "mmr": T.MMR(lam=0.35).score(x, state),
         "centroid_drift": T.CentroidDrift().score(x, state),
@@ -136,9 +135,13 @@ def cases():
 def test_the_random_decisions_hit_the_hard_cases(cases):
     def rel(d):
         return d["retained"].astype(np.float64) @ d["root"]
+
     assert sum(bool(np.any(rel(d) < 0)) for d, *_ in cases) > N_DECISIONS // 2
-    gram_min = [np.linalg.eigvalsh(d["retained"].astype(np.float64) @ d["retained"].T.astype(np.float64))[0]
-                for d, *_ in cases if len(d["retained"]) >= 2]
+    gram_min = [
+        np.linalg.eigvalsh(d["retained"].astype(np.float64) @ d["retained"].T.astype(np.float64))[0]
+        for d, *_ in cases
+        if len(d["retained"]) >= 2
+    ]
     assert sum(g < 1e-12 for g in gram_min) >= 20  # exact duplicates
     assert sum(1e-12 <= g < 1e-4 for g in gram_min) >= 20  # near duplicates, around the ridge
     grn = np.concatenate([t["residual_novelty"] for *_, t in cases])
@@ -155,8 +158,10 @@ def test_in_graph_features_equal_the_teachers(cases):
 def test_empty_retained_texts_count_as_absent_for_the_teachers_too(cases):
     """The graph cannot tell an empty retained text (zero row) from padding, so the teachers ignore it too:
     the teachers given the padded retained set (zero rows as empty texts) give the same numbers."""
-    pairs = [(graph_features(inputs, real), teacher_features({**d, "retained": inputs[3][0]}))
-             for d, inputs, real, _ in cases]
+    pairs = [
+        (graph_features(inputs, real), teacher_features({**d, "retained": inputs[3][0]}))
+        for d, inputs, real, _ in cases
+    ]
     worst = max_deltas(pairs)
     assert all(v <= TOL for v in worst.values()), worst
 
@@ -173,7 +178,7 @@ def test_padded_batch_equals_the_teachers():
     for b, d in enumerate(batch):
         for a, key in zip(arrays, ("root", "frame", "goal")):
             a[b] = d[key]
-        ret[b, r_max - len(d["retained"]):] = d["retained"]  # padding first here
+        ret[b, r_max - len(d["retained"]) :] = d["retained"]  # padding first here
         cand[b, : len(d["cand"])] = d["cand"]
     with torch.no_grad():
         s = scalar_features(*[torch.from_numpy(a) for a in (*arrays, ret, cand, feats)]).numpy()
@@ -191,17 +196,32 @@ class _Scalars(torch.nn.Module):
 
 def test_onnx_features_equal_the_teachers(cases, tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    from branchgate.export.controller import OPSET, register_onnx_ops
+    from branchgate.export.controller import register_onnx_ops
+    from branchgate.export.onnx_metadata import OPSET
 
     register_onnx_ops()  # torch.linalg.inv → onnxruntime's Inverse (here on float64)
     names = ["root", "frame", "goal", "retained", "cand", "features"]
     path = tmp_path / "scalars.onnx"
     _, inputs, _, _ = cases[0]
-    axes = {"root": {0: "B", 1: "D"}, "frame": {0: "B", 1: "D"}, "goal": {0: "B", 1: "D"},
-            "retained": {0: "B", 1: "R", 2: "D"}, "cand": {0: "B", 1: "K", 2: "D"}, "features": {0: "B", 1: "K"},
-            "scalars": {0: "B", 1: "K"}}
-    torch.onnx.export(_Scalars(), tuple(torch.from_numpy(a) for a in inputs), str(path), dynamo=False,
-                      input_names=names, output_names=["scalars"], opset_version=OPSET, dynamic_axes=axes)
+    axes = {
+        "root": {0: "B", 1: "D"},
+        "frame": {0: "B", 1: "D"},
+        "goal": {0: "B", 1: "D"},
+        "retained": {0: "B", 1: "R", 2: "D"},
+        "cand": {0: "B", 1: "K", 2: "D"},
+        "features": {0: "B", 1: "K"},
+        "scalars": {0: "B", 1: "K"},
+    }
+    torch.onnx.export(
+        _Scalars(),
+        tuple(torch.from_numpy(a) for a in inputs),
+        str(path),
+        dynamo=False,
+        input_names=names,
+        output_names=["scalars"],
+        opset_version=OPSET,
+        dynamic_axes=axes,
+    )
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     pairs = []
     for _, inputs, real, t in cases[:120]:

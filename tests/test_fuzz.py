@@ -16,29 +16,58 @@ from pathlib import Path
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402 (after the importorskip above)
+from test_hardening import gptr_doc, logs, run_lines  # noqa: E402
 
 from branchgate.cli import main  # noqa: E402
 from branchgate.errors import BranchgateError, InputError  # noqa: E402
-from branchgate.logs_to_dataset.decisions import partial_reason, run_decisions, split_of  # noqa: E402
+from branchgate.logs_to_dataset.decision_points import partial_reason, run_decisions, split_of  # noqa: E402
 from branchgate.logs_to_dataset.readers import read_runs  # noqa: E402
-from branchgate.logs_to_dataset.schema import SchemaVersionError, parse_event, to_json  # noqa: E402
+from branchgate.logs_to_dataset.trace_schema import SchemaVersionError, parse_event, to_json  # noqa: E402
 from branchgate.logs_to_dataset.traces import ReadReport  # noqa: E402
-from test_hardening import gptr_doc, logs, run_lines  # noqa: E402
 
-scalars = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-           | st.integers(min_value=10 ** 30, max_value=10 ** 400))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=16)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=12)
+    | st.integers(min_value=10**30, max_value=10**400)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
+)
 # JSON text that parses but breaks later: nesting past any recursion limit, integers past Python's digit limit
-json_texts = (st.builds(json.dumps, json_values)
-              | st.builds(lambda n, v: "[" * n + json.dumps(v) + "]" * n, st.integers(90, 3000), json_values)
-              | st.builds(lambda n: '{"v": 1, "run_id": "x", "seq": 0, "type": "run_start", "n": ' + "7" * n + "}",
-                          st.integers(4200, 5000)))
-GPTR_TAGS = ["subqueries", "running_subquery_research", "subquery_context_not_found", "added_source_url",
-             "research_step_finalized", "starting_research", "other"]
-MARKERS = ["<|begin_search_query|>", "<|end_search_query|>", "<|begin_search_result|>", "<|end_search_result|>",
-           "Doc 1 (URL: http://a, ClueWebID: c1)\n", "Doc 2 (URL: http://b)\n", "text ", "\n"]
+json_texts = (
+    st.builds(json.dumps, json_values)
+    | st.builds(lambda n, v: "[" * n + json.dumps(v) + "]" * n, st.integers(90, 3000), json_values)
+    | st.builds(
+        lambda n: '{"v": 1, "run_id": "x", "seq": 0, "type": "run_start", "n": ' + "7" * n + "}",
+        st.integers(4200, 5000),
+    )
+)
+GPTR_TAGS = [
+    "subqueries",
+    "running_subquery_research",
+    "subquery_context_not_found",
+    "added_source_url",
+    "research_step_finalized",
+    "starting_research",
+    "other",
+]
+MARKERS = [
+    "<|begin_search_query|>",
+    "<|end_search_query|>",
+    "<|begin_search_result|>",
+    "<|end_search_result|>",
+    "Doc 1 (URL: http://a, ClueWebID: c1)\n",
+    "Doc 2 (URL: http://b)\n",
+    "text ",
+    "\n",
+]
 
 
 def read_dir(files: dict[str, bytes], strict: bool = False):
@@ -105,8 +134,28 @@ def test_canonical_arbitrary_json_lines(lines):
     assert events + len([s for s in bad if s.line is not None]) == len(lines) or (not lines and len(bad) == 1)
 
 
-@given(st.integers(0, 7), st.sampled_from(["v", "run_id", "seq", "type", "ts", "frame_id", "candidate_id", "order",
-                                           "query", "depth", "evidence_ids", "action", "status", "extra"]), json_values)
+@given(
+    st.integers(0, 7),
+    st.sampled_from(
+        [
+            "v",
+            "run_id",
+            "seq",
+            "type",
+            "ts",
+            "frame_id",
+            "candidate_id",
+            "order",
+            "query",
+            "depth",
+            "evidence_ids",
+            "action",
+            "status",
+            "extra",
+        ]
+    ),
+    json_values,
+)
 def test_canonical_valid_events_with_a_mutated_field(i, key, value):
     events = [json.loads(x) for x in run_lines("bad")]
     events[i][key] = value
@@ -131,13 +180,19 @@ def test_trace_schema_takes_any_json(obj):
 
 # -- GPT-Researcher -------------------------------------------------------------------------------------------
 gptr_events = json_values | st.builds(
-    logs, st.sampled_from(GPTR_TAGS),
-    st.text(max_size=40) | st.builds(lambda t: "following queries: " + t, st.text(max_size=30))
+    logs,
+    st.sampled_from(GPTR_TAGS),
+    st.text(max_size=40)
+    | st.builds(lambda t: "following queries: " + t, st.text(max_size=30))
     | st.builds(lambda t: "Total Research Costs: $" + t, st.text("0123456789.eE+-", max_size=12))
     | st.builds(lambda q: f"Running research for '{q}'...", st.sampled_from(["a", "q", ""])),
-    json_values | st.lists(st.sampled_from(["a", "b", "q"]), max_size=3))
-gptr_docs = json_values | st.builds(lambda evs, content: {"events": evs, "content": content, "timestamp": "x"},
-                                    st.lists(gptr_events, max_size=5), json_values)
+    json_values | st.lists(st.sampled_from(["a", "b", "q"]), max_size=3),
+)
+gptr_docs = json_values | st.builds(
+    lambda evs, content: {"events": evs, "content": content, "timestamp": "x"},
+    st.lists(gptr_events, max_size=5),
+    json_values,
+)
 
 
 @given(gptr_docs | st.binary(max_size=200) | json_texts)
@@ -151,12 +206,21 @@ def test_gptr_arbitrary_documents(doc):
 
 
 # -- Search-o1 -----------------------------------------------------------------------------------------------
-@given(st.lists(st.sampled_from(MARKERS) | st.text(max_size=8), max_size=12), st.binary(max_size=40),
-       json_values, json_values)
+@given(
+    st.lists(st.sampled_from(MARKERS) | st.text(max_size=8), max_size=12),
+    st.binary(max_size=40),
+    json_values,
+    json_values,
+)
 def test_searcho1_arbitrary_traces_and_key_point_files(pieces, question, per_doc, aggregated):
-    files = {"t/good.q": b"q", "t/good.a": "".join(MARKERS[:4]).encode(),
-             "t/9.q": question, "t/9.a": "".join(pieces).encode("utf-8", "surrogatepass"),
-             "key_point/9.json": json.dumps(per_doc).encode(), "key_point/9_aggregated.json": json.dumps(aggregated).encode()}
+    files = {
+        "t/good.q": b"q",
+        "t/good.a": "".join(MARKERS[:4]).encode(),
+        "t/9.q": question,
+        "t/9.a": "".join(pieces).encode("utf-8", "surrogatepass"),
+        "key_point/9.json": json.dumps(per_doc).encode(),
+        "key_point/9_aggregated.json": json.dumps(aggregated).encode(),
+    }
     runs, report, d = read_dir(files)
     check_runs(runs, report, d)
     assert [r.run_id for r in runs].count("good") == 1
@@ -180,11 +244,18 @@ def gate(model):
 
 
 texts = st.text(max_size=30)
-candidates = st.lists(texts | st.fixed_dictionaries({"query": texts, "goal": texts | st.none()}) | json_values,
-                      max_size=8)
-states = st.fixed_dictionaries({"root_query": texts}, optional={
-    "frame_query": texts | json_values, "parent_goal": texts, "retained": st.lists(texts, max_size=3) | json_values,
-    "depth": st.integers(0, 10 ** 6) | st.floats() | json_values})
+candidates = st.lists(
+    texts | st.fixed_dictionaries({"query": texts, "goal": texts | st.none()}) | json_values, max_size=8
+)
+states = st.fixed_dictionaries(
+    {"root_query": texts},
+    optional={
+        "frame_query": texts | json_values,
+        "parent_goal": texts,
+        "retained": st.lists(texts, max_size=3) | json_values,
+        "depth": st.integers(0, 10**6) | st.floats() | json_values,
+    },
+)
 
 
 @given(states, candidates, st.none() | st.floats() | json_values, st.none() | st.integers(-2, 5) | json_values)
@@ -198,8 +269,11 @@ def test_gate_select_only_named_errors_and_never_empty(gate, state, cands, tau, 
     assert all(0.0 <= p <= 1.0 for p in sel.p_keep)
 
 
-@given(st.text(max_size=200) | json_texts
-       | st.builds(lambda s, c: json.dumps({"state": s, "candidates": c}), states, candidates))
+@given(
+    st.text(max_size=200)
+    | json_texts
+    | st.builds(lambda s, c: json.dumps({"state": s, "candidates": c}), states, candidates)
+)
 def test_gate_cli_stdin(model, monkeypatch, capsys, text):
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     rc = main(["gate", "--model", model, "--threads", "1"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_support import exported, max_abs, relabelled, spy_runs
 
 from branchgate.cli import main
 from branchgate.decide import decide
@@ -20,7 +21,6 @@ from branchgate.inference.gate import Gate, Selection
 from branchgate.inference.inputs import DecisionState
 from branchgate.inference.metadata import check_metadata
 from branchgate.inference.model_file import read_metadata
-from export_support import exported, max_abs, relabelled, spy_runs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,11 +41,18 @@ def gate(model) -> Gate:
     return Gate.load(model, threads=1)
 
 
-STATE = {"root_query": "Why are honeybee colonies collapsing?", "frame_query": "Why are honeybee colonies collapsing?",
-         "parent_goal": "", "retained": [], "depth": 0}
-CANDS = [{"query": "varroa mite treatment efficacy", "goal": "main parasite"},
-         {"query": "neonicotinoid field studies", "goal": "pesticides"},
-         {"query": "honey prices by country", "goal": ""}]
+STATE = {
+    "root_query": "Why are honeybee colonies collapsing?",
+    "frame_query": "Why are honeybee colonies collapsing?",
+    "parent_goal": "",
+    "retained": [],
+    "depth": 0,
+}
+CANDS = [
+    {"query": "varroa mite treatment efficacy", "goal": "main parasite"},
+    {"query": "neonicotinoid field studies", "goal": "pesticides"},
+    {"query": "honey prices by country", "goal": ""},
+]
 
 
 def test_empty_input_gives_empty_output(gate):
@@ -78,7 +85,12 @@ def test_threshold_and_max_keep_keep_best_in_original_order():
     assert decide(-p, -0.5, higher_is_better=False).kept == [0, 2, 3, 4]  # lower is better: the same rule mirrored
     d = decide(p, 0.5, max_keep=3)
     sel = Selection(d.kept, p, u, d.fallback, 0.5)
-    assert sel.to_json() == {"kept": [0, 2, 4], "p_keep": pytest.approx(p.tolist()), "utility": [0.0] * 5, "fallback": False}
+    assert sel.to_json() == {
+        "kept": [0, 2, 4],
+        "p_keep": pytest.approx(p.tolist()),
+        "utility": [0.0] * 5,
+        "fallback": False,
+    }
 
 
 def test_default_tau_is_the_models(gate, model):
@@ -112,8 +124,10 @@ def test_a_root_tau_in_the_controller_applies_at_the_root_only(fp32_model, tmp_p
 def test_state_forms_agree(gate):
     as_dict = gate.select(STATE, CANDS)
     as_obj = gate.select(DecisionState(STATE["root_query"], STATE["frame_query"]), CANDS)
-    as_pairs = gate.select({"root_query": STATE["root_query"], "frame_query": STATE["frame_query"]},
-                           [(c["query"], c["goal"]) for c in CANDS])
+    as_pairs = gate.select(
+        {"root_query": STATE["root_query"], "frame_query": STATE["frame_query"]},
+        [(c["query"], c["goal"]) for c in CANDS],
+    )
     np.testing.assert_allclose(as_dict.p_keep, as_obj.p_keep, atol=1e-6)
     np.testing.assert_allclose(as_dict.p_keep, as_pairs.p_keep, atol=1e-6)
     with pytest.raises(InputError, match=r"candidates\[1\]"):
@@ -210,21 +224,33 @@ def test_value_model_protocol(gate):
 
 
 # -- metadata ---------------------------------------------------------------------------------------------
-GOOD = {"branchgate_version": "0.1.0", "schema_version": "1", "graph_io_version": "1", "encoder": "enc", "dim": "384",
-        "max_length": "256", "tau": "0.5", "feature_names": '["depth", "order", "n_candidates", "n_retained"]',
-        "tokenizer_file": "controller.tokenizer.json", "tokenizer_sha256": "0" * 64}
+GOOD = {
+    "branchgate_version": "0.1.0",
+    "schema_version": "1",
+    "graph_io_version": "1",
+    "encoder": "enc",
+    "dim": "384",
+    "max_length": "256",
+    "tau": "0.5",
+    "feature_names": '["depth", "order", "n_candidates", "n_retained"]',
+    "tokenizer_file": "controller.tokenizer.json",
+    "tokenizer_sha256": "0" * 64,
+}
 
 
-@pytest.mark.parametrize("change,needle", [
-    ({"schema_version": None}, "'schema_version' is missing"),
-    ({"encoder": None}, "'encoder' is missing"),
-    ({"schema_version": "7"}, "schema_version=7 is newer"),
-    ({"schema_version": "one"}, "schema_version='one'"),
-    ({"graph_io_version": "9"}, "graph_io_version='9'"),
-    ({"branchgate_version": "3.2.0"}, "branchgate_version='3.2.0' is newer"),
-    ({"feature_names": '["depth"]'}, "feature_names"),
-    ({"feature_names": "not json"}, "feature_names"),
-])
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        ({"schema_version": None}, "'schema_version' is missing"),
+        ({"encoder": None}, "'encoder' is missing"),
+        ({"schema_version": "7"}, "schema_version=7 is newer"),
+        ({"schema_version": "one"}, "schema_version='one'"),
+        ({"graph_io_version": "9"}, "graph_io_version='9'"),
+        ({"branchgate_version": "3.2.0"}, "branchgate_version='3.2.0' is newer"),
+        ({"feature_names": '["depth"]'}, "feature_names"),
+        ({"feature_names": "not json"}, "feature_names"),
+    ],
+)
 def test_metadata_mismatch_errors_name_the_key(change, needle):
     meta = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     with pytest.raises(MismatchError, match=needle.replace("[", r"\[")):
@@ -282,20 +308,23 @@ def test_gate_cli_answers_one_decision(monkeypatch, capsys, model):
     assert rc == 0 and len(answers) == 3 and all(len(a["kept"]) == 1 for a in answers)
 
 
-@pytest.mark.parametrize("stdin,field", [
-    ("{not json", "invalid JSON"),
-    ("", "invalid JSON"),
-    ("[1, 2]", "must be a JSON object"),
-    (json.dumps({"candidates": CANDS}), "'state'"),
-    (json.dumps({"state": STATE}), "'candidates'"),
-    (json.dumps({"state": {"frame_query": "x"}, "candidates": CANDS}), "'state.root_query'"),
-    (json.dumps({"state": dict(STATE, retain=[]), "candidates": CANDS}), "state.retain"),
-    (json.dumps({"state": dict(STATE, depth="deep"), "candidates": CANDS}), "'state.depth'"),
-    (json.dumps({"state": STATE, "candidates": [{"query": "a"}, {"goal": "b"}]}), "'candidates[1].query'"),
-    (json.dumps({"state": STATE, "candidates": "abc"}), "'candidates'"),
-    (json.dumps({"state": STATE, "candidates": CANDS, "tau": 2}), "'tau'"),
-    (json.dumps({"state": STATE, "candidates": CANDS, "max_keep": 0}), "'max_keep'"),
-])
+@pytest.mark.parametrize(
+    "stdin,field",
+    [
+        ("{not json", "invalid JSON"),
+        ("", "invalid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        (json.dumps({"candidates": CANDS}), "'state'"),
+        (json.dumps({"state": STATE}), "'candidates'"),
+        (json.dumps({"state": {"frame_query": "x"}, "candidates": CANDS}), "'state.root_query'"),
+        (json.dumps({"state": dict(STATE, retain=[]), "candidates": CANDS}), "state.retain"),
+        (json.dumps({"state": dict(STATE, depth="deep"), "candidates": CANDS}), "'state.depth'"),
+        (json.dumps({"state": STATE, "candidates": [{"query": "a"}, {"goal": "b"}]}), "'candidates[1].query'"),
+        (json.dumps({"state": STATE, "candidates": "abc"}), "'candidates'"),
+        (json.dumps({"state": STATE, "candidates": CANDS, "tau": 2}), "'tau'"),
+        (json.dumps({"state": STATE, "candidates": CANDS, "max_keep": 0}), "'max_keep'"),
+    ],
+)
 def test_gate_cli_bad_input_exits_2_naming_the_field(monkeypatch, capsys, model, stdin, field):
     rc, out = _gate_cli(monkeypatch, capsys, model, stdin)
     assert rc == 2
@@ -341,5 +370,8 @@ def test_length_bucketing_saves_padding_without_changing_results(fp32_model):
     assert len(widths) == 2 and widths[0][0] == 4 and widths[0][1] < 20 and widths[1][0] == 1  # short texts first
     b = Gate.load(fp32_model, threads=1, bucketing=False).select(state, CANDS)
     np.testing.assert_allclose(a.p_keep, b.p_keep, atol=1e-5)
-    np.testing.assert_allclose(bucketed.embed([long_frame, "x", "varroa"]),
-                               Gate.load(fp32_model, bucketing=False).embed([long_frame, "x", "varroa"]), atol=1e-5)
+    np.testing.assert_allclose(
+        bucketed.embed([long_frame, "x", "varroa"]),
+        Gate.load(fp32_model, bucketing=False).embed([long_frame, "x", "varroa"]),
+        atol=1e-5,
+    )

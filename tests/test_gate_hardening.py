@@ -19,15 +19,17 @@ import time
 
 import numpy as np
 import pytest
+from export_support import exported
 
 from branchgate.cli import main
 from branchgate.errors import InputError
 from branchgate.inference.adapters import gated
 from branchgate.inference.gate import Gate
-from export_support import exported
 
-DECISION = {"state": {"root_query": "Why are honeybee colonies collapsing?"},
-            "candidates": [{"query": "varroa mite treatment", "goal": "parasites"}, "honey prices by country"]}
+DECISION = {
+    "state": {"root_query": "Why are honeybee colonies collapsing?"},
+    "candidates": [{"query": "varroa mite treatment", "goal": "parasites"}, "honey prices by country"],
+}
 CLI = [sys.executable, "-m", "branchgate"]
 
 
@@ -80,8 +82,9 @@ def test_input_from_an_endless_device_is_a_bounded_read_with_a_named_error(model
     assert rc == 2 and out == "" and "Traceback" not in err
     assert "/dev/full: longer than" in err and time.monotonic() - t0 < 60
     with open("/dev/zero", "rb") as zero:  # stdin too
-        p = subprocess.run([*CLI, "gate", "--model", model], stdin=zero, capture_output=True, timeout=90,
-                           preexec_fn=_at_most_4_gib)
+        p = subprocess.run(
+            [*CLI, "gate", "--model", model], stdin=zero, capture_output=True, timeout=90, preexec_fn=_at_most_4_gib
+        )
     assert p.returncode == 2 and b"<stdin>: longer than" in p.stderr and b"Traceback" not in p.stderr
 
 
@@ -109,12 +112,23 @@ def test_ctrl_c_stops_a_long_gate_job_promptly_and_keeps_the_run_state_whole(mod
     jobs = tmp_path / "long.jsonl"
     with jobs.open("w") as fh:
         for i in range(20_000):
-            fh.write(json.dumps({"run_id": "long", "state": {"root_query": f"question {i} on bee health"},
-                                 "candidates": [f"candidate {i}.{j} on mites and weather" for j in range(4)]}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "run_id": "long",
+                        "state": {"root_query": f"question {i} on bee health"},
+                        "candidates": [f"candidate {i}.{j} on mites and weather" for j in range(4)],
+                    }
+                )
+                + "\n"
+            )
     state = tmp_path / "runs.json"
     most = str(4 * (os.cpu_count() or 1))
-    p = subprocess.Popen([*CLI, "gate", "--model", model, "--jsonl", "--input", str(jobs), "--state", str(state),
-                          "--threads", most], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [*CLI, "gate", "--model", model, "--jsonl", "--input", str(jobs), "--state", str(state), "--threads", most],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while not state.exists() and time.monotonic() < deadline and p.poll() is None:
@@ -140,8 +154,13 @@ def test_gated_and_select_refuse_the_same_non_lists(gate):
     async def astring(q):
         return "varroa mites\nhoney prices"
 
-    for bad, hint in (("varroa mites\nhoney prices", "splitlines"), ({"query": "varroa mites"}, "pass [it]"),
-                      (None, "pass []"), (b"varroa", "bytes"), (42, "int")):
+    for bad, hint in (
+        ("varroa mites\nhoney prices", "splitlines"),
+        ({"query": "varroa mites"}, "pass [it]"),
+        (None, "pass []"),
+        (b"varroa", "bytes"),
+        (42, "int"),
+    ):
         with pytest.raises(InputError, match=f"must be a list of candidates, got .*{re.escape(hint)}"):
             gated(lambda q, bad=bad: bad, gate)("bees")
         with pytest.raises(InputError, match=f"^candidates: must be a list of candidates, got .*{re.escape(hint)}"):
@@ -165,16 +184,22 @@ def test_gated_and_select_read_every_candidate_shape_alike(gate):
         def __init__(self, q):
             self.q = q
 
-    shapes = (texts, [{"text": t} for t in texts], [{"question": t} for t in texts], [(t,) for t in texts],
-              [Plan(t) for t in texts])
+    shapes = (
+        texts,
+        [{"text": t} for t in texts],
+        [{"question": t} for t in texts],
+        [(t,) for t in texts],
+        [Plan(t) for t in texts],
+    )
     for items in shapes:
         for make in (lambda q, items=items: items, lambda q, items=items: (x for x in items)):  # a list, a generator
             seen = []
             kept = gated(make, gate, on_decision=seen.append, tau=0.0)("bees")
             np.testing.assert_allclose(seen[0].selection.p_keep, want, atol=1e-6)
             assert len(kept) == 2 and all(k is x for k, x in zip(kept, items))  # the caller's own objects
-            np.testing.assert_allclose(gate.select({"root_query": "bees", "frame_query": "bees"}, make("")).p_keep,
-                                       want, atol=1e-6)
+            np.testing.assert_allclose(
+                gate.select({"root_query": "bees", "frame_query": "bees"}, make("")).p_keep, want, atol=1e-6
+            )
 
     async def aplan(q):
         return texts
@@ -186,12 +211,18 @@ def test_gated_and_select_read_every_candidate_shape_alike(gate):
 # -- 8: run ids that are not open --------------------------------------------------------------------------
 def test_spend_or_revisit_for_a_run_that_is_not_open_is_an_error(monkeypatch, capsys, model, tmp_path):
     state = tmp_path / "runs.json"
-    for extra, field in (({"spend": 50}, "spend"), ({"spend": [5, 6]}, "spend"), ({"revisit": True}, "revisit"),
-                         ({"end_run": True}, "end_run")):
+    for extra, field in (
+        ({"spend": 50}, "spend"),
+        ({"spend": [5, 6]}, "spend"),
+        ({"revisit": True}, "revisit"),
+        ({"end_run": True}, "end_run"),
+    ):
         request = dict(DECISION, run_id="never-started", **extra)
         if extra.get("revisit") or extra.get("end_run"):
             request["candidates"] = []
-        rc, out, err = _in_process(monkeypatch, capsys, model, "--state", str(state), stdin=json.dumps(request).encode())
+        rc, out, err = _in_process(
+            monkeypatch, capsys, model, "--state", str(state), stdin=json.dumps(request).encode()
+        )
         assert rc == 2 and out == [] and f"field '{field}'" in err and "'never-started' is not open" in err
     assert not state.exists() or "never-started" not in state.read_text()
 
@@ -200,8 +231,14 @@ def test_a_finished_run_is_not_reopened_silently(monkeypatch, capsys, model, tmp
     state = str(tmp_path / "runs.json")
 
     def call(**fields):
-        return _in_process(monkeypatch, capsys, model, "--state", state,
-                           stdin=json.dumps(dict(DECISION, run_id="r1", **fields)).encode())
+        return _in_process(
+            monkeypatch,
+            capsys,
+            model,
+            "--state",
+            state,
+            stdin=json.dumps(dict(DECISION, run_id="r1", **fields)).encode(),
+        )
 
     rc, [a], _ = call(budget_nodes=3)
     assert rc == 0 and a["budget"]["limit"]["nodes"] == 3
@@ -221,10 +258,12 @@ def test_a_finished_run_is_not_reopened_silently(monkeypatch, capsys, model, tmp
 # -- 13: named errors for --input and --state --------------------------------------------------------------
 def test_input_that_is_not_utf8_is_a_named_error(monkeypatch, capsys, model, tmp_path):
     text = json.dumps(DECISION, ensure_ascii=False).replace("varroa", "varroa é")
-    for name, data, what in (("bom16.json", text.encode("utf-16"), ": UTF-16 text, not UTF-8"),
-                             ("le16.json", text.encode("utf-16-le"), ": UTF-16 text, not UTF-8"),
-                             ("bom32.json", text.encode("utf-32"), ": UTF-32 text, not UTF-8"),
-                             ("latin1.json", text.encode("latin-1"), ":1: not UTF-8 text (byte")):
+    for name, data, what in (
+        ("bom16.json", text.encode("utf-16"), ": UTF-16 text, not UTF-8"),
+        ("le16.json", text.encode("utf-16-le"), ": UTF-16 text, not UTF-8"),
+        ("bom32.json", text.encode("utf-32"), ": UTF-32 text, not UTF-8"),
+        ("latin1.json", text.encode("latin-1"), ":1: not UTF-8 text (byte"),
+    ):
         (tmp_path / name).write_bytes(data)
         rc, out, err = _in_process(monkeypatch, capsys, model, "--input", str(tmp_path / name))
         assert rc == 2 and out == [] and f"{tmp_path / name}{what}" in err
@@ -246,8 +285,11 @@ def test_state_that_cannot_be_a_state_file_is_a_named_error(monkeypatch, capsys,
     folder = tmp_path / "a_folder"
     folder.mkdir()
     (tmp_path / "a_file").write_text("keep me\n")
-    for state, what in ((folder, "is not a regular file"), (tmp_path / "a_file" / "runs.json", "is a file"),
-                        (tmp_path / "a_file", "invalid JSON")):
+    for state, what in (
+        (folder, "is not a regular file"),
+        (tmp_path / "a_file" / "runs.json", "is a file"),
+        (tmp_path / "a_file", "invalid JSON"),
+    ):
         rc, out, err = _in_process(monkeypatch, capsys, model, "--state", str(state), stdin=request)
         assert rc == 2 and out == [] and f"error: {state}" in err and what in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_file.lock", "a_folder"]
@@ -268,8 +310,13 @@ def test_state_in_a_read_only_folder_is_a_named_error(model, tmp_path):
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        rc, out, err = _gate(model, "--state", str(ro / "runs.json"), stdin=json.dumps(dict(DECISION, run_id="r")).encode(),
-                             prefix=prefix)
+        rc, out, err = _gate(
+            model,
+            "--state",
+            str(ro / "runs.json"),
+            stdin=json.dumps(dict(DECISION, run_id="r")).encode(),
+            prefix=prefix,
+        )
         assert rc == 2 and out == "" and "Traceback" not in err
         assert f"{ro / 'runs.json'}: cannot keep the run state here (permission denied" in err
         assert not any(ro.iterdir())

@@ -29,12 +29,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from export_support import exported
 
 from branchgate.inference.gate import Gate
 from branchgate.inference.gpt_researcher import gate_research
 from branchgate.logs_to_dataset.build import build
 from branchgate.logs_to_dataset.traces import read_events
-from export_support import exported
 
 gptr = pytest.importorskip("gpt_researcher", reason="gpt-researcher is not installed (.ci/run installs it in a venv)")
 
@@ -62,7 +62,7 @@ class Stub:
                     stub.searches.append(query)
                     self._json(stub.search(query))
                 elif url.path.startswith("/doc/"):
-                    i = stub.env.index_of.get(url.path[len("/doc/"):])
+                    i = stub.env.index_of.get(url.path[len("/doc/") :])
                     if i is None:
                         self.send_error(404)
                         return
@@ -76,28 +76,53 @@ class Stub:
                     texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
                     with stub.lock:
                         vecs = stub.encoder.encode([str(t) for t in texts])
-                    self._json({"object": "list", "model": body.get("model"),
-                                "data": [{"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
-                                         for i, v in enumerate(vecs)],
-                                "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+                    self._json(
+                        {
+                            "object": "list",
+                            "model": body.get("model"),
+                            "data": [
+                                {"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
+                                for i, v in enumerate(vecs)
+                            ],
+                            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                        }
+                    )
                     return
                 prompt = "\n".join(str(m.get("content")) for m in body["messages"])
                 stub.prompts.append(prompt)
                 content = stub.answer(prompt)
                 if body.get("stream"):  # server-sent events, as the OpenAI API streams (the report is streamed)
                     words = re.findall(r"\S+\s*", content) or [""]
-                    chunks = [{"id": "stub", "object": "chat.completion.chunk", "model": body.get("model"),
-                               "choices": [{"index": 0, "delta": {"role": "assistant", "content": w},
-                                            "finish_reason": None}]} for w in words]
+                    chunks = [
+                        {
+                            "id": "stub",
+                            "object": "chat.completion.chunk",
+                            "model": body.get("model"),
+                            "choices": [
+                                {"index": 0, "delta": {"role": "assistant", "content": w}, "finish_reason": None}
+                            ],
+                        }
+                        for w in words
+                    ]
                     chunks[-1]["choices"][0]["finish_reason"] = "stop"
                     data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
                     self._send(data.encode(), "text/event-stream")
                     return
-                self._json({"id": "stub", "object": "chat.completion", "model": body.get("model"),
-                            "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": content}}],
-                            "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(content) // 4,
-                                      "total_tokens": (len(prompt) + len(content)) // 4}})
+                self._json(
+                    {
+                        "id": "stub",
+                        "object": "chat.completion",
+                        "model": body.get("model"),
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                        ],
+                        "usage": {
+                            "prompt_tokens": len(prompt) // 4,
+                            "completion_tokens": len(content) // 4,
+                            "total_tokens": (len(prompt) + len(content)) // 4,
+                        },
+                    }
+                )
 
             def _json(self, obj):
                 self._send(json.dumps(obj).encode(), "application/json")
@@ -118,8 +143,10 @@ class Stub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def search(self, query: str) -> list[dict]:
-        return [{"url": f"{self.url}/doc/{self.env.ids[i]}", "title": self.env.docs[i], "raw_content": self.env.texts[i]}
-                for i, _ in self.env.bm25.search(query, 3)]
+        return [
+            {"url": f"{self.url}/doc/{self.env.ids[i]}", "title": self.env.docs[i], "raw_content": self.env.texts[i]}
+            for i, _ in self.env.bm25.search(query, 3)
+        ]
 
     def subqueries(self, task: str, n: int) -> list[str]:
         q = next((q for q in self.env.queries if q.query in task), None)
@@ -161,14 +188,20 @@ def stub(monkeypatch, tmp_path, encoder):
     from branchgate.pipeline import env as envmod
 
     s = Stub(envmod.load("sample"), encoder)
-    for key, value in {"OPENAI_API_KEY": "sk-offline-test", "OPENAI_BASE_URL": f"{s.url}/v1",
-                       "RETRIEVER": "custom", "RETRIEVER_ENDPOINT": f"{s.url}/search",
-                       "FAST_LLM": "openai:stub-fast", "SMART_LLM": "openai:stub-smart",
-                       "STRATEGIC_LLM": "openai:stub-strategic", "EMBEDDING": "custom:stub-embed",
-                       "MAX_ITERATIONS": "4",
-                       # every context through GPT-Researcher's compression path, which keeps each page's URL (its
-                       # fast path for small contexts, under 8000 characters, prints "Source: None")
-                       "COMPRESSION_THRESHOLD": "0"}.items():
+    for key, value in {
+        "OPENAI_API_KEY": "sk-offline-test",
+        "OPENAI_BASE_URL": f"{s.url}/v1",
+        "RETRIEVER": "custom",
+        "RETRIEVER_ENDPOINT": f"{s.url}/search",
+        "FAST_LLM": "openai:stub-fast",
+        "SMART_LLM": "openai:stub-smart",
+        "STRATEGIC_LLM": "openai:stub-strategic",
+        "EMBEDDING": "custom:stub-embed",
+        "MAX_ITERATIONS": "4",
+        # every context through GPT-Researcher's compression path, which keeps each page's URL (its
+        # fast path for small contexts, under 8000 characters, prints "Source: None")
+        "COMPRESSION_THRESHOLD": "0",
+    }.items():
         monkeypatch.setenv(key, value)
     import gpt_researcher.context.compression as compression
     import gpt_researcher.utils.llm as llm
@@ -181,8 +214,9 @@ def stub(monkeypatch, tmp_path, encoder):
 
 
 def logs_handler(task: str):
-    sys.modules.setdefault("utils", types.SimpleNamespace(write_md_to_pdf=None, write_md_to_word=None,
-                                                          write_text_to_md=None))
+    sys.modules.setdefault(
+        "utils", types.SimpleNamespace(write_md_to_pdf=None, write_md_to_word=None, write_text_to_md=None)
+    )
     from backend.server.server_utils import CustomLogsHandler
 
     return CustomLogsHandler(None, task)
@@ -191,8 +225,14 @@ def logs_handler(task: str):
 def research(stub, trace, gate=None, report_type="research_report", max_keep=None, hook_options=None, **kw):
     query = stub.env.queries[0].query
     handler = logs_handler("t")
-    researcher = gptr.GPTResearcher(query=query, report_type=report_type, websocket=handler, verbose=True,
-                                    agent="Research Agent", role="You are a research assistant.")
+    researcher = gptr.GPTResearcher(
+        query=query,
+        report_type=report_type,
+        websocket=handler,
+        verbose=True,
+        agent="Research Agent",
+        role="You are a research assistant.",
+    )
     if report_type == "deep":
         researcher.deep_researcher.breadth, researcher.deep_researcher.depth = kw.get("breadth", 3), kw.get("depth", 2)
     hook = gate_research(researcher, gate, trace, max_keep=max_keep, **(hook_options or {}))
@@ -225,14 +265,26 @@ def test_standard_mode_records_every_subquery(stub, tmp_path, encoder):
     assert report.cited_sources and report.cited_ids  # the report's citations map to recorded evidence
     # searches: the plan's own, then the 4 sub-queries and the query GPT-Researcher appends
     assert len(stub.searches) == 1 + 4 + 1 and events[-1].type == "report"
-    manifest = build([tmp_path / "t"], tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "cache", progress=False,
-                     labels="citations")
+    manifest = build(
+        [tmp_path / "t"],
+        tmp_path / "ds",
+        encoder_obj=encoder,
+        cache=tmp_path / "cache",
+        progress=False,
+        labels="citations",
+    )
     assert manifest["n_decisions"]["total"] == 4
     # GPT-Researcher's own run log goes through the gptr reader
     log = json.loads(open(log_file).read())
     assert any(ev["data"].get("content") == "subqueries" for ev in log["events"])
-    m2 = build([tmp_path / "outputs"], tmp_path / "ds_log", encoder_obj=encoder, cache=tmp_path / "cache",
-               progress=False, fmt="gptr")
+    m2 = build(
+        [tmp_path / "outputs"],
+        tmp_path / "ds_log",
+        encoder_obj=encoder,
+        cache=tmp_path / "cache",
+        progress=False,
+        fmt="gptr",
+    )
     assert m2["n_runs"]["total"] == 1 and m2["n_decisions"]["total"] == 4 + 1  # the log lists the appended query too
 
 
@@ -258,7 +310,9 @@ def test_deep_mode_records_both_levels(stub, tmp_path, encoder):
     root = [f for f in frames.values() if f.parent_frame is None]
     assert len(root) == 1 and root[0].depth == 0
     # every kept deep branch is researched by a nested researcher whose plan is a frame below it
-    plans = [f for f in frames.values() if f.parent_candidate in kept and f.frame_query == cands[f.parent_candidate].query]
+    plans = [
+        f for f in frames.values() if f.parent_candidate in kept and f.frame_query == cands[f.parent_candidate].query
+    ]
     root_kept = [c for c in kept if cands[c].frame_id == root[0].frame_id]
     assert root_kept and {cands[c].query for c in root_kept} <= {f.frame_query for f in plans}
     assert all(f.depth == frames[f.parent_frame].depth + 1 for f in plans)
@@ -269,9 +323,13 @@ def test_deep_mode_records_both_levels(stub, tmp_path, encoder):
     dropped = [e for e in events if e.type == "raw" and e.source_type == "gptr:dropped_without_goal"]
     plan_ids = {f.frame_id for f in plans}
     goalless = {c for c in kept if cands[c].frame_id not in plan_ids and cands[c].goal == ""}  # deep, no goal
-    assert {d.data["candidate_id"] for d in dropped} == goalless and hook.counts["dropped_without_goal"] == len(goalless)
-    print(f"\ndeep run: {len(frames)} frames ({len(plans)} nested plans), {len(cands)} candidates, {len(kept)} expanded, "
-          f"{len(goalless)} researched then dropped for lack of a goal")
+    assert {d.data["candidate_id"] for d in dropped} == goalless and hook.counts["dropped_without_goal"] == len(
+        goalless
+    )
+    print(
+        f"\ndeep run: {len(frames)} frames ({len(plans)} nested plans), {len(cands)} candidates, {len(kept)} expanded, "
+        f"{len(goalless)} researched then dropped for lack of a goal"
+    )
     manifest = build([tmp_path / "d"], tmp_path / "ds", encoder_obj=encoder, cache=tmp_path / "cache", progress=False)
     assert manifest["n_decisions"]["total"] == len(cands)
 
@@ -290,10 +348,15 @@ class Squeezed:
 
 
 def test_standard_mode_budget_defers_then_researches_the_best_deferred(stub, tmp_path, encoder):
-    from branchgate.inference.budget import Budget, RunGate
+    from branchgate.inference.run_gate import Budget, RunGate
 
-    run = RunGate(Squeezed(Gate.load(exported(encoder)["files"]["fp32"])), Budget(nodes=3), defer=True,
-                  price_start=0.6, defer_margin=0.35)
+    run = RunGate(
+        Squeezed(Gate.load(exported(encoder)["files"]["fp32"])),
+        Budget(nodes=3),
+        defer=True,
+        price_start=0.6,
+        defer_margin=0.35,
+    )
     hook, events, _ = research(stub, tmp_path / "b.jsonl", gate=run)
     decisions = [e for e in events if e.type == "decision"]
     first = decisions[:4]
@@ -312,8 +375,9 @@ def test_standard_mode_budget_defers_then_researches_the_best_deferred(stub, tmp
 
 def test_deep_mode_stops_expanding_when_the_budget_is_spent(stub, tmp_path, encoder):
     gate = Gate.load(exported(encoder)["files"]["int8"])
-    hook, events, _ = research(stub, tmp_path / "db.jsonl", gate=gate, report_type="deep", breadth=3, depth=2,
-                               hook_options={"budget_nodes": 3})
+    hook, events, _ = research(
+        stub, tmp_path / "db.jsonl", gate=gate, report_type="deep", breadth=3, depth=2, hook_options={"budget_nodes": 3}
+    )
     decisions = [e for e in events if e.type == "decision"]
     assert sum(d.action == "expand" for d in decisions) <= 3 and hook.counts["expanded"] <= 3
     assert any(d.actor == "budget" for d in decisions) and hook.counts["exhausted"] >= 1

@@ -54,20 +54,29 @@ def read(paths, **kw) -> tuple[list, ReadReport]:
 
 
 def gptr_doc(events=(), **content) -> dict:
-    return {"timestamp": "2025-03-01T10:00:00", "events": list(events),
-            "content": {"query": "q", "report": "done", **content}}
+    return {
+        "timestamp": "2025-03-01T10:00:00",
+        "events": list(events),
+        "content": {"query": "q", "report": "done", **content},
+    }
 
 
 def logs(tag: str, output: str = "", metadata=None) -> dict:
-    return {"timestamp": "2025-03-01T10:00:01", "type": "event",
-            "data": {"type": "logs", "content": tag, "output": output, "metadata": metadata}}
+    return {
+        "timestamp": "2025-03-01T10:00:01",
+        "type": "event",
+        "data": {"type": "logs", "content": tag, "output": output, "metadata": metadata},
+    }
 
 
 # -- JSON that parses but breaks later ------------------------------------------------------------------
 BAD_LINES = {
     "huge integer": '{"v":1,"run_id":"bad","seq":0,"type":"run_start","root_query":"q","n":' + "9" * 5000 + "}",
     "deep nesting": '{"v":1,"run_id":"bad","seq":0,"type":"raw","data":' + "[" * 5000 + "]" * 5000 + "}",
-    "nesting json parses but dumps refuse": '{"v":1,"run_id":"bad","seq":0,"type":"zz","x":' + "[" * 900 + "]" * 900 + "}",
+    "nesting json parses but dumps refuse": '{"v":1,"run_id":"bad","seq":0,"type":"zz","x":'
+    + "[" * 900
+    + "]" * 900
+    + "}",
 }
 
 
@@ -82,17 +91,25 @@ def test_json_that_parses_but_breaks_later_is_a_skipped_line_and_good_runs_stay(
 
 
 def test_load_json_names_every_failure():
-    for text, what in (("9" * 5000, "invalid JSON value"), ("[" * 100_000, "nested deeper"),
-                       ("[" * 101 + "]" * 101, "nested deeper"), ('{"a": ', "invalid JSON")):
+    for text, what in (
+        ("9" * 5000, "invalid JSON value"),
+        ("[" * 100_000, "nested deeper"),
+        ("[" * 101 + "]" * 101, "nested deeper"),
+        ('{"a": ', "invalid JSON"),
+    ):
         with pytest.raises(InputError, match=what) as info:
             load_json(text, "f.json", 3)
         assert info.value.file == "f.json" and info.value.line == 3
-    assert load_json('["\\ud800x", {"\\udfff": "\\ud83d\\ude00"}]') == ["\ufffdx", {"\ufffd": "\U0001F600"}]
+    assert load_json('["\\ud800x", {"\\udfff": "\\ud83d\\ude00"}]') == ["\ufffdx", {"\ufffd": "\U0001f600"}]
 
 
 def test_gptr_subqueries_with_an_unhashable_key_are_a_skipped_event(tmp_path):
-    doc = gptr_doc([logs("subqueries", "I will conduct research on the following queries: [{[1]: 2}, 'a']"),
-                    logs("subqueries", "I will conduct research on the following queries: " + "[" * 3000 + "]" * 3000)])
+    doc = gptr_doc(
+        [
+            logs("subqueries", "I will conduct research on the following queries: [{[1]: 2}, 'a']"),
+            logs("subqueries", "I will conduct research on the following queries: " + "[" * 3000 + "]" * 3000),
+        ]
+    )
     f = tmp_path / "task_1.json"
     f.write_text(json.dumps(doc))
     runs, report = read([f])
@@ -103,14 +120,17 @@ def _searcho1(tmp_path: Path, per_doc: str) -> Path:
     traces = tmp_path / "drgym" / "Searcho1_ClueWeb22"
     traces.mkdir(parents=True)
     (traces / "7.q").write_text("what is x?")
-    (traces / "7.a").write_text("Think.<|begin_search_query|>x<|end_search_query|>"
-                                "<|begin_search_result|>Doc 1 (URL: http://a, ClueWebID: c1)\nx is y.<|end_search_result|>"
-                                "Answer: y.")
+    (traces / "7.a").write_text(
+        "Think.<|begin_search_query|>x<|end_search_query|>"
+        "<|begin_search_result|>Doc 1 (URL: http://a, ClueWebID: c1)\nx is y.<|end_search_result|>"
+        "Answer: y."
+    )
     kp = tmp_path / "drgym" / "key_point"
     kp.mkdir()
     (kp / "7.json").write_text(per_doc)
-    (kp / "7_aggregated.json").write_text(json.dumps({"key_points": [{"point_number": 1, "point_content": "x is y",
-                                                                      "original_point_number": [1]}]}))
+    (kp / "7_aggregated.json").write_text(
+        json.dumps({"key_points": [{"point_number": 1, "point_content": "x is y", "original_point_number": [1]}]})
+    )
     return traces
 
 
@@ -129,8 +149,14 @@ def gate_cli(monkeypatch, capsys, stdin: str, *flags: str, model: str = "/nonexi
     return rc, capsys.readouterr()
 
 
-@pytest.mark.parametrize("stdin", ['{"state": {"root_query": "q", "depth": ' + "9" * 5000 + '}, "candidates": []}',
-                                   '{"state": ' + "[" * 5000 + "]" * 5000 + ', "candidates": []}'], ids=["huge-int", "deep"])
+@pytest.mark.parametrize(
+    "stdin",
+    [
+        '{"state": {"root_query": "q", "depth": ' + "9" * 5000 + '}, "candidates": []}',
+        '{"state": ' + "[" * 5000 + "]" * 5000 + ', "candidates": []}',
+    ],
+    ids=["huge-int", "deep"],
+)
 def test_gate_cli_json_that_breaks_later_is_exit_2(monkeypatch, capsys, stdin):
     rc, out = gate_cli(monkeypatch, capsys, stdin)
     assert rc == 2 and "<stdin>" in out.err and "Traceback" not in out.err
@@ -150,12 +176,16 @@ def test_lone_surrogates_in_run_id_and_query_are_replaced_and_build(tmp_path, en
 
 
 # -- GPT-Researcher cost strings ------------------------------------------------------------------------------
-@pytest.mark.parametrize("output,costs,expected,warned", [
-    ("Total Research Costs: $0.0123.", None, 0.0123, False),
-    ("Total Research Costs: $" + "9" * 400, None, None, True),
-    ("", int("9" * 400), None, True),
-    ("", 0.5, 0.5, False),
-], ids=["trailing-dot", "400-digit-text", "400-digit-number", "plain"])
+@pytest.mark.parametrize(
+    "output,costs,expected,warned",
+    [
+        ("Total Research Costs: $0.0123.", None, 0.0123, False),
+        ("Total Research Costs: $" + "9" * 400, None, None, True),
+        ("", int("9" * 400), None, True),
+        ("", 0.5, 0.5, False),
+    ],
+    ids=["trailing-dot", "400-digit-text", "400-digit-number", "plain"],
+)
 def test_gptr_cost_strings(tmp_path, output, costs, expected, warned):
     extra = {} if costs is None else {"costs": costs}
     f = tmp_path / "task_2.json"
@@ -190,7 +220,9 @@ def test_unreadable_file_is_a_skipped_named_file(tmp_path, monkeypatch):
     _deny(monkeypatch, bad)
     runs, report = read([tmp_path])
     assert sorted(r.run_id for r in runs) == ["good", "task_9"]
-    assert [(s.file, s.reason) for s in report.skipped] == [(str(bad), "cannot read (permission denied or not a regular file)")]
+    assert [(s.file, s.reason) for s in report.skipped] == [
+        (str(bad), "cannot read (permission denied or not a regular file)")
+    ]
     with pytest.raises(InputError, match="b.jsonl: cannot read"):
         read([tmp_path], strict=True)
     assert good.exists()
@@ -207,32 +239,71 @@ def test_looping_symlink_is_listed(tmp_path):
 
 
 # -- controller metadata --------------------------------------------------------------------------------------
-GOOD_META = {"branchgate_version": "0.1.0", "schema_version": "1", "graph_io_version": "1", "encoder": "e",
-             "dim": "384", "max_length": "256", "tau": "0.5", "tokenizer_file": "t.json", "pad_token_id": "0",
-             "feature_names": json.dumps(["depth", "order", "n_candidates", "n_retained"]), "tokenizer_sha256": "0" * 64}
+GOOD_META = {
+    "branchgate_version": "0.1.0",
+    "schema_version": "1",
+    "graph_io_version": "1",
+    "encoder": "e",
+    "dim": "384",
+    "max_length": "256",
+    "tau": "0.5",
+    "tokenizer_file": "t.json",
+    "pad_token_id": "0",
+    "feature_names": json.dumps(["depth", "order", "n_candidates", "n_retained"]),
+    "tokenizer_sha256": "0" * 64,
+}
 
 
-@pytest.mark.parametrize("key,value", [("tau", "abc"), ("tau", "nan"), ("tau", "inf"), ("tau", "2"), ("dim", "x"),
-                                       ("dim", "0"), ("max_length", "-3"), ("max_length", "abc"), ("pad_token_id", "abc"),
-                                       ("feature_range", "[1, 2]"), ("feature_range", '{"depth": [3, 1]}'),
-                                       ("feature_range", '{"depth": [0, NaN]}'), ("feature_range", '{"nope": [0, 1]}'),
-                                       ("root_tau", "1.5"), ("root_tau", "abc")])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("tau", "abc"),
+        ("tau", "nan"),
+        ("tau", "inf"),
+        ("tau", "2"),
+        ("dim", "x"),
+        ("dim", "0"),
+        ("max_length", "-3"),
+        ("max_length", "abc"),
+        ("pad_token_id", "abc"),
+        ("feature_range", "[1, 2]"),
+        ("feature_range", '{"depth": [3, 1]}'),
+        ("feature_range", '{"depth": [0, NaN]}'),
+        ("feature_range", '{"nope": [0, 1]}'),
+        ("root_tau", "1.5"),
+        ("root_tau", "abc"),
+    ],
+)
 def test_bad_controller_metadata_is_a_mismatch_error_naming_the_key(key, value):
     from branchgate.inference.metadata import check_metadata, controller_numbers
 
     check_metadata(GOOD_META, "m.onnx")
     with pytest.raises(MismatchError, match=f"m.onnx: metadata {key}"):
         check_metadata({**GOOD_META, key: value}, "m.onnx")
-    assert controller_numbers({**GOOD_META, "feature_range": '{"depth": [0, 2]}'}).feature_range == {"depth": (0.0, 2.0)}
-    assert controller_numbers(GOOD_META).root_tau is None and controller_numbers({**GOOD_META, "root_tau": "0.7"}).root_tau == 0.7
+    assert controller_numbers({**GOOD_META, "feature_range": '{"depth": [0, 2]}'}).feature_range == {
+        "depth": (0.0, 2.0)
+    }
+    assert (
+        controller_numbers(GOOD_META).root_tau is None
+        and controller_numbers({**GOOD_META, "root_tau": "0.7"}).root_tau == 0.7
+    )
 
 
 def _args(shapes: dict) -> list:
     return [SimpleNamespace(name=k, shape=v) for k, v in shapes.items()]
 
 
-IN = {"input_ids": ["N", "L"], "attention_mask": ["N", "L"], "cached_emb": ["M", 384], "root_idx": [1],
-      "frame_idx": [1], "goal_idx": [1], "retained_idx": ["R"], "cand_idx": ["K"], "features": ["K", 4]}
+IN = {
+    "input_ids": ["N", "L"],
+    "attention_mask": ["N", "L"],
+    "cached_emb": ["M", 384],
+    "root_idx": [1],
+    "frame_idx": [1],
+    "goal_idx": [1],
+    "retained_idx": ["R"],
+    "cand_idx": ["K"],
+    "features": ["K", 4],
+}
 OUT = {"p_keep": ["K"], "utility": ["K"], "text_emb": ["N", 384]}
 
 
@@ -252,9 +323,12 @@ def test_foreign_graph_carrying_our_metadata_is_refused_at_load(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     for k, v in GOOD_META.items():
@@ -278,8 +352,16 @@ def test_crafted_file_claiming_a_huge_metadata_entry_is_refused_quickly(tmp_path
 
 
 # -- the Python API and the gate CLI's flags ---------------------------------------------------------------------
-@pytest.mark.parametrize("extra,field", [({"tau": 2}, "tau"), ({"tau": True}, "tau"), ({"tau": float("nan")}, "tau"),
-                                         ({"max_keep": 0}, "max_keep"), ({"max_keep": 1.5}, "max_keep")])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"tau": 2}, "tau"),
+        ({"tau": True}, "tau"),
+        ({"tau": float("nan")}, "tau"),
+        ({"max_keep": 0}, "max_keep"),
+        ({"max_keep": 1.5}, "max_keep"),
+    ],
+)
 def test_gate_cli_decisions_refuse_bad_tau_and_max_keep_naming_line_and_field(extra, field):
     """A decision line's tau/max_keep go through the Gate's own checks (inference/inputs.py), named by line."""
     from branchgate.inference.gate_cli import parse_decision
@@ -290,19 +372,22 @@ def test_gate_cli_decisions_refuse_bad_tau_and_max_keep_naming_line_and_field(ex
     assert (ok["tau"], ok["max_keep"]) == (1.0, 2)
 
 
-@pytest.mark.parametrize("state,cands,kw,field", [
-    ({"root_query": "q"}, {"query": "a"}, {}, "candidates"),
-    ({"root_query": "q"}, "abc", {}, "candidates"),
-    ("a state as text", ["a"], {}, "state"),
-    ({"root_query": "q"}, ["a"], {"max_keep": 1.7}, "max_keep"),
-    ({"root_query": "q"}, ["a"], {"max_keep": True}, "max_keep"),
-    ({"root_query": "q", "depth": float("inf")}, ["a"], {}, "state.depth"),
-    ({"root_query": "q", "depth": float("nan")}, ["a"], {}, "state.depth"),
-    ({"root_query": "q", "depth": 10 ** 400}, ["a"], {}, "state.depth"),
-    ({"root_query": "q"}, ["a"], {"tau": "abc"}, "tau"),
-    ({"root_query": "q"}, ["a"], {"tau": float("nan")}, "tau"),
-    ({"root_query": "q"}, ["a"], {"tau": 2}, "tau"),
-])
+@pytest.mark.parametrize(
+    "state,cands,kw,field",
+    [
+        ({"root_query": "q"}, {"query": "a"}, {}, "candidates"),
+        ({"root_query": "q"}, "abc", {}, "candidates"),
+        ("a state as text", ["a"], {}, "state"),
+        ({"root_query": "q"}, ["a"], {"max_keep": 1.7}, "max_keep"),
+        ({"root_query": "q"}, ["a"], {"max_keep": True}, "max_keep"),
+        ({"root_query": "q", "depth": float("inf")}, ["a"], {}, "state.depth"),
+        ({"root_query": "q", "depth": float("nan")}, ["a"], {}, "state.depth"),
+        ({"root_query": "q", "depth": 10**400}, ["a"], {}, "state.depth"),
+        ({"root_query": "q"}, ["a"], {"tau": "abc"}, "tau"),
+        ({"root_query": "q"}, ["a"], {"tau": float("nan")}, "tau"),
+        ({"root_query": "q"}, ["a"], {"tau": 2}, "tau"),
+    ],
+)
 def test_select_refuses_bad_arguments_with_a_named_input_error(state, cands, kw, field):
     from branchgate.inference.gate import Gate
 
@@ -312,9 +397,18 @@ def test_select_refuses_bad_arguments_with_a_named_input_error(state, cands, kw,
         gate.select(state, cands, **kw)
 
 
-@pytest.mark.parametrize("flags,name", [(["--tau", "nan"], "--tau"), (["--tau", "inf"], "--tau"), (["--tau", "2"], "--tau"),
-                                        (["--tau", "-1"], "--tau"), (["--threads", "0"], "--threads"),
-                                        (["--threads", "-3"], "--threads"), (["--max-keep", "0"], "--max-keep")])
+@pytest.mark.parametrize(
+    "flags,name",
+    [
+        (["--tau", "nan"], "--tau"),
+        (["--tau", "inf"], "--tau"),
+        (["--tau", "2"], "--tau"),
+        (["--tau", "-1"], "--tau"),
+        (["--threads", "0"], "--threads"),
+        (["--threads", "-3"], "--threads"),
+        (["--max-keep", "0"], "--max-keep"),
+    ],
+)
 def test_gate_cli_flags_are_range_checked(monkeypatch, capsys, flags, name):
     rc, out = gate_cli(monkeypatch, capsys, '{"state": {"root_query": "q"}, "candidates": ["a"]}', *flags)
     assert rc == 2 and f"{name}: must be" in out.err
@@ -347,15 +441,17 @@ def test_partial_runs_are_counted_and_kept_with_a_warning_or_skipped(tmp_path, e
 
 
 def test_searcho1_truncated_and_gptr_incomplete_runs_are_partial(tmp_path):
-    from branchgate.logs_to_dataset.decisions import partial_reason
+    from branchgate.logs_to_dataset.decision_points import partial_reason
 
     f = tmp_path / "task_3.json"
     f.write_text(json.dumps({"events": [], "content": {"query": "q"}}))  # no report: "incomplete"
     (tmp_path / "1.q").write_text("q")
     (tmp_path / "1.a").write_text("<|begin_search_query|>cut off")
     runs, _ = read([tmp_path])
-    assert {r.run_id: partial_reason(r.events) for r in runs} == {"1": "run_end status 'truncated'",
-                                                                   "task_3": "run_end status 'incomplete'"}
+    assert {r.run_id: partial_reason(r.events) for r in runs} == {
+        "1": "run_end status 'truncated'",
+        "task_3": "run_end status 'incomplete'",
+    }
 
 
 def test_nothing_parsed_names_the_reasons_and_writes_a_manifest(tmp_path, encoder):
@@ -378,11 +474,13 @@ def test_nothing_parsed_names_the_reasons_and_writes_a_manifest(tmp_path, encode
 def test_keypoint_line_without_a_key_point_count_has_no_slash_zero():
     from branchgate.logs_to_dataset.build_report import _keypoint_line
 
-    line = _keypoint_line({"runs_with_ground_truth": 2, "evidence_labelled": 3, "evidence": 4,
-                           "key_points_reachable": 5, "key_points": 0})
+    line = _keypoint_line(
+        {"runs_with_ground_truth": 2, "evidence_labelled": 3, "evidence": 4, "key_points_reachable": 5, "key_points": 0}
+    )
     assert "/0" not in line and "5 key points reachable" in line
-    assert "5/9 key points" in _keypoint_line({"runs_with_ground_truth": 2, "evidence_labelled": 3, "evidence": 4,
-                                                 "key_points_reachable": 5, "key_points": 9})
+    assert "5/9 key points" in _keypoint_line(
+        {"runs_with_ground_truth": 2, "evidence_labelled": 3, "evidence": 4, "key_points_reachable": 5, "key_points": 9}
+    )
 
 
 # -- atomic_dir between its two renames -------------------------------------------------------------------------
@@ -423,8 +521,20 @@ def test_train_with_zero_epochs_is_an_error_not_an_untrained_controller(tmp_path
     from branchgate.data.synthetic import write_synthetic_dataset
 
     ds = write_synthetic_dataset(tmp_path / "ds", n_runs=12, seed=1)
-    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--out", str(tmp_path / "run"),
-               "--wandb.mode", "disabled", "--trainer.max_epochs=0"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "quickstart",
+            "--data.dataset",
+            str(ds),
+            "--out",
+            str(tmp_path / "run"),
+            "--wandb.mode",
+            "disabled",
+            "--trainer.max_epochs=0",
+        ]
+    )
     assert rc == 2 and "--trainer.max_epochs: must be ≥ 1" in capsys.readouterr().err
     assert not (tmp_path / "run" / "controller.safetensors").exists()
 
@@ -494,8 +604,10 @@ def test_exported_gate_reports_and_clamps_decisions_outside_the_training_range(e
     gate = Gate.load(exported_model["fp32"], threads=1)
     state = {"root_query": "caffeine and sleep", "frame_query": "caffeine and sleep", "depth": 0}
     k, r = int(rng["n_candidates"][1]), int(rng["n_retained"][0])
-    inside = gate.select({**state, "depth": rng["depth"][0], "retained": [f"branch {i}" for i in range(r)]},
-                         [f"candidate {i}" for i in range(k)])
+    inside = gate.select(
+        {**state, "depth": rng["depth"][0], "retained": [f"branch {i}" for i in range(r)]},
+        [f"candidate {i}" for i in range(k)],
+    )
     assert inside.out_of_range == [] and "out_of_range" not in inside.to_json() and not recwarn.list
     deep = int(rng["depth"][1])
     far = gate.select({**state, "depth": 1e30}, ["caffeine half-life", "coffee history"])
@@ -504,14 +616,17 @@ def test_exported_gate_reports_and_clamps_decisions_outside_the_training_range(e
     np.testing.assert_allclose(far.p_keep, edge.p_keep, atol=1e-6)  # clamped to the edge of the training range
     many = gate.select(state, [f"subquery number {i}" for i in range(100)])
     assert "n_candidates" in many.out_of_range and many.kept
-    assert sum(issubclass(w.category, RuntimeWarning) and "outside the training range" in str(w.message)
-               for w in recwarn) == 1  # one warning per Gate
+    assert (
+        sum(issubclass(w.category, RuntimeWarning) and "outside the training range" in str(w.message) for w in recwarn)
+        == 1
+    )  # one warning per Gate
 
 
 def test_old_controller_without_ranges_loads_without_out_of_range(exported_model, tmp_path):
+    from export_support import relabelled
+
     from branchgate.inference.gate import Gate
     from branchgate.inference.model_file import read_metadata
-    from export_support import relabelled
 
     props = {k: v for k, v in read_metadata(exported_model["fp32"]).items() if k != "feature_range"}
     gate = Gate.load(relabelled(exported_model["fp32"], tmp_path, props), threads=1)
@@ -521,8 +636,14 @@ def test_old_controller_without_ranges_loads_without_out_of_range(exported_model
 
 def test_gate_cli_json_carries_out_of_range(exported_model, monkeypatch, capsys):
     cands = [f"subquery {i}" for i in range(60)]
-    rc, out = gate_cli(monkeypatch, capsys, json.dumps({"state": {"root_query": "q", "depth": 40}, "candidates": cands}),
-                       "--threads", "1", model=exported_model["fp32"])
+    rc, out = gate_cli(
+        monkeypatch,
+        capsys,
+        json.dumps({"state": {"root_query": "q", "depth": 40}, "candidates": cands}),
+        "--threads",
+        "1",
+        model=exported_model["fp32"],
+    )
     assert rc == 0
     ans = json.loads(out.out)
     assert {"depth", "n_candidates"} <= set(ans["out_of_range"]) and len(ans["kept"]) >= 1
@@ -530,14 +651,29 @@ def test_gate_cli_json_carries_out_of_range(exported_model, monkeypatch, capsys)
 
 def test_gate_cli_root_tau_field_and_flag(exported_model, monkeypatch, capsys):
     decision = {"state": {"root_query": "q", "depth": 0}, "candidates": ["a", "b", "c"]}
-    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, root_tau=0.0)), "--threads", "1",
-                       model=exported_model["fp32"])
+    rc, out = gate_cli(
+        monkeypatch, capsys, json.dumps(dict(decision, root_tau=0.0)), "--threads", "1", model=exported_model["fp32"]
+    )
     assert rc == 0 and json.loads(out.out)["kept"] == [0, 1, 2]
-    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, state={"root_query": "q", "depth": 1})), "--threads",
-                       "1", "--root-tau", "0.0", "--tau", "1.0", model=exported_model["fp32"])
+    rc, out = gate_cli(
+        monkeypatch,
+        capsys,
+        json.dumps(dict(decision, state={"root_query": "q", "depth": 1})),
+        "--threads",
+        "1",
+        "--root-tau",
+        "0.0",
+        "--tau",
+        "1.0",
+        model=exported_model["fp32"],
+    )
     assert rc == 0 and len(json.loads(out.out)["kept"]) == 1  # below the root: --tau 1.0, the top-1 fallback
-    rc, out = gate_cli(monkeypatch, capsys, json.dumps(dict(decision, root_tau=0.5, run_id="r1", budget_nodes=3)),
-                       model=exported_model["fp32"])
+    rc, out = gate_cli(
+        monkeypatch,
+        capsys,
+        json.dumps(dict(decision, root_tau=0.5, run_id="r1", budget_nodes=3)),
+        model=exported_model["fp32"],
+    )
     assert rc == 2 and "root_tau" in out.err and "budgeted run" in out.err
     rc, out = gate_cli(monkeypatch, capsys, json.dumps(decision), "--root-tau", "2", model=exported_model["fp32"])
     assert rc == 2 and "--root-tau" in out.err
@@ -553,8 +689,11 @@ def test_openinference_span_export_that_breaks_later_is_a_skipped_file(tmp_path,
 
 def test_a_reader_peek_that_cannot_decode_does_not_claim_the_file(tmp_path):
     """openinference's detect peeks at a .jsonl's first line with json.loads: too deep a line is not its claim."""
-    f = write(tmp_path / "x.jsonl", ['{"span_kind": "LLM", "context": {}, "a": ' + "[" * 5000 + "]" * 5000 + "}",
-                                     *run_lines()])
+    f = write(
+        tmp_path / "x.jsonl",
+        ['{"span_kind": "LLM", "context": {}, "a": ' + "[" * 5000 + "]" * 5000 + "}", *run_lines()],
+    )
     runs, report = read([f])
     assert [r.run_id for r in runs] == ["good"] and [(s.line, s.reason) for s in report.skipped] == [
-        (1, "JSON nested deeper than 100 levels")]
+        (1, "JSON nested deeper than 100 levels")
+    ]

@@ -16,7 +16,7 @@ import pytest
 
 from branchgate import llm
 from branchgate.errors import BranchgateError
-from branchgate.logs_to_dataset.decisions import run_decisions
+from branchgate.logs_to_dataset.decision_points import run_decisions
 from branchgate.logs_to_dataset.judge import Judge, clip, parse_points
 from branchgate.logs_to_dataset.traces import TraceWriter, read_events
 
@@ -39,6 +39,7 @@ def make_run(tmp_path):
     path = tmp_path / "run.jsonl"
     r = "run-1"
     with TraceWriter(path) as w:
+
         def ev(**kw):
             w.write(run_id=r, **kw)
 
@@ -104,7 +105,11 @@ def test_utilities_are_exact_and_a_rerun_is_free(chat_stub, tmp_path):
     assert "even when another branch in this request shows it too" in prompts[0]
     assert sections(prompts[0])[:2] == ("(nothing yet)", [])
     known, named, branches = sections(prompts[1])
-    assert known == "Alpha and Beta shape the ice.\n\nBeta meets Gamma near the coast." and named == ["Alpha", "Beta", "Gamma"]
+    assert known == "Alpha and Beta shape the ice.\n\nBeta meets Gamma near the coast." and named == [
+        "Alpha",
+        "Beta",
+        "Gamma",
+    ]
     assert branches[1][1] == "then Epsilon joins Alpha and Zeta."  # e1 ∈ C_t
     known, named, branches = sections(prompts[2])
     assert named == ["Alpha", "Beta", "Gamma", "Epsilon", "Zeta"]  # the points of C_t's branches (c0, c1, d1)
@@ -169,9 +174,13 @@ def test_bad_replies_retry_once_then_fail(chat_stub, tmp_path):
 def test_parse_points_and_clip():
     assert parse_points('```json\n{"1": [" a  b ", ""], "2": []}\n```', 2) == [["a b"], []]
     assert parse_points('["x", "y"]', 1) == [["x", "y"]]
-    for bad, reason in [('{"1": ["x"]}', "no key 2"), ('{"1": "x", "2": []}', "key 1 is not a list"),
-                        ('{"1": [3], "2": []}', "key 1 is not a list"), ("[]", "no JSON object"),
-                        ('{"1": [}', "invalid JSON object")]:
+    for bad, reason in [
+        ('{"1": ["x"]}', "no key 2"),
+        ('{"1": "x", "2": []}', "key 1 is not a list"),
+        ('{"1": [3], "2": []}', "key 1 is not a list"),
+        ("[]", "no JSON object"),
+        ('{"1": [}', "invalid JSON object"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(reason)):
             parse_points(bad, 2)
     assert clip(["aaaa", "b" * 20, "  "], 12) == "aaaa\n\nbbbbbbbb…"  # the short one's unused share goes on
@@ -184,7 +193,9 @@ def test_errors_name_the_endpoint(chat_stub, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = f"http://127.0.0.1:{port}/v1"
-    with pytest.raises(BranchgateError, match=re.escape(f"cannot reach {dead}/chat/completions") + ".*after 2 attempts"):
+    with pytest.raises(
+        BranchgateError, match=re.escape(f"cannot reach {dead}/chat/completions") + ".*after 2 attempts"
+    ):
         Judge(dead, "m", cache=tmp_path / "dead.sqlite", retries=1).utilities(rd)
 
     failing = chat_stub(lambda body: 500)
@@ -229,7 +240,12 @@ def test_label_source_for_the_dataset_build(chat_stub, tmp_path, monkeypatch):
     rd = make_run(tmp_path)
     stub = chat_stub(good)
     source = label_source(llm_url=stub.url, llm_model="m", cache=tmp_path / "judge.sqlite", batch=1)
-    assert (source.kind, source.threshold, source.needs_vectors(rd), source.missing(rd, None)) == ("judge", 1.0, False, None)
+    assert (source.kind, source.threshold, source.needs_vectors(rd), source.missing(rd, None)) == (
+        "judge",
+        1.0,
+        False,
+        None,
+    )
     assert source.utilities(rd, None, None) == EXPECTED
     assert source.stats()["calls"] == 6 and stub.headers[0]["Authorization"] == "Bearer sk-stub"
     source.judge.close()
@@ -246,8 +262,15 @@ def test_dataset_build_with_judge_labels_end_to_end(chat_stub, tmp_path, encoder
     make_run(tmp_path)
     stub = chat_stub(good)
     opts = {"llm_url": stub.url, "llm_model": "m"}
-    manifest = build([tmp_path / "run.jsonl"], tmp_path / "ds", labels="judge", label_options=opts,
-                     encoder_obj=encoder, cache=tmp_path / "emb.sqlite", progress=False)
+    manifest = build(
+        [tmp_path / "run.jsonl"],
+        tmp_path / "ds",
+        labels="judge",
+        label_options=opts,
+        encoder_obj=encoder,
+        cache=tmp_path / "emb.sqlite",
+        progress=False,
+    )
     rows = [r for split in datasets.load_from_disk(str(tmp_path / "ds")).values() for r in split]
     got = {r["candidate_id"]: r["utility"] for r in rows if r["label_source"] == "realized"}
     assert got == EXPECTED
@@ -256,6 +279,13 @@ def test_dataset_build_with_judge_labels_end_to_end(chat_stub, tmp_path, encoder
     stats = manifest["label_source_stats"]
     assert stats["calls"] == len(stub.requests) > 0 and stats["prompt_tokens"] > 0
     calls = len(stub.requests)
-    build([tmp_path / "run.jsonl"], tmp_path / "ds2", labels="judge", label_options=opts, encoder_obj=encoder,
-          cache=tmp_path / "emb.sqlite", progress=False)
+    build(
+        [tmp_path / "run.jsonl"],
+        tmp_path / "ds2",
+        labels="judge",
+        label_options=opts,
+        encoder_obj=encoder,
+        cache=tmp_path / "emb.sqlite",
+        progress=False,
+    )
     assert len(stub.requests) == calls  # every reply came from the judge's cache

@@ -47,11 +47,27 @@ def test_rate_rule_gives_every_depth_at_least_the_rate():
 
     rng = np.random.default_rng(0)
     records = LabelRecords(("train", "test"))
+
     def rows(depth, lo, hi, n):
-        return [{"utility": float(u), "utility_kind": "teacher:sc", "label_source": "realized", "expanded": True,
-                 "depth": depth, "label": None} for u in rng.uniform(lo, hi, n)]
-    records.add("train", rows(0, 0.5, 1.0, 100) + rows(1, 0.0, 0.01, 400) + rows(2, 0.0, 0.001, 400)
-                + rows(5, 0.0, 1e-4, MIN_DEPTH_ROWS - 1))
+        return [
+            {
+                "utility": float(u),
+                "utility_kind": "teacher:sc",
+                "label_source": "realized",
+                "expanded": True,
+                "depth": depth,
+                "label": None,
+            }
+            for u in rng.uniform(lo, hi, n)
+        ]
+
+    records.add(
+        "train",
+        rows(0, 0.5, 1.0, 100)
+        + rows(1, 0.0, 0.01, 400)
+        + rows(2, 0.0, 0.001, 400)
+        + rows(5, 0.0, 1e-4, MIN_DEPTH_ROWS - 1),
+    )
     records.add("test", rows(1, 0.0, 0.01, 200) + rows(3, 0.0, 0.001, 200))
     builder = RowBuilder({}, "sc", labels="teacher:sc")
     builder.kinds = {"teacher:sc": builder.source}
@@ -61,10 +77,14 @@ def test_rate_rule_gives_every_depth_at_least_the_rate():
     for d in (1, 2):
         assert abs(label[depth == d].mean() - 0.1) < 0.02, d  # lowered to the rate
     assert set(fit["depth_thresholds"]) == {"0", "1", "2"}  # depth 5: too few rows for its own threshold
-    assert fit["depth_thresholds"]["0"] == fit["threshold"] > fit["depth_thresholds"]["1"] > fit["depth_thresholds"]["2"]
+    assert (
+        fit["depth_thresholds"]["0"] == fit["threshold"] > fit["depth_thresholds"]["1"] > fit["depth_thresholds"]["2"]
+    )
     assert label[depth == 5].mean() == 0  # below depth 2's threshold, which it takes
     tdepth, tlabel = records.depth("test"), records.label("test")
-    assert 0.03 < tlabel[tdepth == 1].mean() < 0.2 and 0.03 < tlabel[tdepth == 3].mean() < 0.2  # depth 3 takes depth 2's
+    assert (
+        0.03 < tlabel[tdepth == 1].mean() < 0.2 and 0.03 < tlabel[tdepth == 3].mean() < 0.2
+    )  # depth 3 takes depth 2's
     assert fit["rule"].endswith("at least that rate at each depth")
 
 
@@ -82,7 +102,7 @@ def test_make_parses_specs_and_judge_needs_options():
 def test_returns_add_discounted_key_points_of_expanded_descendants(tmp_path):
     """f0: c0 finds a, c1 finds nothing but its follow-ups do (f1: c3 finds b and c, c4 finds a again; f2 under
     c3: c5 finds d), c2 finds nothing. returns:γ = own key points + γ × the next level's first finds + γ² × ..."""
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
 
     with TraceWriter(tmp_path / "t.jsonl") as w:
         W = lambda type_, **f: w.write(type=type_, run_id="r", **f)  # noqa: E731
@@ -123,7 +143,7 @@ def _write_cited_runs(path: Path) -> None:
     e4. r-nocite: a report without cited_ids. r-noreport: no report at all."""
     with TraceWriter(path) as w:
         for run in ("r-cited", "r-nocite", "r-noreport"):
-            W = lambda type_, **f: w.write(type=type_, run_id=run, **f)  # noqa: E731
+            W = lambda type_, run=run, **f: w.write(type=type_, run_id=run, **f)  # noqa: E731
             W("run_start", root_query="why do bees collapse")
             W("frame_open", frame_id="f0", frame_query="why do bees collapse")
             for k, q in enumerate(("varroa mites", "pesticides", "phones")):
@@ -145,8 +165,14 @@ def _write_cited_runs(path: Path) -> None:
 
 def test_citations_source_counts_cited_new_evidence_and_excludes_runs_without_citations(tmp_path, encoder):
     _write_cited_runs(tmp_path / "t.jsonl")
-    m = build([tmp_path / "t.jsonl"], tmp_path / "o", encoder_obj=encoder, cache=tmp_path / "c.sqlite",
-              progress=False, labels="citations")
+    m = build(
+        [tmp_path / "t.jsonl"],
+        tmp_path / "o",
+        encoder_obj=encoder,
+        cache=tmp_path / "c.sqlite",
+        progress=False,
+        labels="citations",
+    )
     df = _frame(tmp_path / "o").set_index(["run_id", "candidate_id"])
     assert (df.utility_kind == "citations").all()
     cited = df.loc["r-cited"]
@@ -156,23 +182,36 @@ def test_citations_source_counts_cited_new_evidence_and_excludes_runs_without_ci
     for run in ("r-nocite", "r-noreport"):
         assert (df.loc[run].label == -1).all() and (df.loc[run].label_source == "excluded").all()
         assert df.loc[run].utility.isna().all()
-    assert m["label_missing"] == {"citations": {"runs": 2, "reasons": {
-        "no report event": 1, "the report records no citations (cited_ids)": 1}}}
+    assert m["label_missing"] == {
+        "citations": {"runs": 2, "reasons": {"no report event": 1, "the report records no citations (cited_ids)": 1}}
+    }
     assert m["label_kind"] == "citations" and m["label_threshold"] == 1.0
     assert any("2 run(s) have nothing for --labels citations" in w for w in m["warnings"])
 
 
 def test_keypoints_source_excludes_runs_without_key_points(tmp_path, encoder):
-    m = build([FIX / "searcho1_kp"], tmp_path / "o", encoder_obj=encoder, cache=tmp_path / "c.sqlite",
-              progress=False, labels="keypoints")
+    m = build(
+        [FIX / "searcho1_kp"],
+        tmp_path / "o",
+        encoder_obj=encoder,
+        cache=tmp_path / "c.sqlite",
+        progress=False,
+        labels="keypoints",
+    )
     df = _frame(tmp_path / "o")
     assert list(df[df.run_id == "9100001"].label.sort_values()) == [0, 1, 1]
     other = df[df.run_id == "9100002"]
     assert len(other) and (other.label == -1).all() and (other.utility_kind == "keypoints").all()
     assert m["label_missing"] == {"keypoints": {"runs": 1, "reasons": {"no evidence carries key-point labels": 1}}}
     # the same traces labelled by a teacher: nothing is missing, and the key-point run is labelled too
-    m2 = build([FIX / "searcho1_kp"], tmp_path / "o2", encoder_obj=encoder, cache=tmp_path / "c.sqlite",
-               progress=False, labels="teacher:dpp")
+    m2 = build(
+        [FIX / "searcho1_kp"],
+        tmp_path / "o2",
+        encoder_obj=encoder,
+        cache=tmp_path / "c.sqlite",
+        progress=False,
+        labels="teacher:dpp",
+    )
     df2 = _frame(tmp_path / "o2")
     assert m2["label_missing"] == {} and set(df2.utility_kind) == {"teacher:dpp"} and m2["teacher"] == "dpp"
     assert (df2[df2.run_id == "9100001"].label_source == "realized").all()
@@ -211,8 +250,14 @@ def test_sample_runs_under_every_offline_source(sample_runs, tmp_path, encoder):
     cache = tmp_path / "c.sqlite"
     rates = {}
     for spec in ("keypoints", "citations", "teacher:sc"):
-        m = build([sample_runs], tmp_path / spec.replace(":", "_"), encoder_obj=encoder, cache=cache, progress=False,
-                  labels=spec)
+        m = build(
+            [sample_runs],
+            tmp_path / spec.replace(":", "_"),
+            encoder_obj=encoder,
+            cache=cache,
+            progress=False,
+            labels=spec,
+        )
         assert m["label_missing"] == {} and m["label_kind"] == spec
         df = _frame(tmp_path / spec.replace(":", "_"))
         realized = df[df.label_source == "realized"]
@@ -220,15 +265,22 @@ def test_sample_runs_under_every_offline_source(sample_runs, tmp_path, encoder):
         rates[spec] = m["positive_rate"][spec]["train"]
     # teacher:sc's default threshold comes from the train utilities: near the target rate (ties allowed)
     assert abs(rates["teacher:sc"] - 0.1) < 0.1
-    fixed = build([sample_runs], tmp_path / "fixed", encoder_obj=encoder, cache=cache, progress=False,
-                  labels="teacher:sc", label_threshold=0.05)
+    fixed = build(
+        [sample_runs],
+        tmp_path / "fixed",
+        encoder_obj=encoder,
+        cache=cache,
+        progress=False,
+        labels="teacher:sc",
+        label_threshold=0.05,
+    )
     assert fixed["label_threshold_rule"] == "--label-threshold" and fixed["label_threshold"] == 0.05
 
 
 def test_returns_on_simulated_runs_add_to_branches_with_follow_ups_only(sample_runs):
     """On the reference pipeline's unpruned runs: returns ≥ own key points everywhere, equal where a branch has
     no follow-up frame, larger for some branch that has one."""
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
 
     sc = get("sc")
     own_src, ret_src = make("keypoints", "sc", sc), make("returns", "sc", sc)
@@ -307,7 +359,13 @@ def test_gpt_researcher_hook_records_report_citations_that_label_branches(tmp_pa
     assert rep.cited_ids == ids and len(ids) == 1 and ev[ids[0]].source == "https://example.org/q1"
     assert rep.cited_sources == ["https://example.org/q1/", "https://elsewhere.example/x"]
     assert hook.counts["cited_unmapped"] == 1
-    build([tmp_path / "t.jsonl"], tmp_path / "o", encoder_obj=encoder, cache=tmp_path / "c.sqlite", progress=False,
-          labels="citations")
+    build(
+        [tmp_path / "t.jsonl"],
+        tmp_path / "o",
+        encoder_obj=encoder,
+        cache=tmp_path / "c.sqlite",
+        progress=False,
+        labels="citations",
+    )
     df = _frame(tmp_path / "o").set_index("query")
     assert list(df.loc[["q0", "q1", "q2"], "label"]) == [0, 1, 0]

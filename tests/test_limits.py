@@ -24,14 +24,15 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset import decisions as D
-from branchgate.logs_to_dataset.decisions import run_decisions
+from branchgate.logs_to_dataset import decision_points as D
+from branchgate.logs_to_dataset.decision_points import run_decisions
 from branchgate.logs_to_dataset.readers import read_runs
-from branchgate.logs_to_dataset.schema import parse_event
+from branchgate.logs_to_dataset.trace_schema import parse_event
 from branchgate.logs_to_dataset.traces import ReadReport
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402 (after the importorskip above)
 
 FIX = Path(__file__).parent / "fixtures"
 MEMORY = 3 << 30  # address space of an isolated case: far above what a bounded build needs
@@ -39,12 +40,14 @@ MEMORY = 3 << 30  # address space of an isolated case: far above what a bounded 
 
 def isolated(code: str, timeout: float = 120) -> dict:
     """Run ``code`` (it prints one JSON line last) in a fresh interpreter, limited in time and memory."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=limit)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, preexec_fn=limit
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]), seconds=time.perf_counter() - start)
 
@@ -53,7 +56,7 @@ PIPELINE = """
 import json, sys
 from collections import Counter
 import numpy as np
-from branchgate.logs_to_dataset.decisions import run_decisions
+from branchgate.logs_to_dataset.decision_points import run_decisions
 from branchgate.logs_to_dataset.label_sources import run_info
 from branchgate.logs_to_dataset.labels import RowBuilder
 from branchgate.logs_to_dataset.readers import read_runs
@@ -84,6 +87,7 @@ def pipeline(path: Path, timeout: float) -> dict:
 @contextmanager
 def deadline(seconds: float):
     """Raise TimeoutError in this thread after ``seconds`` (an endless loop in pure Python is interrupted)."""
+
     def stop(*_):
         raise TimeoutError(f"still running after {seconds} s")
 
@@ -98,10 +102,15 @@ def deadline(seconds: float):
 
 # -- item 3: OpenInference spans whose parents loop ------------------------------------------------------
 def span(trace: str, sid: str, parent: str | None, kind: str, start: int, **attrs) -> dict:
-    out = {"traceId": trace, "spanId": sid, "name": attrs.pop("name", kind.lower()), "startTimeUnixNano": str(start),
-           "endTimeUnixNano": str(start + 50),
-           "attributes": [{"key": "openinference.span.kind", "value": {"stringValue": kind}}]
-           + [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
+    out = {
+        "traceId": trace,
+        "spanId": sid,
+        "name": attrs.pop("name", kind.lower()),
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(start + 50),
+        "attributes": [{"key": "openinference.span.kind", "value": {"stringValue": kind}}]
+        + [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()],
+    }
     if parent:
         out["parentSpanId"] = parent
     return out
@@ -114,11 +123,26 @@ def otlp(path: Path, spans: list[dict]) -> Path:
 
 def good_trace(trace: str) -> list[dict]:
     call = "llm.output_messages.0.message.tool_calls.0.tool_call."
-    return [span(trace, "a" * 16, None, "AGENT", 0, **{"input.value": "what is x?"}),
-            span(trace, "b" * 16, "a" * 16, "LLM", 10, **{call + "function.name": "search",
-                                                          call + "function.arguments": '{"query": "x"}'}),
-            span(trace, "c" * 16, "a" * 16, "TOOL", 100, name="search", **{"input.value": '{"query": "x"}',
-                                                                            "output.value": "x is y"})]
+    return [
+        span(trace, "a" * 16, None, "AGENT", 0, **{"input.value": "what is x?"}),
+        span(
+            trace,
+            "b" * 16,
+            "a" * 16,
+            "LLM",
+            10,
+            **{call + "function.name": "search", call + "function.arguments": '{"query": "x"}'},
+        ),
+        span(
+            trace,
+            "c" * 16,
+            "a" * 16,
+            "TOOL",
+            100,
+            name="search",
+            **{"input.value": '{"query": "x"}', "output.value": "x is y"},
+        ),
+    ]
 
 
 def test_openinference_parent_cycles_skip_their_trace_and_keep_the_others(tmp_path):
@@ -126,11 +150,17 @@ def test_openinference_parent_cycles_skip_their_trace_and_keep_the_others(tmp_pa
     before), a cycle below a real root (an endless loop before): those traces' spans are skipped, each named;
     the good trace is read."""
     t1, t2, t3, good = "1" * 32, "2" * 32, "3" * 32, "9" * 32
-    spans = ([span(t1, "1" * 16, "1" * 16, "AGENT", 0)]
-             + [span(t2, "2" * 16, "3" * 16, "AGENT", 0), span(t2, "3" * 16, "2" * 16, "CHAIN", 1)]
-             + [span(t3, "4" * 16, None, "AGENT", 0), span(t3, "5" * 16, "6" * 16, "CHAIN", 1),
-                span(t3, "6" * 16, "5" * 16, "CHAIN", 2), span(t3, "7" * 16, "6" * 16, "LLM", 3)]
-             + good_trace(good))
+    spans = (
+        [span(t1, "1" * 16, "1" * 16, "AGENT", 0)]
+        + [span(t2, "2" * 16, "3" * 16, "AGENT", 0), span(t2, "3" * 16, "2" * 16, "CHAIN", 1)]
+        + [
+            span(t3, "4" * 16, None, "AGENT", 0),
+            span(t3, "5" * 16, "6" * 16, "CHAIN", 1),
+            span(t3, "6" * 16, "5" * 16, "CHAIN", 2),
+            span(t3, "7" * 16, "6" * 16, "LLM", 3),
+        ]
+        + good_trace(good)
+    )
     path = otlp(tmp_path / "spans.json", spans)
     code = f"""
 import json
@@ -150,8 +180,9 @@ print(json.dumps({{"runs": [r.run_id for r in runs], "skipped": [s.reason for s 
 
 def parents(n_traces: int):
     """Span graphs: per trace a list of parent choices (None, an index of the trace, or "missing")."""
-    one = st.integers(1, 12).flatmap(lambda n: st.lists(st.one_of(st.none(), st.just("missing"), st.integers(0, n - 1)),
-                                                        min_size=n, max_size=n))
+    one = st.integers(1, 12).flatmap(
+        lambda n: st.lists(st.one_of(st.none(), st.just("missing"), st.integers(0, n - 1)), min_size=n, max_size=n)
+    )
     return st.lists(one, min_size=1, max_size=n_traces)
 
 
@@ -190,14 +221,25 @@ def test_any_span_graph_is_read_or_counted_skipped_never_hangs(graph):
 # -- item 6: caps per decision point ---------------------------------------------------------------------
 def gptr_log(path: Path, subqueries: list[str], root: str = "root question") -> Path:
     def log(tag, output, metadata=None):
-        return {"timestamp": "2025-03-02T10:15:03", "type": "event",
-                "data": {"type": "logs", "content": tag, "output": output, "metadata": metadata}}
+        return {
+            "timestamp": "2025-03-02T10:15:03",
+            "type": "event",
+            "data": {"type": "logs", "content": tag, "output": output, "metadata": metadata},
+        }
 
-    events = [log("subqueries", "I will conduct my research based on the following queries: [...]",
-                  subqueries + [root])]
+    events = [
+        log("subqueries", "I will conduct my research based on the following queries: [...]", subqueries + [root])
+    ]
     events += [log("running_subquery_research", f"\nRunning research for '{q}'...") for q in subqueries + [root]]
-    path.write_text(json.dumps({"timestamp": "2025-03-02T10:15:03", "events": events,
-                                "content": {"query": root, "report": "done", "costs": 0.5}}))
+    path.write_text(
+        json.dumps(
+            {
+                "timestamp": "2025-03-02T10:15:03",
+                "events": events,
+                "content": {"query": root, "report": "done", "costs": 0.5},
+            }
+        )
+    )
     return path
 
 
@@ -214,11 +256,16 @@ def searcho1_trace(folder: Path, n: int, docs: int = 3) -> Path:
     (folder / "9100001.q").write_text("what is topic zero")
     parts = []
     for i in range(n):
-        parts.append(f"<|begin_search_query|>search {i} about subtopic {i % 97}<|end_search_query|>\n"
-                     "<|begin_search_result|>"
-                     + "".join(f"Doc {k + 1} (URL: https://ex.org/{i}/{k}, ClueWebID: cw-{i}-{k})\n"
-                               f"document {i} {k} about subtopic {i % 97}, word{i * 7 + k}\n" for k in range(docs))
-                     + f"<|end_search_result|>\nthinking after search {i}\n")
+        parts.append(
+            f"<|begin_search_query|>search {i} about subtopic {i % 97}<|end_search_query|>\n"
+            "<|begin_search_result|>"
+            + "".join(
+                f"Doc {k + 1} (URL: https://ex.org/{i}/{k}, ClueWebID: cw-{i}-{k})\n"
+                f"document {i} {k} about subtopic {i % 97}, word{i * 7 + k}\n"
+                for k in range(docs)
+            )
+            + f"<|end_search_result|>\nthinking after search {i}\n"
+        )
     (folder / "9100001.a").write_text("".join(parts) + "Final answer: done.")
     return folder / "9100001.a"
 
@@ -229,7 +276,10 @@ def test_searcho1_trace_with_1500_searches_builds_in_bounded_time(tmp_path):
     got = pipeline(path, timeout=240)
     assert got["rows"] == 1500 and got["finite"] and got["seconds"] < 120
     assert (got["retained"], got["context"]) == (D.MAX_RETAINED, D.MAX_CONTEXT)
-    assert got["problems"] == {D.OVER_RETAINED: 1500 - D.MAX_RETAINED - 1, D.OVER_CONTEXT: 1500 - D.MAX_CONTEXT // 3 - 1}
+    assert got["problems"] == {
+        D.OVER_RETAINED: 1500 - D.MAX_RETAINED - 1,
+        D.OVER_CONTEXT: 1500 - D.MAX_CONTEXT // 3 - 1,
+    }
 
 
 def events(run_id: str, rows: list[dict]) -> list:
@@ -244,21 +294,25 @@ def test_items_over_a_cap_are_left_out_and_counted(k_over, r_over, e_over, docs,
     k, r, e = D.MAX_CANDIDATES - 20 + k_over, D.MAX_RETAINED - 30 + r_over, D.MAX_EVIDENCE - 40 + e_over
     rows = [{"type": "run_start", "root_query": "q"}, {"type": "frame_open", "frame_id": "f0", "frame_query": "q"}]
     for i in range(r):
-        rows.append({"type": "candidate", "frame_id": "f0", "candidate_id": f"r{i}", "order": i, "query": f"branch {i}"})
+        rows.append(
+            {"type": "candidate", "frame_id": "f0", "candidate_id": f"r{i}", "order": i, "query": f"branch {i}"}
+        )
         ids = [f"e{i}.{j}" for j in range(e if i == 0 else docs)]
         rows += [{"type": "evidence", "evidence_id": x, "text": x} for x in ids]
         rows.append({"type": "retrieval", "candidate_id": f"r{i}", "query": "b", "evidence_ids": ids})
     rows.append({"type": "frame_open", "frame_id": "f1", "frame_query": "q", "depth": 1, "parent_candidate": "r0"})
     order = list(range(k))
     rnd.shuffle(order)
-    rows += [{"type": "candidate", "frame_id": "f1", "candidate_id": f"c{o}", "order": o, "query": f"cand {o}"}
-             for o in order]
+    rows += [
+        {"type": "candidate", "frame_id": "f1", "candidate_id": f"c{o}", "order": o, "query": f"cand {o}"}
+        for o in order
+    ]
     rd = run_decisions("x", events("x", rows))
     f0, f1 = rd.frames
     context = [f"e{i}.{j}" for i in range(r) for j in range(e if i == 0 else docs)]
     assert [c.candidate_id for c in f1.candidates] == [f"c{o}" for o in range(min(k, D.MAX_CANDIDATES))]
-    assert f1.retained == [f"branch {i}" for i in range(r)][-D.MAX_RETAINED:]
-    assert f1.context_ids == context[-D.MAX_CONTEXT:] and f1.parent_candidate == "r0"
+    assert f1.retained == [f"branch {i}" for i in range(r)][-D.MAX_RETAINED :]
+    assert f1.context_ids == context[-D.MAX_CONTEXT :] and f1.parent_candidate == "r0"
     assert len(f0.candidates[0].evidence_ids) == min(e, D.MAX_EVIDENCE)
     assert rd.problems.count(D.OVER_CANDIDATES) == max(0, k - D.MAX_CANDIDATES)
     assert rd.problems.count(D.OVER_RETAINED) == (r > D.MAX_RETAINED)
@@ -269,16 +323,18 @@ def test_items_over_a_cap_are_left_out_and_counted(k_over, r_over, e_over, docs,
 def test_parent_candidate_cycles_are_cut(tmp_path):
     """Frames naming each other's candidates (or their own) as parent_candidate made ``--labels returns:1`` loop
     forever: a parent must be a candidate declared before its frame, else it is dropped and counted."""
-    rows = [{"type": "run_start", "root_query": "q"},
-            {"type": "frame_open", "frame_id": "f0", "frame_query": "q", "parent_candidate": "c1"},
-            {"type": "candidate", "frame_id": "f0", "candidate_id": "c0", "query": "a"},
-            {"type": "frame_open", "frame_id": "f1", "frame_query": "q", "depth": 1, "parent_candidate": "c0"},
-            {"type": "candidate", "frame_id": "f1", "candidate_id": "c1", "query": "b"},
-            {"type": "evidence", "evidence_id": "e0", "text": "doc", "labels": ["k1"]},
-            {"type": "evidence", "evidence_id": "e1", "text": "doc", "labels": ["k2"]},
-            {"type": "retrieval", "candidate_id": "c0", "query": "a", "evidence_ids": ["e0"]},
-            {"type": "retrieval", "candidate_id": "c1", "query": "b", "evidence_ids": ["e1"]},
-            {"type": "run_end", "status": "ok"}]
+    rows = [
+        {"type": "run_start", "root_query": "q"},
+        {"type": "frame_open", "frame_id": "f0", "frame_query": "q", "parent_candidate": "c1"},
+        {"type": "candidate", "frame_id": "f0", "candidate_id": "c0", "query": "a"},
+        {"type": "frame_open", "frame_id": "f1", "frame_query": "q", "depth": 1, "parent_candidate": "c0"},
+        {"type": "candidate", "frame_id": "f1", "candidate_id": "c1", "query": "b"},
+        {"type": "evidence", "evidence_id": "e0", "text": "doc", "labels": ["k1"]},
+        {"type": "evidence", "evidence_id": "e1", "text": "doc", "labels": ["k2"]},
+        {"type": "retrieval", "candidate_id": "c0", "query": "a", "evidence_ids": ["e0"]},
+        {"type": "retrieval", "candidate_id": "c1", "query": "b", "evidence_ids": ["e1"]},
+        {"type": "run_end", "status": "ok"},
+    ]
     from branchgate.logs_to_dataset.label_sources import KeypointSource, RunInfo
 
     with deadline(10):
@@ -290,12 +346,32 @@ def test_parent_candidate_cycles_are_cut(tmp_path):
 
 
 # -- item 12: GPT-Researcher cost strings ----------------------------------------------------------------
-@pytest.mark.parametrize("text, cost", [("$1_000", None), ("$0x10", None), ("$1,000", None), ("$nan", None),
-                                        ("$0.25", 0.25), ("$1e-05.", 1e-05), ("$3", 3.0)])
+@pytest.mark.parametrize(
+    "text, cost",
+    [
+        ("$1_000", None),
+        ("$0x10", None),
+        ("$1,000", None),
+        ("$nan", None),
+        ("$0.25", 0.25),
+        ("$1e-05.", 1e-05),
+        ("$3", 3.0),
+    ],
+)
 def test_gptr_cost_is_the_whole_number_or_counted_as_unreadable(tmp_path, text, cost):
-    doc = {"events": [{"type": "event", "data": {"type": "logs", "content": "research_step_finalized",
-                                                  "output": f"Finalized research step.\nTotal Research Costs: {text}"}}],
-           "content": {"query": "q", "report": "done", "costs": 0}}
+    doc = {
+        "events": [
+            {
+                "type": "event",
+                "data": {
+                    "type": "logs",
+                    "content": "research_step_finalized",
+                    "output": f"Finalized research step.\nTotal Research Costs: {text}",
+                },
+            }
+        ],
+        "content": {"query": "q", "report": "done", "costs": 0},
+    }
     path = tmp_path / "task_cost.json"
     path.write_text(json.dumps(doc))
     report = ReadReport()
@@ -311,7 +387,9 @@ def test_gptr_content_costs_string_is_read_whole(tmp_path):
     path.write_text(json.dumps(doc))
     report = ReadReport()
     (run,) = read_runs([path], report=report)
-    assert run.events[-1].totals["cost_usd"] is None and report.warnings["gptr: unreadable 'content.costs' (ignored)"] == 1
+    assert (
+        run.events[-1].totals["cost_usd"] is None and report.warnings["gptr: unreadable 'content.costs' (ignored)"] == 1
+    )
 
 
 # -- items 9 and 13: the embedding cache -----------------------------------------------------------------
@@ -332,8 +410,19 @@ def cli_encoder(monkeypatch, encoder):
 def test_build_refuses_a_cache_holding_nan_vectors(cli_encoder, encoder, tmp_path, capsys):
     """NaN vectors in the cache used to give all-zero teacher columns and exit 0."""
     cache = tmp_path / "c.sqlite"
-    args = ["dataset", "build", "--traces", str(FIX / "canonical"), "--cache", str(cache), "--encoder", "packaged",
-            "--embed", "torch", "--no-progress"]
+    args = [
+        "dataset",
+        "build",
+        "--traces",
+        str(FIX / "canonical"),
+        "--cache",
+        str(cache),
+        "--encoder",
+        "packaged",
+        "--embed",
+        "torch",
+        "--no-progress",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     poison(cache, np.full(encoder.dim, np.nan))
     capsys.readouterr()
@@ -383,8 +472,21 @@ def test_cli_cache_folder_and_non_sqlite_file_exit_2(cli_encoder, tmp_path, caps
     text.write_text("not a database " * 100)
     (tmp_path / "caches").mkdir()
     for cache, says in ((tmp_path / "caches", "is a folder"), (text, "is not an SQLite embedding cache")):
-        args = ["dataset", "build", "--traces", str(FIX / "canonical"), "--out", str(tmp_path / "o"), "--cache",
-                str(cache), "--encoder", "packaged", "--embed", "torch", "--no-progress"]
+        args = [
+            "dataset",
+            "build",
+            "--traces",
+            str(FIX / "canonical"),
+            "--out",
+            str(tmp_path / "o"),
+            "--cache",
+            str(cache),
+            "--encoder",
+            "packaged",
+            "--embed",
+            "torch",
+            "--no-progress",
+        ]
         assert main(args) == 2
         err = capsys.readouterr().err
         assert f"{cache}: {says}" in err and "Traceback" not in err

@@ -11,15 +11,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from export_support import exported
 
 from branchgate.cli import main
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.export.controller import export_controller, export_model, write_metadata
+from branchgate.export.controller import export_controller, export_model
+from branchgate.export.onnx_metadata import write_metadata
 from branchgate.inference.gate import Gate
 from branchgate.inference.model_file import read_metadata
 from branchgate.models.encoder import PACKAGED, EncoderSpec, packaged_path
 from branchgate.training.checkpoint import load_controller, save_controller
-from export_support import exported
 
 BGE = "BAAI/bge-small-en-v1.5"
 SET = ("controller.onnx", "controller.int8.onnx", "controller.tokenizer.json", "controller.md")
@@ -66,8 +67,9 @@ def test_a_folder_in_place_of_one_file_of_the_set_is_refused_before_anything_mov
     with pytest.raises(InputError, match="controller.md: exists and is not a file"):
         _export(encoder, out / "controller.onnx")
     assert (out / "controller.md" / "notes.txt").read_text() == "mine"
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == {k: v for k, v in old.items()
-                                                                              if k != "controller.md"}
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == {
+        k: v for k, v in old.items() if k != "controller.md"
+    }
     assert sorted(p.name for p in out.iterdir()) == sorted(SET)
 
 
@@ -245,18 +247,31 @@ def _net_field(key: str, value: str):
         entry = json.loads(text)
         entry["net"][key] = "@@"
         return json.dumps(entry).replace('"@@"', value)
+
     return edit
 
 
-@pytest.mark.parametrize("key, value, match", [
-    ("hidden", "-1", "hidden must be an integer in \\[1, 1048576\\], got -1"),
-    ("hidden", "1000000000", "hidden must be an integer in \\[1, 1048576\\]"),  # 6 TB if it were built
-    ("hidden", "1048576", "weights do not fit"),  # 4 TB: refused before any allocation
-    ("dim", "1000000000", "meta.dim 384 != net.dim 1000000000"),
-    ("dropout", "NaN", "dropout must be a number in \\[0, 1\\]"),
-    ("mmr_lambda", "Infinity", "mmr_lambda must be a number in \\[0, 1\\]"),
-    ("hidden", "1" * 5000, "not valid JSON"),
-], ids=["hidden-negative", "hidden-1e9", "hidden-2^20", "dim-1e9", "dropout-nan", "mmr_lambda-inf", "hidden-5000-digits"])
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("hidden", "-1", "hidden must be an integer in \\[1, 1048576\\], got -1"),
+        ("hidden", "1000000000", "hidden must be an integer in \\[1, 1048576\\]"),  # 6 TB if it were built
+        ("hidden", "1048576", "weights do not fit"),  # 4 TB: refused before any allocation
+        ("dim", "1000000000", "meta.dim 384 != net.dim 1000000000"),
+        ("dropout", "NaN", "dropout must be a number in \\[0, 1\\]"),
+        ("mmr_lambda", "Infinity", "mmr_lambda must be a number in \\[0, 1\\]"),
+        ("hidden", "1" * 5000, "not valid JSON"),
+    ],
+    ids=[
+        "hidden-negative",
+        "hidden-1e9",
+        "hidden-2^20",
+        "dim-1e9",
+        "dropout-nan",
+        "mmr_lambda-inf",
+        "hidden-5000-digits",
+    ],
+)
 def test_a_net_config_no_network_fits_is_a_named_input_error(encoder, tmp_path, capsys, key, value, match):
     path = _edited(encoder, tmp_path, _net_field(key, value))
     with pytest.raises(BranchgateError, match=match) as err:  # InputError; a MismatchError for the dim
@@ -306,8 +321,15 @@ def test_an_encoder_whose_weights_need_unpickling_is_refused_by_name(encoder, tm
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("name, value", [("cand_tower.1.weight", float("nan")), ("keep_scale", float("inf")),
-                                         ("scalar_std", 0.0), ("feature_min", float("nan"))])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("cand_tower.1.weight", float("nan")),
+        ("keep_scale", float("inf")),
+        ("scalar_std", 0.0),
+        ("feature_min", float("nan")),
+    ],
+)
 def test_weights_that_are_not_finite_numbers_are_refused(encoder, tmp_path, name, value):
     import torch
     from safetensors import safe_open

@@ -18,7 +18,14 @@ def unit(*shape, seed=0):
 
 def decision(k=5, r=3, seed=0):
     feats = torch.tensor([[1.0, i, k, r] for i in range(k)])
-    return unit(D, seed=seed), unit(D, seed=seed + 1), unit(D, seed=seed + 2), unit(r, D, seed=seed + 3), unit(k, D, seed=seed + 4), feats
+    return (
+        unit(D, seed=seed),
+        unit(D, seed=seed + 1),
+        unit(D, seed=seed + 2),
+        unit(r, D, seed=seed + 3),
+        unit(k, D, seed=seed + 4),
+        feats,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,9 @@ def test_rank_feature_counts_higher_siblings():
     root = torch.nn.functional.normalize(torch.tensor([1.0, 0, 0]), dim=0)
     cand = torch.nn.functional.normalize(torch.tensor([[1.0, 0.1, 0], [0.2, 1, 0], [1, 1, 0]]), dim=-1)
     feats = torch.tensor([[0.0, i, 3, 0] for i in range(3)])
-    s = scalar_features(root[None], torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 1, 3), cand[None], feats[None])[0]
+    s = scalar_features(
+        root[None], torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 1, 3), cand[None], feats[None]
+    )[0]
     rank = s[:, SCALAR_NAMES.index("rank_sim_root")]
     assert rank.tolist() == [0.0, 1.0, 0.5]  # best, worst, middle
     assert s.shape[-1] == len(SCALAR_NAMES) and SCALAR_NAMES[: len(FEATURE_NAMES)] == FEATURE_NAMES
@@ -90,10 +99,22 @@ def test_onnx_export_matches_torch_for_varying_k_and_r(net, tmp_path):
     register_onnx_ops()  # torch.linalg.inv (residual novelty) → onnxruntime's Inverse
     names = ["root", "frame", "goal", "retained", "cand", "features"]
     path = tmp_path / "vn.onnx"
-    torch.onnx.export(net, decision(k=4, r=2), str(path), dynamo=False, input_names=names,
-                      output_names=["logit", "utility"], opset_version=17,
-                      dynamic_axes={"retained": {0: "R"}, "cand": {0: "K"}, "features": {0: "K"},
-                                    "logit": {0: "K"}, "utility": {0: "K"}})
+    torch.onnx.export(
+        net,
+        decision(k=4, r=2),
+        str(path),
+        dynamo=False,
+        input_names=names,
+        output_names=["logit", "utility"],
+        opset_version=17,
+        dynamic_axes={
+            "retained": {0: "R"},
+            "cand": {0: "K"},
+            "features": {0: "K"},
+            "logit": {0: "K"},
+            "utility": {0: "K"},
+        },
+    )
     sess = ort.InferenceSession(str(path))
     for k, r in [(1, 1), (7, 5), (3, 9)]:
         x = decision(k=k, r=r, seed=k * 10 + r)
@@ -128,8 +149,12 @@ def test_residual_novelty_is_the_ridge_projection_in_float64_and_is_stable():
     exact = 1.0 - ((x @ basis) ** 2).sum(-1)  # ‖x − P_C x‖², P_C the orthogonal projection
     assert torch.allclose(grn.double(), exact, atol=1e-5)
     assert grn[-1] < 1e-5 and grn[:3].min() > 0.3
+
     def noisy(t):  # 1e-6 noise on the real rows, padding stays zero
-        return torch.nn.functional.normalize(t + 1e-6 * torch.randn(t.shape) * (t.norm(dim=-1, keepdim=True) > 0), dim=-1)
+        return torch.nn.functional.normalize(
+            t + 1e-6 * torch.randn(t.shape) * (t.norm(dim=-1, keepdim=True) > 0), dim=-1
+        )
+
     assert (residual_novelty(noisy(ret), noisy(cand))[0] - grn).abs().max() < 1e-4  # torch/ONNX parity margin
     assert torch.allclose(residual_novelty(torch.zeros(1, 1, D), cand)[0], torch.ones(4))  # empty C → 1
 
@@ -148,8 +173,10 @@ def test_towers_option_limits_what_the_text_can_do(towers):
         root, frame, goal, ret, cand, feats = [x.unsqueeze(0) for x in decision(k=5, r=3)]
         s = n.scalars(root, frame, goal, ret, cand, feats)
         other = unit(1, 3, D, seed=9)  # different retained texts, same scalars passed in
-        assert torch.equal(n.raw_heads(root, frame, goal, ret, cand, feats, scalars=s)[0],
-                           n.raw_heads(root, frame, goal, other, cand, feats, scalars=s)[0])
+        assert torch.equal(
+            n.raw_heads(root, frame, goal, ret, cand, feats, scalars=s)[0],
+            n.raw_heads(root, frame, goal, other, cand, feats, scalars=s)[0],
+        )
 
 
 def test_unknown_towers_is_refused():

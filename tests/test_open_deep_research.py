@@ -11,18 +11,20 @@ from collections import Counter
 
 import pytest
 
-odr = pytest.importorskip("open_deep_research", reason="open-deep-research is not installed (see .ci/integrations/odr.txt)")
+odr = pytest.importorskip(
+    "open_deep_research", reason="open-deep-research is not installed (see .ci/integrations/odr.txt)"
+)
 
 import open_deep_research.deep_researcher as graph_module  # noqa: E402
 import open_deep_research.utils as odr_utils  # noqa: E402
+from export_support import exported  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+from odr_support import CONFIG, QUESTION, SUPERVISOR_TOPICS, KeywordGate, fake_search, install_offline, run_graph  # noqa: E402
 
 from branchgate.inference.gate import Gate  # noqa: E402
 from branchgate.inference.open_deep_research import _edited, gate_open_deep_research  # noqa: E402
 from branchgate.logs_to_dataset.build import build  # noqa: E402
 from branchgate.logs_to_dataset.traces import read_events  # noqa: E402
-from export_support import exported  # noqa: E402
-from odr_support import CONFIG, QUESTION, SUPERVISOR_TOPICS, KeywordGate, fake_search, install_offline, run_graph  # noqa: E402
 
 OVERFLOW = "Error: Did not run this research"
 CAP = CONFIG["configurable"]["max_concurrent_research_units"]
@@ -70,7 +72,9 @@ def test_gates_delegations_and_queries_of_the_real_graph(offline, tmp_path, enco
     assert gated and all(d.p_keep is not None and 0.0 <= d.p_keep <= 1.0 for d in gated)
     assert any(d.action == "prune" for d in gated)  # the gate pruned something
     ran_topics = [cands[e.candidate_id].query for e in by_type(events, "learning")]
-    expanded = [cands[c].query for c, d in decisions.items() if d.action == "expand" and frames[cands[c].frame_id].depth == 0]
+    expanded = [
+        cands[c].query for c, d in decisions.items() if d.action == "expand" and frames[cands[c].frame_id].depth == 0
+    ]
     assert sorted(ran_topics) == sorted(expanded) == sorted({*ran_topics})  # one researcher per expanded call
     assert hook.counts["not_run"] == 1  # the last turn also called ResearchComplete: the package ran nothing
     # never emptied, never above the package's cap: no call was answered with the overflow error
@@ -79,14 +83,18 @@ def test_gates_delegations_and_queries_of_the_real_graph(offline, tmp_path, enco
     for m in supervisor_turns:
         conduct = [c for c in m.tool_calls if c["name"] == "ConductResearch"]
         assert 1 <= len(conduct) <= CAP
-    assert not any(isinstance(m, ToolMessage) and str(m.content).startswith(OVERFLOW) for m in state["supervisor_messages"])
+    assert not any(
+        isinstance(m, ToolMessage) and str(m.content).startswith(OVERFLOW) for m in state["supervisor_messages"]
+    )
     assert model.replies["supervisor"] == len(SUPERVISOR_TOPICS)
 
     # researcher searches: each call is a frame below its ConductResearch candidate; the search got the kept queries
     below = [f for f in frames.values() if f.depth == 1]
     assert below and all(decisions[f.parent_candidate].action == "expand" for f in below)
-    kept_lists = [[cands[c].query for c in cands if c.startswith(f.frame_id + ".") and decisions[c].action == "expand"]
-                  for f in below]
+    kept_lists = [
+        [cands[c].query for c in cands if c.startswith(f.frame_id + ".") and decisions[c].action == "expand"]
+        for f in below
+    ]
     assert all(kept_lists) and sorted(map(tuple, kept_lists)) == sorted(map(tuple, searched))
     n_generated = sum(1 for c in cands.values() if frames[c.frame_id].depth == 1)
     assert sum(map(len, searched)) < n_generated  # queries were pruned before the search ran
@@ -96,8 +104,14 @@ def test_gates_delegations_and_queries_of_the_real_graph(offline, tmp_path, enco
     assert report.cited_ids and set(report.cited_ids) <= {e.evidence_id for e in by_type(events, "evidence")}
 
     # ... and the trace becomes a decision dataset: one row per candidate
-    manifest = build([tmp_path / "traces"], tmp_path / "dataset", encoder_obj=encoder, labels="citations",
-                     cache=tmp_path / "cache", progress=False)
+    manifest = build(
+        [tmp_path / "traces"],
+        tmp_path / "dataset",
+        encoder_obj=encoder,
+        labels="citations",
+        cache=tmp_path / "cache",
+        progress=False,
+    )
     assert manifest["n_decisions"]["total"] == len(cands) and manifest["n_runs"]["total"] == 1
     assert manifest["n_expanded"] == sum(1 for d in decisions.values() if d.action == "expand")
     labels = Counter()
@@ -114,7 +128,9 @@ def test_record_only_leaves_the_package_alone(offline, tmp_path):
     assert {d.actor for d in decisions} == {"default"} and all(d.p_keep is None for d in decisions)
     first = [d for d in decisions if d.candidate_id.startswith("f0.")]
     assert [d.action for d in first] == ["expand"] * CAP + ["prune"] * (len(SUPERVISOR_TOPICS[0]) - CAP)
-    overflow = [m for m in state["supervisor_messages"] if isinstance(m, ToolMessage) and str(m.content).startswith(OVERFLOW)]
+    overflow = [
+        m for m in state["supervisor_messages"] if isinstance(m, ToolMessage) and str(m.content).startswith(OVERFLOW)
+    ]
     assert len(overflow) == len(SUPERVISOR_TOPICS[0]) - CAP  # the package's own answer to the calls it did not run
     below = {f.frame_id for f in by_type(events, "frame_open") if f.depth == 1}
     assert sum(map(len, searched)) == sum(1 for c in by_type(events, "candidate") if c.frame_id in below)  # all ran
@@ -147,16 +163,23 @@ def test_hook_restores_the_package(offline, tmp_path):
     with pytest.raises(RuntimeError, match="another branchgate hook"):
         gate_open_deep_research(None)
     hook.close()
-    assert (graph_module.configurable_model, graph_module.researcher_subgraph, odr_utils.tavily_search_async) == originals
+    assert (
+        graph_module.configurable_model,
+        graph_module.researcher_subgraph,
+        odr_utils.tavily_search_async,
+    ) == originals
 
 
 def test_edited_message_keeps_provider_copies_consistent():
-    calls = [{"name": "ConductResearch", "args": {"research_topic": "a"}, "id": "c1", "type": "tool_call"},
-             {"name": "ConductResearch", "args": {"research_topic": "b"}, "id": "c2", "type": "tool_call"},
-             {"name": "tavily_search", "args": {"queries": ["x", "y", "z"]}, "id": "c3", "type": "tool_call"}]
+    calls = [
+        {"name": "ConductResearch", "args": {"research_topic": "a"}, "id": "c1", "type": "tool_call"},
+        {"name": "ConductResearch", "args": {"research_topic": "b"}, "id": "c2", "type": "tool_call"},
+        {"name": "tavily_search", "args": {"queries": ["x", "y", "z"]}, "id": "c3", "type": "tool_call"},
+    ]
     wire = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": "{}"}} for c in calls]
-    blocks = [{"type": "text", "text": "thinking"}] + [{"type": "tool_use", "id": c["id"], "name": c["name"],
-                                                        "input": c["args"]} for c in calls]
+    blocks = [{"type": "text", "text": "thinking"}] + [
+        {"type": "tool_use", "id": c["id"], "name": c["name"], "input": c["args"]} for c in calls
+    ]
     msg = AIMessage(content=blocks, tool_calls=calls, additional_kwargs={"tool_calls": wire})
     out = _edited(msg, msg.tool_calls, drop={1}, queries={2: ["x", "z"]})
     assert [c["id"] for c in out.tool_calls] == ["c1", "c3"] and out.tool_calls[1]["args"]["queries"] == ["x", "z"]

@@ -59,7 +59,9 @@ def test_spans_give_what_the_run_did(spans_file):
     conduct = [c for c in cands.values() if c.tool == "ConductResearch"]
     h_top = [c for c in h_cands.values() if h_frames[c.frame_id].depth == 0]
     assert [c.query for c in conduct] == [c.query for c in h_top]
-    assert {c.query for c in conduct if c.candidate_id in expanded} == {c.query for c in h_top if c.candidate_id in h_kept}
+    assert {c.query for c in conduct if c.candidate_id in expanded} == {
+        c.query for c in h_top if c.candidate_id in h_kept
+    }
     assert len({c.frame_id for c in conduct}) == 1 and frames[conduct[0].frame_id].depth == 0
 
     # researcher searches: one call each, below the ConductResearch call its researcher worked on, all queries
@@ -87,7 +89,9 @@ def test_spans_give_what_the_run_did(spans_file):
     for c in conduct:
         if c.candidate_id in expanded:
             below = [s for s in searches if frames[s.frame_id].parent_candidate == c.candidate_id]
-            assert retrievals[c.candidate_id].evidence_ids == [i for s in below for i in retrievals[s.candidate_id].evidence_ids]
+            assert retrievals[c.candidate_id].evidence_ids == [
+                i for s in below for i in retrievals[s.candidate_id].evidence_ids
+            ]
 
     # the last supervisor turn (ResearchComplete) ran nothing; the research brief (structured output) is no decision
     (done,) = [c for c in cands.values() if c.tool == "ResearchComplete"]
@@ -102,6 +106,7 @@ def test_spans_give_what_the_run_did(spans_file):
 
 def to_phoenix(otlp: dict) -> list[dict]:
     """The OTLP document's spans in Phoenix's shape, attributes nested (``{"llm": {"output_messages": [...]}}``)."""
+
     def value(v):
         if "arrayValue" in v:
             return [value(x) for x in v["arrayValue"].get("values", [])]
@@ -133,10 +138,18 @@ def to_phoenix(otlp: dict) -> list[dict]:
         for ss in rs["scopeSpans"]:
             for s in ss["spans"]:
                 flat = {a["key"]: value(a["value"]) for a in s["attributes"]}
-                spans.append({"name": s["name"], "context": {"trace_id": s["traceId"], "span_id": s["spanId"]},
-                              "parent_id": s["parentSpanId"] or None, "span_kind": flat.get("openinference.span.kind"),
-                              "start_time": iso(s["startTimeUnixNano"]), "end_time": iso(s["endTimeUnixNano"]),
-                              "status_code": "OK", "attributes": nest(flat)})
+                spans.append(
+                    {
+                        "name": s["name"],
+                        "context": {"trace_id": s["traceId"], "span_id": s["spanId"]},
+                        "parent_id": s["parentSpanId"] or None,
+                        "span_kind": flat.get("openinference.span.kind"),
+                        "start_time": iso(s["startTimeUnixNano"]),
+                        "end_time": iso(s["endTimeUnixNano"]),
+                        "status_code": "OK",
+                        "attributes": nest(flat),
+                    }
+                )
     return spans
 
 
@@ -199,8 +212,14 @@ def test_truncated_and_empty_files(tmp_path):
 def test_bad_spans_are_named_and_skipped(tmp_path):
     doc = _otlp_doc()
     spans = _spans(doc)
-    llm = next(i for i, s in enumerate(spans) if any(a["key"].endswith("tool_call.function.name") and
-                                                     a["value"]["stringValue"] == "ConductResearch" for a in s["attributes"]))
+    llm = next(
+        i
+        for i, s in enumerate(spans)
+        if any(
+            a["key"].endswith("tool_call.function.name") and a["value"]["stringValue"] == "ConductResearch"
+            for a in s["attributes"]
+        )
+    )
     tool = next(i for i, s in enumerate(spans) if _attr(s, "openinference.span.kind")["value"]["stringValue"] == "TOOL")
     other = next(i for i, s in enumerate(spans) if s["name"] == "clarify_with_user")
     name_key = "llm.output_messages.0.message.tool_calls.2.tool_call.function.name"
@@ -212,9 +231,13 @@ def test_bad_spans_are_named_and_skipped(tmp_path):
     (run,), report = read(bad)
     reasons = sorted(s.reason for s in report.skipped)
     where = "resourceSpans[0].scopeSpans[0].spans"
-    assert reasons == sorted([f"{where}[{other}]: span without spanId",
-                              f"{where}[{tool}]: unknown span kind 'WIZARD' (field openinference.span.kind)",
-                              f"{where}[{llm}]: tool call without a function name (field {name_key})"])
+    assert reasons == sorted(
+        [
+            f"{where}[{other}]: span without spanId",
+            f"{where}[{tool}]: unknown span kind 'WIZARD' (field openinference.span.kind)",
+            f"{where}[{llm}]: tool call without a function name (field {name_key})",
+        ]
+    )
     conduct = [c for c in of(run.events, "candidate") if c.tool == "ConductResearch"]
     assert len(conduct) == 3  # the nameless call is not invented
     with pytest.raises(InputError, match=r"bad\.otlp\.json"):
@@ -242,8 +265,15 @@ def test_genai_semantic_convention_names(tmp_path):
             j, leaf = key.split(".tool_calls.")[1].split(".tool_call.")
             calls.setdefault(int(j), {})[leaf] = attrs.pop(key)["stringValue"]
         if calls:
-            parts = [{"type": "tool_call", "id": c["id"], "name": c["function.name"],
-                      "arguments": json.loads(c.get("function.arguments", "{}"))} for _, c in sorted(calls.items())]
+            parts = [
+                {
+                    "type": "tool_call",
+                    "id": c["id"],
+                    "name": c["function.name"],
+                    "arguments": json.loads(c.get("function.arguments", "{}")),
+                }
+                for _, c in sorted(calls.items())
+            ]
             attrs["gen_ai.output.messages"] = {"stringValue": json.dumps([{"role": "assistant", "parts": parts}])}
         if op == "execute_tool":
             attrs["gen_ai.tool.name"] = attrs.pop("tool.name")
@@ -260,8 +290,16 @@ def test_genai_semantic_convention_names(tmp_path):
     (b,), _ = read(genai)
 
     def shape(run):
-        return [(e.type, getattr(e, "candidate_id", None), getattr(e, "query", None), getattr(e, "action", None),
-                 getattr(e, "evidence_ids", None)) for e in run.events]
+        return [
+            (
+                e.type,
+                getattr(e, "candidate_id", None),
+                getattr(e, "query", None),
+                getattr(e, "action", None),
+                getattr(e, "evidence_ids", None),
+            )
+            for e in run.events
+        ]
 
     assert shape(a) == shape(b)
 
@@ -269,8 +307,9 @@ def test_genai_semantic_convention_names(tmp_path):
 def test_dataset_build_on_the_exported_spans(tmp_path, encoder):
     (run,), _ = read(OTLP)
     n_cands = len(of(run.events, "candidate"))
-    manifest = build([OTLP], tmp_path / "dataset", fmt="openinference", encoder_obj=encoder, cache=tmp_path / "cache",
-                     progress=False)
+    manifest = build(
+        [OTLP], tmp_path / "dataset", fmt="openinference", encoder_obj=encoder, cache=tmp_path / "cache", progress=False
+    )
     assert manifest["n_runs"]["total"] == 1 and manifest["n_decisions"]["total"] == n_cands
     assert manifest["n_expanded"] == len(of(run.events, "decision")) and manifest["formats"] == {"openinference": 1}
     assert manifest["label_kind"].startswith("teacher:")  # spans carry no key points and no report

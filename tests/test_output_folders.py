@@ -24,17 +24,20 @@ from branchgate.pipeline.sample import SAMPLE_DIR
 
 FIX = Path(branchgate.__file__).parent / "tests" / "fixtures"  # also right for a copy of this file elsewhere
 TRACES = FIX / "canonical" / "two_runs.jsonl"
-MUSIQUE = {"id": "2hop_1", "question": "Who founded the company that makes the Widget?", "answer": "Ann",
-           "paragraphs": [{"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.",
-                           "is_supporting": True},
-                          {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.",
-                           "is_supporting": True},
-                          {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.",
-                           "is_supporting": False}],
-           "question_decomposition": [{"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp",
-                                       "paragraph_support_idx": 0},
-                                      {"id": 2, "question": "Who founded #1?", "answer": "Ann",
-                                       "paragraph_support_idx": 1}]}
+MUSIQUE = {
+    "id": "2hop_1",
+    "question": "Who founded the company that makes the Widget?",
+    "answer": "Ann",
+    "paragraphs": [
+        {"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.", "is_supporting": True},
+        {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.", "is_supporting": True},
+        {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.", "is_supporting": False},
+    ],
+    "question_decomposition": [
+        {"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
+        {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1},
+    ],
+}
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:
@@ -250,8 +253,19 @@ def test_train_out_file_foreign_folder_and_overlap_are_refused(tmp_path, capsys)
     foreign.mkdir()
     (foreign / "notes.md").write_text("the user's\n")
     before = snapshot(tmp_path)
-    base = ["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.encoder", "packaged",
-            "--data.cache", str(tmp_path / "emb.sqlite"), "--wandb.mode", "disabled"]
+    base = [
+        "train",
+        "--config",
+        "quickstart",
+        "--data.dataset",
+        str(ds),
+        "--data.encoder",
+        "packaged",
+        "--data.cache",
+        str(tmp_path / "emb.sqlite"),
+        "--wandb.mode",
+        "disabled",
+    ]
     for out in (f, ds, foreign, ds / "train"):
         refused([*base, "--out", str(out)], capsys, out)
     assert snapshot(tmp_path) == before
@@ -292,7 +306,7 @@ def _make(root: Path, inputs: list[tuple[tuple, str]], out: tuple, state: str) -
 
 def _expected_refusal(root: Path, inputs: list[tuple[tuple, str]], out: tuple) -> bool:
     """The oracle, by path components: overlap with an input, else what is at ``out`` now."""
-    if any(out[:len(p)] == p or p[:len(out)] == out for p, _ in inputs):
+    if any(out[: len(p)] == p or p[: len(out)] == out for p, _ in inputs):
         return True
     o = root.joinpath(*out)
     if any(q.is_file() for q in o.parents):
@@ -307,8 +321,11 @@ def _expected_refusal(root: Path, inputs: list[tuple[tuple, str]], out: tuple) -
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # examples: the profile's (conftest.py)
-@given(inputs=st.lists(st.tuples(path_parts, st.sampled_from(["file", "dir"])), min_size=1, max_size=3),
-       out=path_parts, state=st.sampled_from(STATES))
+@given(
+    inputs=st.lists(st.tuples(path_parts, st.sampled_from(["file", "dir"])), min_size=1, max_size=3),
+    out=path_parts,
+    state=st.sampled_from(STATES),
+)
 def test_guard_refuses_exactly_the_unsafe_layouts(inputs, out, state):
     from branchgate.errors import InputError
     from branchgate.fileio import atomic_dir, check_output_dir
@@ -320,8 +337,11 @@ def test_guard_refuses_exactly_the_unsafe_layouts(inputs, out, state):
         event("refused" if expect else "accepted")
         given_inputs = [root.joinpath(*p) for p, _ in inputs]
         before = snapshot(root)
-        kept = {k: v for k, v in before.items()
-                if any(Path(root, k) == i or i in Path(root, k).parents for i in given_inputs)}
+        kept = {
+            k: v
+            for k, v in before.items()
+            if any(Path(root, k) == i or i in Path(root, k).parents for i in given_inputs)
+        }
         o = root.joinpath(*out)
         try:
             check_output_dir(o, given_inputs, "dataset build")
@@ -349,9 +369,13 @@ def test_guard_on_hand_made_layouts(tmp_path):
         assert check_output_dir(out, [tmp_path / "in"], "dataset build") == out
     link = tmp_path / "alias"
     link.symlink_to(tmp_path / "in")
-    for out, words in [(tmp_path / "in", "is the input"), (tmp_path / "in" / "o", "is inside"),
-                       (tmp_path, "contains the input"), (link, "is the input"),
-                       (tmp_path / "in" / "x.jsonl" / "o", "is inside")]:
+    for out, words in [
+        (tmp_path / "in", "is the input"),
+        (tmp_path / "in" / "o", "is inside"),
+        (tmp_path, "contains the input"),
+        (link, "is the input"),
+        (tmp_path / "in" / "x.jsonl" / "o", "is inside"),
+    ]:
         with pytest.raises(InputError, match=words):
             check_output_dir(out, [tmp_path / "in"], "dataset build")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alias", "in"]

@@ -19,7 +19,8 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         pytest.fail(f"building the wheel failed:\n{proc.stderr[-2000:]}")
@@ -33,13 +34,31 @@ def test_wheel_installs_only_the_branchgate_package(wheel):
     for folder in ("logs_to_dataset", "data", "models", "training", "inference", "export", "pipeline"):
         assert f"branchgate/{folder}/__init__.py" in names
     assert not any(n.startswith("branchgate/tests/") for n in names)
-    for resource in ("configs/quickstart.yaml", "export/card.md", "logs_to_dataset/trace.schema.json",
-                     "data/samples/musique_sample/manifest.json"):
+    for resource in (
+        "configs/quickstart.yaml",
+        "export/card.md",
+        "logs_to_dataset/trace.schema.json",
+        "data/samples/musique_sample/manifest.json",
+    ):
         assert f"branchgate/{resource}" in names, resource
 
 
-MODULES = ["errors", "fileio", "texts", "features", "decide", "cli", "data.decisions", "models.teachers",
-           "training.metrics", "inference.gate", "export.parity", "logs_to_dataset.build", "pipeline.policies", "configs"]
+MODULES = [
+    "errors",
+    "fileio",
+    "texts",
+    "features",
+    "decide",
+    "cli",
+    "data.decision_batches",
+    "models.teachers",
+    "training.metrics",
+    "inference.gate",
+    "export.parity",
+    "logs_to_dataset.build",
+    "pipeline.stage_policies",
+    "configs",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -6,16 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from branchgate.export.controller import graph_tower
-from branchgate.inference.gate import Gate
-from branchgate.inference.model_file import read_metadata
-from branchgate.export.packed_tower import PackedBertTower, supports
-from branchgate.models.text_tower import TextTower
 from export_support import exported, spy_runs
 
-TEXTS = ["varroa", "neonicotinoid pesticides and honeybee colony losses in field studies across Europe",
-         "水土流失的原因", "ñandú 🦤 <b>&amp;</b>", "x " * 400]  # the last one is cut at max_length
+from branchgate.export.controller import graph_tower
+from branchgate.export.packed_tower import PackedBertTower, supports
+from branchgate.inference.gate import Gate
+from branchgate.inference.model_file import read_metadata
+from branchgate.models.text_tower import TextTower
+
+TEXTS = [
+    "varroa",
+    "neonicotinoid pesticides and honeybee colony losses in field studies across Europe",
+    "水土流失的原因",
+    "ñandú 🦤 <b>&amp;</b>",
+    "x " * 400,
+]  # the last one is cut at max_length
 
 
 def _batch(encoder, texts):

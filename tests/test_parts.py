@@ -6,15 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_support import exported, max_abs, relabelled
 
 from branchgate.errors import BranchgateError, MismatchError
+from branchgate.export.parts import PARTS, skippable_parts
+from branchgate.export.samples import sample_decisions
 from branchgate.inference.gate import Gate
 from branchgate.inference.inputs import as_decision
 from branchgate.inference.model_file import read_metadata
 from branchgate.inference.schedule import balanced_groups, group_threads
-from branchgate.export.parts import PARTS, skippable_parts
-from branchgate.export.samples import sample_decisions
-from export_support import exported, max_abs, relabelled
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +94,12 @@ def test_graphs_whose_parts_share_work_are_left_whole():
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 2]) for n in ("text_emb", "p_keep", "utility")]
-    nodes = [helper.make_node("Relu", ["x"], ["shared"]), helper.make_node("Neg", ["shared"], ["text_emb"]),
-             helper.make_node("Abs", ["shared"], ["p_keep"]), helper.make_node("Sigmoid", ["shared"], ["utility"])]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["shared"]),
+        helper.make_node("Neg", ["shared"], ["text_emb"]),
+        helper.make_node("Abs", ["shared"], ["p_keep"]),
+        helper.make_node("Sigmoid", ["shared"], ["utility"]),
+    ]
     model = helper.make_model(helper.make_graph(nodes, "g", [x], outs), opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ValueError, match="share"):
         skippable_parts(model, 2, tower_input="x", head_input="x")

@@ -11,7 +11,7 @@ import pytest
 from branchgate.cli import main
 from branchgate.errors import BranchgateError, MismatchError
 from branchgate.logs_to_dataset.traces import read_events
-from branchgate.pipeline import policies
+from branchgate.pipeline import stage_policies
 from branchgate.pipeline.accounting import count_tokens, kpr
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
@@ -64,7 +64,7 @@ def test_tokens_use_a_real_tokenizer():
 def test_trace_contract_with_no_pruning(none_runs):
     runs = events_of(none_runs)
     assert len(runs) == 3
-    for run_id, evs in runs.items():
+    for _run_id, evs in runs.items():
         types = [e["type"] for e in evs]
         assert types[0] == "run_start" and types[-1] == "run_end"
         assert [e["seq"] for e in evs] == list(range(len(evs)))
@@ -101,7 +101,7 @@ def test_trace_contract_with_no_pruning(none_runs):
 
 
 def test_every_decision_gets_a_realized_label(none_runs):
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
     from branchgate.logs_to_dataset.traces import read_events
 
     for path in sorted((none_runs / "traces").glob("*.jsonl")):
@@ -122,8 +122,9 @@ def test_same_seed_same_traces(none_runs, tmp_path):
     other = tmp_path / "other"
     simulate("sample", Config(depth=2, seed=1), other, runs=1, progress=False)
     first = sorted(a)[0]
-    assert [e.get("query") for e in events_of(other)[sorted(events_of(other))[0]] if e["type"] == "candidate"] != \
-        [e.get("query") for e in a[first] if e["type"] == "candidate"]
+    assert [e.get("query") for e in events_of(other)[sorted(events_of(other))[0]] if e["type"] == "candidate"] != [
+        e.get("query") for e in a[first] if e["type"] == "candidate"
+    ]
 
 
 def test_resume_skips_finished_runs_and_refuses_other_config(none_runs, tmp_path):
@@ -140,11 +141,11 @@ def test_resume_skips_finished_runs_and_refuses_other_config(none_runs, tmp_path
 
 def test_shallow_levels():
     per_level = [6, 3, 3]
-    assert policies.shallow_levels(0, per_level) == []
-    assert policies.shallow_levels(1, per_level) == [1]
-    assert policies.shallow_levels(9, per_level) == [3, 2]  # 3 + 3·2
-    assert policies.shallow_levels(28, per_level) == [4, 2, 2]  # 4 + 8 + 16: GPT-Researcher's tree
-    assert policies.shallow_levels(1000, per_level) == [6, 3, 2]  # widest tree: 6, then halving (floor 2)
+    assert stage_policies.shallow_levels(0, per_level) == []
+    assert stage_policies.shallow_levels(1, per_level) == [1]
+    assert stage_policies.shallow_levels(9, per_level) == [3, 2]  # 3 + 3·2
+    assert stage_policies.shallow_levels(28, per_level) == [4, 2, 2]  # 4 + 8 + 16: GPT-Researcher's tree
+    assert stage_policies.shallow_levels(1000, per_level) == [6, 3, 2]  # widest tree: 6, then halving (floor 2)
 
 
 @pytest.mark.parametrize("budget", [1, 4, 12])
@@ -160,27 +161,34 @@ def test_shallow_respects_its_node_budget(tmp_path, budget):
 
 
 def test_policy_specs_parse_or_fail_clearly():
-    p = policies.parse("mmr:threshold=0.4,lam=0.5", "post_retrieval")
+    p = stage_policies.parse("mmr:threshold=0.4,lam=0.5", "post_retrieval")
     assert p.actor == "teacher:mmr" and p.model.threshold == 0.4 and p.model.lam == 0.5
-    assert policies.parse("sc:max_items=10", "pre_synthesis").max_items == 10
-    assert policies.parse("random:0.5", "pre_retrieval").rate == 0.5
-    assert isinstance(policies.parse(None, "pre_retrieval"), policies.NonePolicy)
-    gate = policies.parse("gate:/no/such/controller.onnx", "pre_retrieval")  # loaded lazily, on first use
+    assert stage_policies.parse("sc:max_items=10", "pre_synthesis").max_items == 10
+    assert stage_policies.parse("random:0.5", "pre_retrieval").rate == 0.5
+    assert isinstance(stage_policies.parse(None, "pre_retrieval"), stage_policies.NonePolicy)
+    gate = stage_policies.parse("gate:/no/such/controller.onnx", "pre_retrieval")  # loaded lazily, on first use
     assert gate.actor == "controller:gate"
     with pytest.raises(BranchgateError, match="controller"):
-        gate.model
-    assert gate.tau is None and policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").tau == 0.25
-    assert policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").path == "/x/controller.onnx"
-    g = policies.parse("gate:/x/a,b/controller.onnx,tau=0.3,greedy=1", "pre_retrieval")
+        _ = gate.model
+    assert gate.tau is None and stage_policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").tau == 0.25
+    assert stage_policies.parse("gate:/x/controller.onnx,tau=0.25", "pre_retrieval").path == "/x/controller.onnx"
+    g = stage_policies.parse("gate:/x/a,b/controller.onnx,tau=0.3,greedy=1", "pre_retrieval")
     assert (g.path, g.tau, g.greedy) == ("/x/a,b/controller.onnx", 0.3, True) and not gate.greedy
-    for spec, stage, msg in [("nope", "pre_retrieval", "unknown policy"), ("mmr:threshold", "pre_retrieval", "key=value"),
-                             ("mmr:bogus=1", "pre_retrieval", "bogus"), ("random:2", "post_retrieval", r"\[0, 1\]"),
-                             ("shallow:5", "post_retrieval", "pre-retrieval"), ("shallow:x", "pre_retrieval", "integer"),
-                             ("gate:", "pre_retrieval", "gate:PATH"), ("gate:m.onnx,tau=x", "pre_retrieval", "number"),
-                             ("gate:m.onnx,tau=2", "pre_retrieval", r"\[0, 1\]"), ("sc:max_items=0", "pre_synthesis", "positive"),
-                             ("gate:m.onnx,greedy=yes", "pre_retrieval", "greedy")]:
+    for spec, stage, msg in [
+        ("nope", "pre_retrieval", "unknown policy"),
+        ("mmr:threshold", "pre_retrieval", "key=value"),
+        ("mmr:bogus=1", "pre_retrieval", "bogus"),
+        ("random:2", "post_retrieval", r"\[0, 1\]"),
+        ("shallow:5", "post_retrieval", "pre-retrieval"),
+        ("shallow:x", "pre_retrieval", "integer"),
+        ("gate:", "pre_retrieval", "gate:PATH"),
+        ("gate:m.onnx,tau=x", "pre_retrieval", "number"),
+        ("gate:m.onnx,tau=2", "pre_retrieval", r"\[0, 1\]"),
+        ("sc:max_items=0", "pre_synthesis", "positive"),
+        ("gate:m.onnx,greedy=yes", "pre_retrieval", "greedy"),
+    ]:
         with pytest.raises(BranchgateError, match=msg):
-            policies.parse(spec, stage)
+            stage_policies.parse(spec, stage)
 
 
 def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
@@ -211,40 +219,47 @@ def test_greedy_gate_rescores_the_rest_with_each_kept_candidate_in_context():
 
     x = Items(list(first), np.zeros((3, 2)))
     state = State(Items(["root"], np.zeros((1, 2))), Items(["gamma zero"], np.zeros((1, 2))))
-    plain = policies.GatePolicy(path="m", _gate=Model())
-    greedy = policies.GatePolicy(path="m", greedy=True, _gate=Model())
+    plain = stage_policies.GatePolicy(path="m", _gate=Model())
+    greedy = stage_policies.GatePolicy(path="m", greedy=True, _gate=Model())
     assert plain.choose(x, state, "pre_retrieval", None).kept == [0, 1, 2]
     Model.seen.clear()
-    assert greedy.choose(x, state, "pre_retrieval", None).kept == [0, 2]  # "alpha two" is redundant once "alpha one" is kept
+    assert greedy.choose(x, state, "pre_retrieval", None).kept == [
+        0,
+        2,
+    ]  # "alpha two" is redundant once "alpha one" is kept
     assert Model.seen[1:] == [["gamma zero", "alpha one"], ["gamma zero", "alpha one", "beta three"]]
-    low = policies.GatePolicy(path="m", greedy=True, tau=0.95, _gate=Model())
+    low = stage_policies.GatePolicy(path="m", greedy=True, tau=0.95, _gate=Model())
     assert low.choose(x, state, "pre_retrieval", None).kept == [0]  # nothing passes: the top-1 fallback
     assert low.choose(x, state, "post_retrieval", None).kept == []  # no fallback after retrieval
-    stop = policies.parse("gate:m.onnx,tau=0.95,fallback=root", "pre_retrieval")
+    stop = stage_policies.parse("gate:m.onnx,tau=0.95,fallback=root", "pre_retrieval")
     stop._gate = Model()
     deep = State(state.query, state.context, "a sub-question", "", 1)
     assert stop.choose(x, state, "pre_retrieval", None).kept == [0]  # the root keeps its top-1
     assert stop.choose(x, deep, "pre_retrieval", None).kept == []  # below the root the branch stops
     stop.tau = 0.5
     assert stop.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # what passes τ is kept at any depth
-    root = policies.parse("gate:m.onnx,tau=0.5,root_tau=0.85", "pre_retrieval")  # the root frame has its own bar
+    root = stage_policies.parse("gate:m.onnx,tau=0.5,root_tau=0.85", "pre_retrieval")  # the root frame has its own bar
     root._gate = Model()
     assert (root.root_tau, root.tau) == (0.85, 0.5)
     assert root.choose(x, state, "pre_retrieval", None).kept == [0]  # root: only 0.9 passes 0.85
     assert root.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # below it: τ 0.5
     stored = Model()
     stored.root_tau = 0.85  # a controller exported with calibration.root_tau
-    own = policies.parse("gate:m.onnx", "pre_retrieval")
+    own = stage_policies.parse("gate:m.onnx", "pre_retrieval")
     own._gate = stored
     assert own.choose(x, state, "pre_retrieval", None).kept == [0]  # the file's root τ at the root
     assert own.choose(x, deep, "pre_retrieval", None).kept == [0, 1, 2]  # its τ below
-    flat = policies.parse("gate:m.onnx,tau=0.5", "pre_retrieval")
+    flat = stage_policies.parse("gate:m.onnx,tau=0.5", "pre_retrieval")
     flat._gate = stored
     assert flat.choose(x, state, "pre_retrieval", None).kept == [0, 1, 2]  # tau=T alone: T at every depth
-    for bad, msg in [("gate:m.onnx,fallback=deep", "all or root"), ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine"),
-                     ("gate:m.onnx,root_tau=1.5", "root_tau must be in"), ("gate:m.onnx,root_tau=0.5,budget_nodes=3", "do not combine")]:
+    for bad, msg in [
+        ("gate:m.onnx,fallback=deep", "all or root"),
+        ("gate:m.onnx,fallback=root,budget_nodes=3", "do not combine"),
+        ("gate:m.onnx,root_tau=1.5", "root_tau must be in"),
+        ("gate:m.onnx,root_tau=0.5,budget_nodes=3", "do not combine"),
+    ]:
         with pytest.raises(BranchgateError, match=msg):
-            policies.parse(bad, "pre_retrieval")
+            stage_policies.parse(bad, "pre_retrieval")
 
 
 def test_random_policy_prunes_and_is_seeded(tmp_path):
@@ -294,8 +309,25 @@ def test_workers_give_the_same_traces(none_runs, tmp_path):
 def test_chain_shape_has_one_candidate_per_decision_and_keeps_tree_run_ids(tmp_path):
     assert "shape" not in Config().record()  # a setting added later: tree run ids (and cached bench steps) stay valid
     assert Config(shape="chain").tag() != Config().tag()
-    assert main(["simulate", "--env", "sample", "--runs", "4", "--shape", "chain", "--depth", "4", "--no-progress",
-                 "--out", str(tmp_path / "c")]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--env",
+                "sample",
+                "--runs",
+                "4",
+                "--shape",
+                "chain",
+                "--depth",
+                "4",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )
     frames, depths = {}, []
     for path in sorted((tmp_path / "c" / "traces").glob("*.jsonl")):
         for e in read_events(path, strict=True):

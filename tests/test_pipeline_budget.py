@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from branchgate.bench.budgets import budget_of, check_runs, summarize
-from branchgate.bench.policies import budget_points
+from branchgate.bench.budget_step import budget_of, check_runs, summarize
+from branchgate.bench.sweeps import budget_points
 from branchgate.errors import BranchgateError
-from branchgate.inference.budget import Budget, RunGate
+from branchgate.inference.run_gate import Budget, RunGate
 from branchgate.logs_to_dataset.traces import read_events
-from branchgate.pipeline import policies
+from branchgate.pipeline import stage_policies
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
 
@@ -41,8 +41,14 @@ class FakeGate:
         return int(hashlib.sha256(text.encode()).hexdigest()[:6], 16) / 0xFFFFFF  # deterministic, spread over [0, 1]
 
     def predict(self, state, texts):
-        if self.revisit is not None and state.depth == 0 and len(state.retained) and state.frame_query == state.root_query \
-                and not state.parent_goal and all(t not in state.retained for t in texts):
+        if (
+            self.revisit is not None
+            and state.depth == 0
+            and len(state.retained)
+            and state.frame_query == state.root_query
+            and not state.parent_goal
+            and all(t not in state.retained for t in texts)
+        ):
             self.revisit_calls += 1
             p = [self.revisit(t) for t in texts]
         else:
@@ -56,8 +62,9 @@ class FakeGate:
 @pytest.fixture
 def fake_gate(monkeypatch):
     def use(gate):
-        monkeypatch.setattr(policies, "_shared_gate", lambda path: gate)
+        monkeypatch.setattr(stage_policies, "_shared_gate", lambda path: gate)
         return gate
+
     return use
 
 
@@ -78,37 +85,40 @@ def unpruned(tmp_path_factory):
 
 # -- specs ----------------------------------------------------------------------------------------------
 def test_budget_specs_parse_or_fail_clearly():
-    g = policies.parse("gate:/x/a,b/controller.onnx,tau=0.3,budget_tokens=30%,defer=1,price_exponent=3", "pre_retrieval")
+    g = stage_policies.parse(
+        "gate:/x/a,b/controller.onnx,tau=0.3,budget_tokens=30%,defer=1,price_exponent=3", "pre_retrieval"
+    )
     assert (g.path, g.tau, g.run_options) == ("/x/a,b/controller.onnx", 0.3, {"price_exponent": 3.0})
-    assert g.budget == policies.BudgetSpec(tokens_pct=30.0, defer=True)
-    assert policies.parse("dpp:max_items=2,budget_tokens=500", "pre_retrieval").budget.tokens == 500
-    assert policies.parse("dpp:budget_tokens=500", "pre_retrieval").max_items is None
-    sh = policies.parse("shallow:budget_nodes=5", "pre_retrieval")
-    assert sh.nodes == policies.SHALLOW_UNLIMITED and sh.budget.nodes == 5
-    assert policies.parse("none:budget_tokens=0", "pre_retrieval").budget.tokens == 0
-    assert policies.parse("gate:m.onnx,defer=0", "pre_retrieval").budget is None
-    assert policies.parse("mmr", "pre_retrieval").budget is None
-    spec = policies.BudgetSpec(nodes_pct=50.0, tokens_pct=33.0)
+    assert g.budget == stage_policies.BudgetSpec(tokens_pct=30.0, defer=True)
+    assert stage_policies.parse("dpp:max_items=2,budget_tokens=500", "pre_retrieval").budget.tokens == 500
+    assert stage_policies.parse("dpp:budget_tokens=500", "pre_retrieval").max_items is None
+    sh = stage_policies.parse("shallow:budget_nodes=5", "pre_retrieval")
+    assert sh.nodes == stage_policies.SHALLOW_UNLIMITED and sh.budget.nodes == 5
+    assert stage_policies.parse("none:budget_tokens=0", "pre_retrieval").budget.tokens == 0
+    assert stage_policies.parse("gate:m.onnx,defer=0", "pre_retrieval").budget is None
+    assert stage_policies.parse("mmr", "pre_retrieval").budget is None
+    spec = stage_policies.BudgetSpec(nodes_pct=50.0, tokens_pct=33.0)
     assert spec.resolve({"nodes": 11, "tokens": 1000}) == (5, 330)  # nodes: half of the 10 expanded subqueries
     for spec, stage, msg in [
-            ("dpp:budget_tokens=x", "pre_retrieval", "integer ≥ 0 .* or P%"),
-            ("dpp:budget_tokens=-3", "pre_retrieval", "≥ 0"),
-            ("dpp:budget_nodes=1.5", "pre_retrieval", "budget_nodes='1.5'"),
-            ("dpp:budget_tokens=abc%", "pre_retrieval", "P% with P a number"),
-            ("dpp:budget_tokens=1,budget_tokens=2", "pre_retrieval", "given twice"),
-            ("sc:budget_tokens=100", "post_retrieval", "pre-retrieval setting"),
-            ("cd:budget_nodes=3", "pre_synthesis", "pre-retrieval setting"),
-            ("dpp:budget_tokens=100,defer=1", "pre_retrieval", "dpp has none"),
-            ("gate:m.onnx,defer=1", "pre_retrieval", "needs a run budget"),
-            ("gate:m.onnx,defer=yes,budget_nodes=2", "pre_retrieval", "defer must be 0 or 1"),
-            ("gate:m.onnx,greedy=1,budget_nodes=2", "pre_retrieval", "do not combine"),
-            ("gate:m.onnx,price_end=0.9", "pre_retrieval", "run-budget setting"),
-            ("gate:m.onnx,budget_nodes=2,price_end=2", "pre_retrieval", r"in \[0, 1\]"),
-            ("shallow:", "pre_retrieval", "shallow:NODES")]:
+        ("dpp:budget_tokens=x", "pre_retrieval", "integer ≥ 0 .* or P%"),
+        ("dpp:budget_tokens=-3", "pre_retrieval", "≥ 0"),
+        ("dpp:budget_nodes=1.5", "pre_retrieval", "budget_nodes='1.5'"),
+        ("dpp:budget_tokens=abc%", "pre_retrieval", "P% with P a number"),
+        ("dpp:budget_tokens=1,budget_tokens=2", "pre_retrieval", "given twice"),
+        ("sc:budget_tokens=100", "post_retrieval", "pre-retrieval setting"),
+        ("cd:budget_nodes=3", "pre_synthesis", "pre-retrieval setting"),
+        ("dpp:budget_tokens=100,defer=1", "pre_retrieval", "dpp has none"),
+        ("gate:m.onnx,defer=1", "pre_retrieval", "needs a run budget"),
+        ("gate:m.onnx,defer=yes,budget_nodes=2", "pre_retrieval", "defer must be 0 or 1"),
+        ("gate:m.onnx,greedy=1,budget_nodes=2", "pre_retrieval", "do not combine"),
+        ("gate:m.onnx,price_end=0.9", "pre_retrieval", "run-budget setting"),
+        ("gate:m.onnx,budget_nodes=2,price_end=2", "pre_retrieval", r"in \[0, 1\]"),
+        ("shallow:", "pre_retrieval", "shallow:NODES"),
+    ]:
         with pytest.raises(BranchgateError, match=msg):
-            policies.parse(spec, stage)
+            stage_policies.parse(spec, stage)
     with pytest.raises(BranchgateError, match="reference run"):
-        policies.BudgetSpec(tokens_pct=20.0).resolve(None, "query q1")
+        stage_policies.BudgetSpec(tokens_pct=20.0).resolve(None, "query q1")
 
 
 def test_percent_budget_needs_a_reference_and_uses_the_querys_own(tmp_path, unpruned):
@@ -116,8 +126,13 @@ def test_percent_budget_needs_a_reference_and_uses_the_querys_own(tmp_path, unpr
         simulate("sample", Config(pre="none:budget_tokens=30%"), tmp_path / "a", runs=1, progress=False)
     ref = tmp_path / "ref.json"
     ref.write_text(json.dumps({q: {"nodes": t["nodes"], "tokens": t["tokens"]} for q, t in unpruned.items()}))
-    simulate("sample", Config(pre="shallow:budget_tokens=30%", budget_reference=str(ref)), tmp_path / "b", runs=4,
-             progress=False)
+    simulate(
+        "sample",
+        Config(pre="shallow:budget_tokens=30%", budget_reference=str(ref)),
+        tmp_path / "b",
+        runs=4,
+        progress=False,
+    )
     for evs in runs_of(tmp_path / "b"):
         q = evs[0]["config"]["query_id"]
         limit = evs[0]["config"]["budget"]["tokens"]
@@ -127,9 +142,16 @@ def test_percent_budget_needs_a_reference_and_uses_the_querys_own(tmp_path, unpr
 
 
 # -- never exceeded -------------------------------------------------------------------------------------
-SPECS = ["none:budget_tokens={T}", "shallow:budget_tokens={T}", "random:0.6,budget_tokens={T}",
-         "gate:fake,budget_tokens={T}", "gate:fake,budget_tokens={T},defer=1", "none:budget_nodes={N}",
-         "gate:fake,budget_nodes={N},defer=1", "gate:fake,budget_nodes={N},budget_tokens={T}"]
+SPECS = [
+    "none:budget_tokens={T}",
+    "shallow:budget_tokens={T}",
+    "random:0.6,budget_tokens={T}",
+    "gate:fake,budget_tokens={T}",
+    "gate:fake,budget_tokens={T},defer=1",
+    "none:budget_nodes={N}",
+    "gate:fake,budget_nodes={N},defer=1",
+    "gate:fake,budget_nodes={N},budget_tokens={T}",
+]
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -142,8 +164,13 @@ def test_budget_is_never_exceeded(tmp_path, unpruned, fake_gate, seed):
         T, N = rng.randint(0, int(0.7 * top)), rng.randint(0, 12)
         synth = rng.choice(["none", "random:0.5"])
         out = tmp_path / str(k)
-        simulate("sample", Config(pre=spec.format(T=T, N=N), synth=synth, seed=seed, depth=rng.choice([2, 3])), out,
-                 runs=4, progress=False)
+        simulate(
+            "sample",
+            Config(pre=spec.format(T=T, N=N), synth=synth, seed=seed, depth=rng.choice([2, 3])),
+            out,
+            runs=4,
+            progress=False,
+        )
         for evs in runs_of(out):
             totals = evs[-1]["totals"]
             assert llm_tokens(evs) == totals["tokens"]
@@ -192,10 +219,10 @@ def test_exhausted_budget(tmp_path, fake_gate):
 
 def test_gate_without_budget_is_unchanged_and_budget_hook_runs_per_run(tmp_path, fake_gate):
     gate = fake_gate(FakeGate())
-    p = policies.parse("gate:fake,budget_nodes=3", "pre_retrieval")
+    p = stage_policies.parse("gate:fake,budget_nodes=3", "pre_retrieval")
     a, b = p.start_run("r1", 3, None), p.start_run("r2", 3, None)
     assert a is not b and a.run_id == "r1" and a.budget.nodes == 3 and a.gate is gate
-    assert policies.parse("gate:fake", "pre_retrieval").start_run("r3") is None
+    assert stage_policies.parse("gate:fake", "pre_retrieval").start_run("r3") is None
     simulate("sample", Config(pre="gate:fake,budget_nodes=4"), tmp_path / "n", runs=3, progress=False)
     for evs in runs_of(tmp_path / "n"):  # a fresh budget every run (the policy object is shared)
         assert evs[-1]["totals"]["n_expanded"] <= 4 and evs[0]["config"]["budget"]["nodes"] == 4
@@ -218,10 +245,17 @@ def test_deferral_expands_the_best_deferred_candidate(tmp_path, fake_gate):
     # below the root every candidate scores low (a fallback keeps one per frame)
     scores = {texts[0]: 0.9, texts[1]: 0.45, texts[2]: 0.42, texts[3]: 0.40}
     best = texts[2]  # re-scored at the end against the context then, c2 is the best deferred one
-    gate = FakeGate(default=0.05, scores=scores, revisit=lambda t: 0.95 if t == best else (0.6 if t == texts[1] else 0.0))
+    gate = FakeGate(
+        default=0.05, scores=scores, revisit=lambda t: 0.95 if t == best else (0.6 if t == texts[1] else 0.0)
+    )
     fake_gate(gate)
-    simulate("sample", Config(depth=2, pre="gate:fake,budget_tokens=100000,defer=1,revisit_floor=0.5"),
-             tmp_path / "d", runs=1, progress=False)
+    simulate(
+        "sample",
+        Config(depth=2, pre="gate:fake,budget_tokens=100000,defer=1,revisit_floor=0.5"),
+        tmp_path / "d",
+        runs=1,
+        progress=False,
+    )
     evs = runs_of(tmp_path / "d")[0]
     assert evs[0]["config"]["query_id"] == q.id
     dec = [e for e in evs if e["type"] == "decision"]
@@ -247,12 +281,11 @@ def test_deferral_expands_the_best_deferred_candidate(tmp_path, fake_gate):
     totals = evs[-1]["totals"]
     assert totals["budget"]["deferred"] == 3 and totals["budget"]["revisited"] == 2
     # dataset build reads the deferral as written: deferred then expanded (2), deferred and never expanded (1)
-    from branchgate.logs_to_dataset.decisions import run_decisions
+    from branchgate.logs_to_dataset.decision_points import run_decisions
 
     rd = run_decisions(evs[0]["run_id"], list(read_events(next((tmp_path / "d" / "traces").glob("*.jsonl")))))
     assert not rd.problems
-    assert rd.deferral == {"deferred": 3, "deferred_expanded": 2, "deferred_never_expanded": 1,
-                             "dropped_by_budget": 0}
+    assert rd.deferral == {"deferred": 3, "deferred_expanded": 2, "deferred_never_expanded": 1, "dropped_by_budget": 0}
     assert totals["n_pruned_pre"] == totals["n_candidates"] - totals["n_expanded"]
 
 
@@ -272,8 +305,9 @@ def test_protected_items_survive_pruning(tmp_path):
     # plan search's passages are not in the context at all; with protect=plan they are C_0 and all survive
     cfg = dict(depth=2, post="random:0.0", synth="random:0.0")
     simulate("sample", Config(**cfg, protect="plan"), tmp_path / "p", runs=3, progress=False)
-    simulate("sample", Config(**cfg, pre="none:budget_tokens=6000", protect="plan"), tmp_path / "pb", runs=3,
-             progress=False)
+    simulate(
+        "sample", Config(**cfg, pre="none:budget_tokens=6000", protect="plan"), tmp_path / "pb", runs=3, progress=False
+    )
     for out in ("p", "pb"):
         for evs in runs_of(tmp_path / out):
             prot = [e["evidence_id"] for e in evs if e["type"] == "evidence" and e.get("protected")]
@@ -291,13 +325,20 @@ def test_protected_items_survive_pruning(tmp_path):
 # -- the bench's budget family --------------------------------------------------------------------------
 def test_bench_budget_points_and_violation_check(tmp_path, unpruned, fake_gate):
     fake_gate(FakeGate())
-    pts = budget_points({"budget_fractions": [0.2, 0.4], "budget_baselines": ["shallow"],
-                         "budget_gate": {"price_exponent": 3}}, "fake")
-    assert [p.name for p in pts] == ["gate@budget=0.2", "gate+defer@budget=0.2", "shallow@budget=0.2",
-                                     "gate@budget=0.4", "gate+defer@budget=0.4", "shallow@budget=0.4"]
+    pts = budget_points(
+        {"budget_fractions": [0.2, 0.4], "budget_baselines": ["shallow"], "budget_gate": {"price_exponent": 3}}, "fake"
+    )
+    assert [p.name for p in pts] == [
+        "gate@budget=0.2",
+        "gate+defer@budget=0.2",
+        "shallow@budget=0.2",
+        "gate@budget=0.4",
+        "gate+defer@budget=0.4",
+        "shallow@budget=0.4",
+    ]
     assert pts[1].spec == "gate:fake,budget_tokens=20%,price_exponent=3,defer=1"
     for p in pts:
-        policies.parse(p.pre, "pre_retrieval")
+        stage_policies.parse(p.pre, "pre_retrieval")
     with pytest.raises(BranchgateError, match="budget baseline"):
         budget_points({"budget_fractions": [0.2], "budget_baselines": ["nope"]}, "fake")
     with pytest.raises(BranchgateError, match=r"\(0, 1\]"):
@@ -314,8 +355,11 @@ def test_bench_budget_points_and_violation_check(tmp_path, unpruned, fake_gate):
         assert len(checks[p.name]) == 4 and not any(r["over"] or r["mismatch"] for r in checks[p.name])
     s = summarize(pts, runs, checks, boot=50)
     assert s["violations"] == 0 and s["checked_runs"] == 24 and s["queries"] == 4
-    assert set(s["vs"]) == {"0.2", "0.4"} and set(s["vs"]["0.2"]) == {"gate vs shallow", "gate+defer vs shallow",
-                                                                      "gate+defer vs gate"}
+    assert set(s["vs"]) == {"0.2", "0.4"} and set(s["vs"]["0.2"]) == {
+        "gate vs shallow",
+        "gate+defer vs shallow",
+        "gate+defer vs gate",
+    }
     assert all(0 < p["budget_share"]["mean"] <= 1 for p in s["policies"].values())
     # a run over its budget is counted (tokens from its llm_call events, not its totals)
     checks["shallow@budget=0.2"][0]["over"] = 5

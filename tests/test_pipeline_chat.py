@@ -28,8 +28,12 @@ class Stub(BaseHTTPRequestHandler):
             content = "Here you go:\n```json\n" + json.dumps(items) + "\n```"
         else:
             content = "I cannot help with that."
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}],
-                           "usage": {"prompt_tokens": 100, "completion_tokens": 20}}).encode()
+        data = json.dumps(
+            {
+                "choices": [{"message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 20},
+            }
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -68,11 +72,23 @@ def test_chat_generator_drives_the_tree(server, tmp_path):
 def test_chat_generator_errors_are_clear(server, tmp_path):
     Stub.answer = "refuse"
     with pytest.raises(BranchgateError, match="no JSON list"):
-        simulate("sample", Config(depth=1, generator="chat"), tmp_path / "a", runs=1, progress=False,
-                 gen_kw={"base_url": server, "model": "m"})
+        simulate(
+            "sample",
+            Config(depth=1, generator="chat"),
+            tmp_path / "a",
+            runs=1,
+            progress=False,
+            gen_kw={"base_url": server, "model": "m"},
+        )
     with pytest.raises(BranchgateError, match="cannot reach"):
-        simulate("sample", Config(depth=1, generator="chat"), tmp_path / "b", runs=1, progress=False,
-                 gen_kw={"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+        simulate(
+            "sample",
+            Config(depth=1, generator="chat"),
+            tmp_path / "b",
+            runs=1,
+            progress=False,
+            gen_kw={"base_url": "http://127.0.0.1:9/v1", "model": "m"},
+        )
     with pytest.raises(BranchgateError, match="--llm-url"):
         simulate("sample", Config(depth=1, generator="chat"), tmp_path / "c", runs=1, progress=False)
 

@@ -25,7 +25,9 @@ def test_quickstart_runs_the_whole_chain_in_its_default_folder(tmp_path, monkeyp
     card = (out / "controller.md").read_text()
     assert "- Passed: True" in card and "training path" in card  # parity held, against the training path too
     gate = Gate.load(out / "controller.onnx")
-    sel = gate.select({"root_query": "Who founded the company that makes the iPhone?"},
-                      [{"query": "Apple Inc. founders", "goal": "identify founders"}, {"query": "iPhone sales 2020"}])
+    sel = gate.select(
+        {"root_query": "Who founded the company that makes the iPhone?"},
+        [{"query": "Apple Inc. founders", "goal": "identify founders"}, {"query": "iPhone sales 2020"}],
+    )
     assert len(sel.p_keep) == 2 and sel.kept == decide(sel.p_keep, metrics["tau"]).kept
     assert "quickstart finished" in capsys.readouterr().out

@@ -14,8 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is the ray extra (pip install 'branchgate[ray]'); "
-                                        "run by bash .ci/integration ray")
+ray = pytest.importorskip(
+    "ray", reason="Ray is the ray extra (pip install 'branchgate[ray]'); run by bash .ci/integration ray"
+)
 pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'branchgate[ray]'")
 
 from branchgate.cli import main  # noqa: E402
@@ -33,8 +34,26 @@ def ray_local():
 def sample_traces(tmp_path_factory):
     """Traces of the bundled sample (the reference pipeline, as quickstart simulates them), 2 runs."""
     out = tmp_path_factory.mktemp("sim")
-    assert main(["simulate", "--env", "sample", "--out", str(out), "--encoder", "packaged", "--seed", "0",
-                 "--workers", "1", "--runs", "2"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--env",
+                "sample",
+                "--out",
+                str(out),
+                "--encoder",
+                "packaged",
+                "--seed",
+                "0",
+                "--workers",
+                "1",
+                "--runs",
+                "2",
+            ]
+        )
+        == 0
+    )
     return out / "traces"
 
 
@@ -106,7 +125,20 @@ def test_engine_ray_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError, as in an install without the extra
     monkeypatch.setitem(sys.modules, "ray.data", None)
     (tmp_path / "t").mkdir()
-    rc = main(["dataset", "build", "--engine", "ray", "--traces", str(tmp_path / "t"), "--out", str(tmp_path / "o"),
-               "--encoder", "packaged", "--no-progress"])
+    rc = main(
+        [
+            "dataset",
+            "build",
+            "--engine",
+            "ray",
+            "--traces",
+            str(tmp_path / "t"),
+            "--out",
+            str(tmp_path / "o"),
+            "--encoder",
+            "packaged",
+            "--no-progress",
+        ]
+    )
     assert rc == 2
     assert "pip install 'branchgate[ray]'" in capsys.readouterr().err

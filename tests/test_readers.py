@@ -31,6 +31,7 @@ def _of(run, etype):
 
 # --- registry -------------------------------------------------------------------------------------
 
+
 def test_registry_and_autodetection_per_file(tmp_path):
     assert {"canonical", "searcho1", "gptr"} <= set(READERS)
     for d in ("canonical", "searcho1", "gptr"):
@@ -60,6 +61,7 @@ def test_format_can_be_forced(tmp_path):
 
 # --- canonical --------------------------------------------------------------------------------------
 
+
 def test_canonical_groups_runs_and_keeps_unknown_types():
     runs, report = _runs(FIX / "canonical")
     assert list(runs) == ["caffeine-01", "solar-02"] and report.events == 40
@@ -82,6 +84,7 @@ def test_canonical_interleaved_runs_in_one_file(tmp_path):
 
 # --- Search-o1 --------------------------------------------------------------------------------------
 
+
 def test_searcho1_searches_become_a_chain_of_frames():
     runs, report = _runs(FIX / "searcho1")
     assert set(runs) == {"9000001", "9000002", "9000003"}
@@ -89,9 +92,13 @@ def test_searcho1_searches_become_a_chain_of_frames():
     assert _of(run, "run_start")[0].root_query == "why do cats purr and does it help them heal?"
     frames = _of(run, "frame_open")
     assert [(f.frame_id, f.depth, f.parent_frame, f.parent_candidate) for f in frames] == [
-        ("f0", 0, None, None), ("f1", 1, "f0", "c0")]
+        ("f0", 0, None, None),
+        ("f1", 1, "f0", "c0"),
+    ]
     assert [c.query for c in _of(run, "candidate")] == [
-        "how do cats produce the purring sound", "cat purr frequency bone healing evidence"]
+        "how do cats produce the purring sound",
+        "cat purr frequency bone healing evidence",
+    ]
     assert [(d.candidate_id, d.action) for d in _of(run, "decision")] == [("c0", "expand"), ("c1", "expand")]
     ev = _of(run, "evidence")
     assert len(ev) == 4  # 5 documents, one repeated in the second search: deduplicated per run
@@ -144,6 +151,7 @@ def test_searcho1_broken_files():
 
 # --- GPT-Researcher ---------------------------------------------------------------------------------
 
+
 def test_gptr_standard_research_best_effort():
     runs, report = _runs(FIX / "gptr")
     run = runs["task_1740910503_5b1e0c9f2a"]
@@ -174,7 +182,8 @@ def test_gptr_deep_research_frames_are_reported_not_invented():
     frames = _of(run, "frame_open")
     assert [(f.depth, f.frame_query, f.parent_frame) for f in frames] == [
         (1, "climate change impact on arabica coffee yields", None),
-        (1, "coffee farmers adaptation strategies to rising temperatures", None)]  # 2nd: list parsed from text
+        (1, "coffee farmers adaptation strategies to rising temperatures", None),
+    ]  # 2nd: list parsed from text
     assert len(_of(run, "candidate")) == 6 and len(_of(run, "decision")) == 5
     assert _of(run, "run_end")[0].status == "incomplete"
     assert report.warnings["gptr: frame below the root: parent and exact depth not logged (depth set to 1)"] == 2
@@ -186,8 +195,12 @@ def test_gptr_broken_files():
     runs, report = _runs(d)
     assert set(runs) == {"task_1740920003_badevents"}
     by_file = Counter(Path(s.file).name for s in report.skipped)
-    assert by_file == {"task_1740920000_truncated.json": 1, "task_1740920001_noevents.json": 1,
-                       "task_1740920002_empty.json": 1, "task_1740920003_badevents.json": 4}
+    assert by_file == {
+        "task_1740920000_truncated.json": 1,
+        "task_1740920001_noevents.json": 1,
+        "task_1740920002_empty.json": 1,
+        "task_1740920003_badevents.json": 4,
+    }
     reasons = [s.reason for s in report.skipped]
     assert any(r.startswith("truncated JSON") for r in reasons)
     assert "events[1]: event is not a JSON object" in reasons
@@ -203,12 +216,25 @@ def test_gptr_broken_files():
 def test_gptr_json_research_handler_events(tmp_path):
     import json
 
-    doc = {"timestamp": "2025-03-02T10:00:00", "content": {"query": "root q", "report": "r"}, "events": [
-        {"timestamp": "2025-03-02T10:00:01", "type": "logs", "content": "subqueries", "output": "...",
-         "metadata": ["sub a", "root q"]},  # a bare logs event (no CustomLogsHandler wrapper)
-        {"timestamp": "2025-03-02T10:00:02", "type": "sub_query", "data": {"query": "sub a", "scraped_data_size": 0}},
-        {"timestamp": "2025-03-02T10:00:03", "type": "content_found", "data": {"sub_query": "sub a"}},
-    ]}
+    doc = {
+        "timestamp": "2025-03-02T10:00:00",
+        "content": {"query": "root q", "report": "r"},
+        "events": [
+            {
+                "timestamp": "2025-03-02T10:00:01",
+                "type": "logs",
+                "content": "subqueries",
+                "output": "...",
+                "metadata": ["sub a", "root q"],
+            },  # a bare logs event (no CustomLogsHandler wrapper)
+            {
+                "timestamp": "2025-03-02T10:00:02",
+                "type": "sub_query",
+                "data": {"query": "sub a", "scraped_data_size": 0},
+            },
+            {"timestamp": "2025-03-02T10:00:03", "type": "content_found", "data": {"sub_query": "sub a"}},
+        ],
+    }
     path = tmp_path / "research_20250302.json"
     path.write_text(json.dumps(doc))
     runs, report = _runs(path)
@@ -219,6 +245,7 @@ def test_gptr_json_research_handler_events(tmp_path):
 
 
 # --- real data ----------------------------------------------------------------------------------------
+
 
 def test_real_searcho1_traces(shared):
     d = shared("drgym", "Searcho1_ClueWeb22")
@@ -237,6 +264,7 @@ def test_real_searcho1_traces(shared):
 
 
 # --- Search-o1 key-point labels (DeepResearchGym key_point/) ----------------------------------------------
+
 
 def _evidence_labels(run):
     return {e.evidence_id: e.labels for e in _of(run, "evidence")}
@@ -300,5 +328,8 @@ def test_real_searcho1_keypoint_labels(shared):
     by_id = sum(s["labelled_by_id"] for s in starts)
     by_span = sum(s["labelled_by_span_only"] for s in starts)
     assert labelled == by_id + by_span and by_id > 300 and by_span > 20
-    assert sum(s["bad_links"] for s in starts) == report.warnings[
-        "searcho1: key-point link (original_point_number) out of range (ignored)"] >= 1
+    assert (
+        sum(s["bad_links"] for s in starts)
+        == report.warnings["searcho1: key-point link (original_point_number) out of range (ignored)"]
+        >= 1
+    )

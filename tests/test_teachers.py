@@ -88,7 +88,9 @@ def test_grn_is_the_ridge_projection_residual():
     """GRN = ‖x‖² − kᵀ(G + ρI)⁻¹k, G = CCᵀ, k = Cx, ρ = 1e-6: the exact projection for distinct rows, and
     for two rows at angle t the direction between them counts with weight σ²/(σ²+ρ), σ² = 1 − cos t."""
     rng = np.random.default_rng(7)
-    c, x = (T.common.unit(T.common.unit(rng.normal(size=(n, D))).astype(np.float32)) for n in (3, 4))  # as Items hold it
+    c, x = (
+        T.common.unit(T.common.unit(rng.normal(size=(n, D))).astype(np.float32)) for n in (3, 4)
+    )  # as Items hold it
     g = T.get("grn").score(items(*x), state(list(c)))
     q, _ = np.linalg.qr(c.T)
     exact = 1.0 - ((x @ q) ** 2).sum(axis=1)
@@ -290,8 +292,11 @@ def test_set_gain_is_sequential_for_non_sc():
     mmr = T.get("mmr")
     s = state([E[1]])
     e = items(E[0], E[0], E[2])
-    expected = mmr.score(items(E[0]), s)[0] + mmr.score(items(E[0]), state([E[1], E[0]]))[0] \
+    expected = (
+        mmr.score(items(E[0]), s)[0]
+        + mmr.score(items(E[0]), state([E[1], E[0]]))[0]
         + mmr.score(items(E[2]), state([E[1], E[0], E[0]]))[0]
+    )
     assert set_gain(mmr, e, s) == pytest.approx(expected)
     assert set_gain(T.get("grn"), items(E[0], E[0], E[2]), state()) == pytest.approx(2.0)  # 1 + 0 + 1
     assert set_gain(T.get("dpp"), items(), s) == 0.0

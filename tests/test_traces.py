@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.schema import (SCHEMA_FILE, SCHEMA_VERSION, Candidate, Raw, RunStart,
-                                               SchemaVersionError, json_schema, parse_event, schema_text)
+from branchgate.logs_to_dataset.trace_schema import (
+    SCHEMA_FILE,
+    SCHEMA_VERSION,
+    Candidate,
+    Raw,
+    RunStart,
+    SchemaVersionError,
+    json_schema,
+    parse_event,
+    schema_text,
+)
 from branchgate.logs_to_dataset.traces import ReadReport, TraceWriter, read_events
 
 FIX = Path(__file__).parent / "fixtures"
@@ -23,24 +32,31 @@ def _read(path, strict=False):
 
 # --- schema -----------------------------------------------------------------------------------------
 
+
 def test_every_event_carries_the_version_and_round_trips():
     ev = parse_event({"v": 1, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q", "extra_field": 3})
     assert isinstance(ev, RunStart) and ev.v == SCHEMA_VERSION and ev.extra_field == 3
     assert json.loads(ev.model_dump_json())["v"] == 1
 
 
-@pytest.mark.parametrize("obj, needle", [
-    ({"run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "missing field 'v'"),
-    ({"v": "1", "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
-    ({"v": True, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
-    ({"v": 0, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
-    ({"v": 1, "run_id": "r", "seq": 0, "type": "candidate", "frame_id": "f", "candidate_id": "c"}, "field 'query'"),
-    ({"v": 1, "run_id": "r", "seq": -1, "type": "run_start", "root_query": "q"}, "field 'seq'"),
-    ({"v": 1, "run_id": 7, "seq": 0, "type": "run_start", "root_query": "q"}, "field 'run_id'"),
-    ({"v": 1, "run_id": "r", "seq": 0, "type": "decision", "candidate_id": "c", "action": "maybe"}, "field 'action'"),
-    ({"v": 1, "seq": 0, "type": "mystery"}, "field 'run_id'"),
-    ([1, 2], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "obj, needle",
+    [
+        ({"run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "missing field 'v'"),
+        ({"v": "1", "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
+        ({"v": True, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
+        ({"v": 0, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q"}, "field 'v'"),
+        ({"v": 1, "run_id": "r", "seq": 0, "type": "candidate", "frame_id": "f", "candidate_id": "c"}, "field 'query'"),
+        ({"v": 1, "run_id": "r", "seq": -1, "type": "run_start", "root_query": "q"}, "field 'seq'"),
+        ({"v": 1, "run_id": 7, "seq": 0, "type": "run_start", "root_query": "q"}, "field 'run_id'"),
+        (
+            {"v": 1, "run_id": "r", "seq": 0, "type": "decision", "candidate_id": "c", "action": "maybe"},
+            "field 'action'",
+        ),
+        ({"v": 1, "seq": 0, "type": "mystery"}, "field 'run_id'"),
+        ([1, 2], "JSON object"),
+    ],
+)
 def test_invalid_events_name_the_problem(obj, needle):
     with pytest.raises(InputError) as exc:
         parse_event(obj, "t.jsonl", 4)
@@ -60,7 +76,8 @@ def test_unknown_type_is_kept_as_raw():
 
 def test_shipped_json_schema_is_current():
     assert SCHEMA_FILE.read_text(encoding="utf-8") == schema_text(), (
-        "trace.schema.json is stale: run python3 scripts/trace_schema.py")
+        "trace.schema.json is stale: run python3 scripts/write_trace_schema.py"
+    )
     assert json.loads(SCHEMA_FILE.read_text(encoding="utf-8")) == json.loads(json.dumps(json_schema()))
 
 
@@ -71,12 +88,17 @@ def test_json_schema_accepts_fixtures_and_rejects_bad_lines():
     for line in lines:  # includes one unknown type ("tool_trace")
         validator.validate(json.loads(line))
     good = json.loads(lines[0])
-    for bad in ({**good, "v": 2}, {k: v for k, v in good.items() if k != "v"},
-                {k: v for k, v in good.items() if k != "root_query"}, {**good, "seq": -1}):
+    for bad in (
+        {**good, "v": 2},
+        {k: v for k, v in good.items() if k != "v"},
+        {k: v for k, v in good.items() if k != "root_query"},
+        {**good, "seq": -1},
+    ):
         assert not validator.is_valid(bad), bad
 
 
 # --- writer + reader --------------------------------------------------------------------------------
+
 
 def test_writer_assigns_seq_per_run_and_flushes_each_event(tmp_path):
     path = tmp_path / "t.jsonl"
@@ -88,7 +110,11 @@ def test_writer_assigns_seq_per_run_and_flushes_each_event(tmp_path):
         # readable while the writer is still open: every event is already on disk
         events, report = _read(path)
         assert [(e.run_id, e.seq, e.type) for e in events] == [
-            ("a", 0, "run_start"), ("b", 0, "run_start"), ("a", 1, "frame_open"), ("a", 7, "candidate")]
+            ("a", 0, "run_start"),
+            ("b", 0, "run_start"),
+            ("a", 1, "frame_open"),
+            ("a", 7, "candidate"),
+        ]
         assert report.skipped == []
         nxt = w.write(type="candidate", run_id="a", frame_id="f0", candidate_id="c1", query="y")
         assert nxt.seq == 8
@@ -144,14 +170,18 @@ def test_valid_last_line_without_newline_is_read(tmp_path):
 
 # --- malformed files: the documented outcome of each ------------------------------------------------
 
-@pytest.mark.parametrize("name, n_events, skipped", [
-    ("truncated.jsonl", 2, [(3, "truncated last line")]),
-    ("bad_middle.jsonl", 2, [(2, "invalid JSON"), (3, "invalid JSON"), (4, "must be a JSON object")]),
-    ("garbage.jsonl", 0, [(None, "binary data")]),
-    ("empty.jsonl", 0, [(None, "empty file")]),
-    ("missing_field.jsonl", 3, [(3, "field 'query'"), (4, "field 'run_id'"), (5, "missing field 'v'")]),
-    ("unknown_type.jsonl", 4, []),
-])
+
+@pytest.mark.parametrize(
+    "name, n_events, skipped",
+    [
+        ("truncated.jsonl", 2, [(3, "truncated last line")]),
+        ("bad_middle.jsonl", 2, [(2, "invalid JSON"), (3, "invalid JSON"), (4, "must be a JSON object")]),
+        ("garbage.jsonl", 0, [(None, "binary data")]),
+        ("empty.jsonl", 0, [(None, "empty file")]),
+        ("missing_field.jsonl", 3, [(3, "field 'query'"), (4, "field 'run_id'"), (5, "missing field 'v'")]),
+        ("unknown_type.jsonl", 4, []),
+    ],
+)
 def test_malformed_file_outcomes(name, n_events, skipped):
     events, report = _read(BROKEN / name)
     assert len(events) == n_events == report.events

@@ -17,21 +17,35 @@ from branchgate.cli import main
 from branchgate.errors import InputError, MismatchError
 from branchgate.models.encoder import EncoderSpec
 from branchgate.models.value_model import SCALAR_NAMES, ValueNet
-from branchgate.training.checkpoint import (CONTROLLER_SCHEMA_VERSION, META_KEYS, checkpoint_entry, load_controller,
-                                            make_meta, save_controller)
+from branchgate.training.checkpoint import (
+    CONTROLLER_SCHEMA_VERSION,
+    META_KEYS,
+    checkpoint_entry,
+    load_controller,
+    make_meta,
+    save_controller,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _meta(**kw):
-    return make_meta(EncoderSpec("sentence-transformers/all-MiniLM-L6-v2", "/nowhere"), tau=0.42, data_sha256="abc",
-                     dim=16, max_length=128, **kw)
+    return make_meta(
+        EncoderSpec("sentence-transformers/all-MiniLM-L6-v2", "/nowhere"),
+        tau=0.42,
+        data_sha256="abc",
+        dim=16,
+        max_length=128,
+        **kw,
+    )
 
 
 def _net() -> ValueNet:
     torch.manual_seed(1)
     net = ValueNet(16, hidden=8, dropout=0.0)
-    net.set_standardisation(torch.arange(len(SCALAR_NAMES), dtype=torch.float32), torch.full((len(SCALAR_NAMES),), 2.0), 0.7, 3.0)
+    net.set_standardisation(
+        torch.arange(len(SCALAR_NAMES), dtype=torch.float32), torch.full((len(SCALAR_NAMES),), 2.0), 0.7, 3.0
+    )
     net.set_keep_calibration(1.5, -0.25)
     return net.eval()
 
@@ -42,8 +56,14 @@ def _inputs():
     def unit(*shape):
         return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
 
-    return (unit(16), unit(16), torch.zeros(16), unit(2, 16), unit(3, 16),
-            torch.tensor([[1.0, i, 3, 2] for i in range(3)]))
+    return (
+        unit(16),
+        unit(16),
+        torch.zeros(16),
+        unit(2, 16),
+        unit(3, 16),
+        torch.tensor([[1.0, i, 3, 2] for i in range(3)]),
+    )
 
 
 def _same_outputs(a: ValueNet, b: ValueNet) -> None:
@@ -60,7 +80,9 @@ def _read(path):
 def _rewrite(path, tensors=None, entry=None, text=None):
     """Rewrite a controller file with changed tensors / ``branchgate`` entry (dict) / raw metadata text."""
     old_tensors, header = _read(path)
-    metadata = {"branchgate": text if text is not None else json.dumps(entry) if entry is not None else header["branchgate"]}
+    metadata = {
+        "branchgate": text if text is not None else json.dumps(entry) if entry is not None else header["branchgate"]
+    }
     save_file(old_tensors if tensors is None else tensors, str(path), metadata=metadata)
     return path
 
@@ -104,7 +126,9 @@ def test_file_is_safetensors_weights_plus_one_json_entry(saved):
 def test_meta_with_nan_and_numpy_values_is_written_as_plain_json(tmp_path):
     import numpy as np
 
-    path = save_controller(tmp_path / "c.safetensors", _net(), _meta(train_stats={"n_pos": np.int64(3), "u": float("nan")}))
+    path = save_controller(
+        tmp_path / "c.safetensors", _net(), _meta(train_stats={"n_pos": np.int64(3), "u": float("nan")})
+    )
     assert _entry(path)["meta"]["train_stats"] == {"n_pos": 3, "u": None}
     assert load_controller(path)[1]["train_stats"] == {"n_pos": 3, "u": None}
 
@@ -128,8 +152,7 @@ def test_missing_file(tmp_path):
 def test_corrupt_or_truncated_file_is_a_named_input_error(saved, damage):
     _, path = saved
     data = path.read_bytes()
-    path.write_bytes({"truncated": data[:-7], "garbage": b"\x07" * 64, "empty": b"",
-                      "header_only": data[:40]}[damage])
+    path.write_bytes({"truncated": data[:-7], "garbage": b"\x07" * 64, "empty": b"", "header_only": data[:40]}[damage])
     with pytest.raises(InputError, match="not a readable safetensors controller file") as err:
         load_controller(path)
     assert err.value.file == str(path)
@@ -143,11 +166,14 @@ def test_safetensors_without_the_branchgate_entry(tmp_path):
     assert err.value.file == str(path)
 
 
-@pytest.mark.parametrize("text, match", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "not an object"),
-    ('{"net": {}, "meta": 3}', r"'branchgate.meta' is missing or not an object"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "not an object"),
+        ('{"net": {}, "meta": 3}', r"'branchgate.meta' is missing or not an object"),
+    ],
+)
 def test_wrong_json_is_a_named_input_error(saved, text, match):
     _, path = saved
     _rewrite(path, text=text)
@@ -156,17 +182,20 @@ def test_wrong_json_is_a_named_input_error(saved, text, match):
     assert err.value.file == str(path)
 
 
-@pytest.mark.parametrize("section, key, value, match", [
-    ("meta", "tau", None, r"'branchgate.meta' lacks \['tau'\]"),
-    ("net", "hidden", None, r"'branchgate.net' lacks \['hidden'\]"),
-    ("meta", "dim", "16", r"'branchgate.meta.dim' has the wrong type"),
-    ("meta", "schema_version", True, r"'branchgate.meta.schema_version' has the wrong type"),
-    ("meta", "encoder", 7, r"'branchgate.meta.encoder' has the wrong type"),
-    ("meta", "feature_names", "depth", r"'branchgate.meta.feature_names' has the wrong type"),
-    ("meta", "feature_names", [1, 2], r"feature_names' must be a list of strings"),
-    ("net", "dropout", "0.1", r"'branchgate.net.dropout' has the wrong type"),
-    ("meta", "schema_version", 0, "unknown controller schema_version 0"),
-])
+@pytest.mark.parametrize(
+    "section, key, value, match",
+    [
+        ("meta", "tau", None, r"'branchgate.meta' lacks \['tau'\]"),
+        ("net", "hidden", None, r"'branchgate.net' lacks \['hidden'\]"),
+        ("meta", "dim", "16", r"'branchgate.meta.dim' has the wrong type"),
+        ("meta", "schema_version", True, r"'branchgate.meta.schema_version' has the wrong type"),
+        ("meta", "encoder", 7, r"'branchgate.meta.encoder' has the wrong type"),
+        ("meta", "feature_names", "depth", r"'branchgate.meta.feature_names' has the wrong type"),
+        ("meta", "feature_names", [1, 2], r"feature_names' must be a list of strings"),
+        ("net", "dropout", "0.1", r"'branchgate.net.dropout' has the wrong type"),
+        ("meta", "schema_version", 0, "unknown controller schema_version 0"),
+    ],
+)
 def test_missing_keys_and_wrong_types_name_the_field(saved, section, key, value, match):
     _, path = saved
     entry = _entry(path)
@@ -180,11 +209,14 @@ def test_missing_keys_and_wrong_types_name_the_field(saved, section, key, value,
     assert err.value.file == str(path)
 
 
-@pytest.mark.parametrize("key, value, match", [
-    ("schema_version", CONTROLLER_SCHEMA_VERSION + 1, "newer than this branchgate"),
-    ("feature_names", ["depth"], r"features \(meta.feature_names\) \['depth'\]"),
-    ("dim", 384, "meta.dim 384 != net.dim 16"),
-])
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("schema_version", CONTROLLER_SCHEMA_VERSION + 1, "newer than this branchgate"),
+        ("feature_names", ["depth"], r"features \(meta.feature_names\) \['depth'\]"),
+        ("dim", 384, "meta.dim 384 != net.dim 16"),
+    ],
+)
 def test_meta_disagreeing_with_this_branchgate_or_the_net_is_a_mismatch(saved, key, value, match):
     _, path = saved
     entry = _entry(path)
@@ -195,13 +227,16 @@ def test_meta_disagreeing_with_this_branchgate_or_the_net_is_a_mismatch(saved, k
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize("change, match", [
-    ("drop_keep_scale", r"do not fit.*keep_scale"),  # no silent default for missing calibration buffers
-    ("extra", r"do not fit.*surplus"),
-    ("wrong_shape", r"do not fit.*scalar_mean"),
-    ("integer", r"\['utility_std'\] are not floating-point"),
-    ("net_config", r"do not fit"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ("drop_keep_scale", r"do not fit.*keep_scale"),  # no silent default for missing calibration buffers
+        ("extra", r"do not fit.*surplus"),
+        ("wrong_shape", r"do not fit.*scalar_mean"),
+        ("integer", r"\['utility_std'\] are not floating-point"),
+        ("net_config", r"do not fit"),
+    ],
+)
 def test_tensors_that_do_not_fit_the_valuenet(saved, change, match):
     _, path = saved
     tensors, _ = _read(path)
@@ -238,8 +273,11 @@ def _evil(tmp_path, how: str = "torch") -> tuple[Path, Path]:
     marker = tmp_path / "MARKER"
     evil = tmp_path / "evil.ckpt"
     net = _net()
-    obj = {"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()},
-           "branchgate": checkpoint_entry(net, _meta()), "hyper_parameters": _Payload(marker)}
+    obj = {
+        "state_dict": {f"net.{k}": v for k, v in net.state_dict().items()},
+        "branchgate": checkpoint_entry(net, _meta()),
+        "hyper_parameters": _Payload(marker),
+    }
     if how == "torch":
         torch.save(obj, evil)
     else:
@@ -266,10 +304,26 @@ def test_crafted_pickle_is_refused_and_runs_nothing(tmp_path, how):
 def _cli_cases(evil: Path, tmp_path: Path) -> dict[str, list[str]]:
     return {
         "export": ["export", "--checkpoint", str(evil), "--out", str(tmp_path / "out" / "controller.onnx")],
-        "evaluate": ["evaluate", "--checkpoint", str(evil), "--dataset", str(tmp_path / "no-dataset"),
-                     "--out", str(tmp_path / "eval")],
-        "bench-gate": ["bench-gate", "--model", str(tmp_path / "controller.onnx"), "--checkpoint", str(evil),
-                       "--reps", "1", "--threads", "1"],
+        "evaluate": [
+            "evaluate",
+            "--checkpoint",
+            str(evil),
+            "--dataset",
+            str(tmp_path / "no-dataset"),
+            "--out",
+            str(tmp_path / "eval"),
+        ],
+        "bench-gate": [
+            "bench-gate",
+            "--model",
+            str(tmp_path / "controller.onnx"),
+            "--checkpoint",
+            str(evil),
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+        ],
     }
 
 
@@ -288,8 +342,14 @@ def test_plain_tensor_ckpt_still_loads(tmp_path):
     """A Lightning-layout ``.ckpt`` holding only containers and tensors loads with weights_only=True."""
     net = _net()
     path = tmp_path / "plain.ckpt"
-    torch.save({"state_dict": {f"net.{k}": v for k, v in net.state_dict().items()},
-                "branchgate": checkpoint_entry(net, _meta()), "epoch": 3}, path)
+    torch.save(
+        {
+            "state_dict": {f"net.{k}": v for k, v in net.state_dict().items()},
+            "branchgate": checkpoint_entry(net, _meta()),
+            "epoch": 3,
+        },
+        path,
+    )
     loaded, meta = load_controller(path)
     assert meta["tau"] == pytest.approx(0.42)
     _same_outputs(net, loaded)
@@ -304,13 +364,19 @@ def test_ckpt_without_the_branchgate_entry(tmp_path):
 
 def test_no_product_code_unpickles():
     """Outside tests/, nothing calls full unpickling: no weights_only=False, no pickle module, no allow_pickle."""
-    pattern = re.compile(r"weights_only\s*=\s*False|^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib)\b"
-                         r"|allow_pickle\s*=\s*True|pickle\.loads?\(", re.MULTILINE)
+    pattern = re.compile(
+        r"weights_only\s*=\s*False|^\s*(import|from)\s+(pickle|cPickle|dill|cloudpickle|joblib)\b"
+        r"|allow_pickle\s*=\s*True|pickle\.loads?\(",
+        re.MULTILINE,
+    )
     offenders = []
     for py in REPO.rglob("*.py"):
         rel = py.relative_to(REPO)
-        if (rel.parts[0] in ("tests", "build", "dist") or "egg-info" in rel.parts[0]
-                or any(part.startswith(".") for part in rel.parts)):  # .git, .ci/.venv-* (third-party code)
+        if (
+            rel.parts[0] in ("tests", "build", "dist")
+            or "egg-info" in rel.parts[0]
+            or any(part.startswith(".") for part in rel.parts)
+        ):  # .git, .ci/.venv-* (third-party code)
             continue
         if pattern.search(py.read_text(encoding="utf-8", errors="replace")):
             offenders.append(str(rel))

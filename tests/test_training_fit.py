@@ -7,7 +7,7 @@ import json
 import pytest
 
 from branchgate.cli import main
-from branchgate.data.decisions import TextTable, build_decisions
+from branchgate.data.decision_batches import TextTable, build_decisions
 from branchgate.data.synthetic import warm_cache, write_synthetic_dataset
 from branchgate.training.metrics import METRIC_KEYS
 from branchgate.training.plots import PLOTS
@@ -20,9 +20,35 @@ def trained(tmp_path_factory, encoder):
     cache = root / "emb.sqlite"
     warm_cache(ds, cache, encoder)  # warm: training itself never loads the encoder
     out = root / "run"
-    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
-               "--out", str(out), "--wandb.mode", "disabled", "--calibration.root_tau", "0.8", "--trainer.max_epochs", "15", "--model.hidden", "32", "--model.lr", "0.003", "--model.dropout", "0.1",
-               "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "quickstart",
+            "--data.dataset",
+            str(ds),
+            "--data.cache",
+            str(cache),
+            "--out",
+            str(out),
+            "--wandb.mode",
+            "disabled",
+            "--calibration.root_tau",
+            "0.8",
+            "--trainer.max_epochs",
+            "15",
+            "--model.hidden",
+            "32",
+            "--model.lr",
+            "0.003",
+            "--model.dropout",
+            "0.1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_model_summary",
+            "false",
+        ]
+    )
     assert rc == 0
     return ds, cache, out
 
@@ -92,8 +118,19 @@ def test_train_ships_safetensors_and_keeps_lightning_ckpt_for_resuming_only(trai
 
 def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):
     ds, cache, out = trained
-    rc = main(["evaluate", "--checkpoint", str(out / "controller.safetensors"), "--dataset", str(ds), "--cache", str(cache),
-               "--out", str(tmp_path / "eval")])
+    rc = main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(out / "controller.safetensors"),
+            "--dataset",
+            str(ds),
+            "--cache",
+            str(cache),
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+    )
     assert rc == 0
     again = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     first = json.loads((out / "metrics.json").read_text())
@@ -103,12 +140,42 @@ def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):
 
 def test_cli_encoder_errors(trained, tmp_path, capsys):
     ds, cache, _ = trained
-    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
-               "--data.encoder", "no-such-org/no-such-encoder", "--out", str(tmp_path / "x"), "--wandb.mode", "disabled"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "quickstart",
+            "--data.dataset",
+            str(ds),
+            "--data.cache",
+            str(cache),
+            "--data.encoder",
+            "no-such-org/no-such-encoder",
+            "--out",
+            str(tmp_path / "x"),
+            "--wandb.mode",
+            "disabled",
+        ]
+    )
     assert rc == 2
     assert "--encoder packaged" in capsys.readouterr().err
-    rc = main(["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache),
-               "--calibration.root_tau", "1.5", "--out", str(tmp_path / "y"), "--wandb.mode", "disabled"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            "quickstart",
+            "--data.dataset",
+            str(ds),
+            "--data.cache",
+            str(cache),
+            "--calibration.root_tau",
+            "1.5",
+            "--out",
+            str(tmp_path / "y"),
+            "--wandb.mode",
+            "disabled",
+        ]
+    )
     assert rc == 2 and "--calibration.root_tau" in capsys.readouterr().err
     import shutil
 
@@ -120,8 +187,19 @@ def test_cli_encoder_errors(trained, tmp_path, capsys):
     rc = main(["evaluate", "--checkpoint", str(tmp_path.parent / "x.safetensors"), "--dataset", str(bge)])
     assert rc == 2 and "controller checkpoint not found" in capsys.readouterr().err
     _, _, out = trained
-    rc = main(["evaluate", "--checkpoint", str(out / "controller.safetensors"), "--dataset", str(bge), "--cache", str(cache),
-               "--out", str(tmp_path / "e")])
+    rc = main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(out / "controller.safetensors"),
+            "--dataset",
+            str(bge),
+            "--cache",
+            str(cache),
+            "--out",
+            str(tmp_path / "e"),
+        ]
+    )
     assert rc == 2 and "was built with encoder 'BAAI/bge-small-en-v1.5'" in capsys.readouterr().err
 
 
@@ -134,7 +212,7 @@ def test_config_names_resolve_to_packaged_files_even_beside_a_same_named_directo
     (tmp_path / "quickstart").mkdir()  # what `branchgate quickstart` creates before it trains
     argv = resolve_config_names(["--config", "quickstart", "--config=benchmark"])
     assert Path(argv[1]).name == "quickstart.yaml" and Path(argv[1]).is_file()
-    assert argv[2].startswith("--config=") and argv[2].endswith("benchmark.yaml")
+    assert argv[2].startswith("--config=") and argv[2].endswith("bench_train.yaml")  # the old name is an alias
     (tmp_path / "mine.yaml").write_text("seed_everything: 1\n")
     assert resolve_config_names(["--config", "mine.yaml"])[1] == "mine.yaml"  # a real file wins
 
@@ -160,6 +238,6 @@ def test_scalars_computed_once_equal_those_of_any_batch(tmp_path):
     assert once.shape == (dset.n_rows, len(net.scalar_mean)) and torch.isfinite(once).all()
     order = np.random.default_rng(1).permutation(len(dset))
     for start in range(0, len(order), 7):
-        b = dset.batch(order[start:start + 7], table)
+        b = dset.batch(order[start : start + 7], table)
         s = net.scalars(b["root"], b["frame"], b["goal"], b["retained"], b["cand"], b["features"])
         assert torch.allclose(once[b["rows"][b["mask"]]], s[b["mask"]].float(), atol=1e-5)

@@ -10,19 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from export_support import exported
 from tokenizers import Tokenizer
 
+from branchgate.export.samples import sample_decisions
 from branchgate.inference.gate import Gate
 from branchgate.inference.inputs import as_decision, decision_texts
-from branchgate.inference.wordpiece import checked_wordpiece
-from branchgate.export.samples import sample_decisions
-from branchgate.inference.wordpiece import AsciiWordPiece
-from export_support import exported
+from branchgate.inference.wordpiece import AsciiWordPiece, checked_wordpiece
 
 
 @pytest.fixture(scope="module")
 def tok_text(encoder) -> str:
-    from branchgate.export.controller import tokenizer_json
+    from branchgate.export.onnx_metadata import tokenizer_json
 
     return tokenizer_json(encoder)
 
@@ -82,8 +81,12 @@ def test_other_text_goes_to_tokenizers(tok_text):
 def test_only_bert_wordpiece_tokenizers_get_a_fast_path(tok_text):
     data = json.loads(tok_text)
     assert AsciiWordPiece.from_json(data, 512) is not None
-    for key, value in (("normalizer", {"type": "Lowercase"}), ("pre_tokenizer", {"type": "Whitespace"}),
-                       ("post_processor", None), ("model", dict(data["model"], type="BPE"))):
+    for key, value in (
+        ("normalizer", {"type": "Lowercase"}),
+        ("pre_tokenizer", {"type": "Whitespace"}),
+        ("post_processor", None),
+        ("model", dict(data["model"], type="BPE")),
+    ):
         assert AsciiWordPiece.from_json(dict(data, **{key: value}), 512) is None, key
     assert AsciiWordPiece.from_json(data, 1) is None
 
@@ -100,8 +103,13 @@ def test_gate_tokens_match_the_library_padded(encoder):
     model = Path(exported(encoder)["files"]["fp32"])
     gate = Gate.load(model, threads=1)
     assert gate._wordpiece is not None
-    texts = ["Honeybee colony collapse: causes?\nFind the main drivers", "Почему пчёлы умирают", "",
-             "word " * 5000, "varroa mites [MASK]"]
+    texts = [
+        "Honeybee colony collapse: causes?\nFind the main drivers",
+        "Почему пчёлы умирают",
+        "",
+        "word " * 5000,
+        "varroa mites [MASK]",
+    ]
     got = gate._tokens(texts)
     gate._wordpiece = None
     want = gate._tokens(texts)
@@ -110,18 +118,25 @@ def test_gate_tokens_match_the_library_padded(encoder):
     lib = reference(model.with_name("controller.tokenizer.json").read_text(encoding="utf-8"), gate.max_length)
     for row, text in zip(got["input_ids"], texts):
         ids = lib.encode(text).ids
-        assert list(row[:len(ids)]) == ids and not row[len(ids):].any()
+        assert list(row[: len(ids)]) == ids and not row[len(ids) :].any()
 
 
 def test_padding_saved_in_a_tokenizer_file_is_ignored(encoder, tmp_path):
     model = Path(exported(encoder)["files"]["fp32"])
     data = json.loads(model.with_name("controller.tokenizer.json").read_text(encoding="utf-8"))
-    data["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
-                       "pad_type_id": 0, "pad_token": "[PAD]"}
+    data["padding"] = {
+        "strategy": {"Fixed": 64},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
     (tmp_path / "padded.json").write_text(json.dumps(data), encoding="utf-8")
     # a model whose tokenizer file carries a padding setting (its metadata hash is that file's)
-    from branchgate.inference.model_file import read_metadata
     from export_support import relabelled
+
+    from branchgate.inference.model_file import read_metadata
 
     sha = hashlib.sha256((tmp_path / "padded.json").read_bytes()).hexdigest()
     padded = relabelled(model, tmp_path, dict(read_metadata(model), tokenizer_sha256=sha))
@@ -129,4 +144,6 @@ def test_padding_saved_in_a_tokenizer_file_is_ignored(encoder, tmp_path):
     want = Gate.load(model, threads=1)._tokens(texts)
     got = Gate.load(padded, threads=1, tokenizer=tmp_path / "padded.json")._tokens(texts)
     assert got["input_ids"].shape[1] < 64
-    assert np.array_equal(got["input_ids"], want["input_ids"]) and np.array_equal(got["attention_mask"], want["attention_mask"])
+    assert np.array_equal(got["input_ids"], want["input_ids"]) and np.array_equal(
+        got["attention_mask"], want["attention_mask"]
+    )

@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from branchgate.data.schema import TEACHER_PREFIX, teacher_columns
+from branchgate.data.dataset_schema import TEACHER_PREFIX, teacher_columns
 from branchgate.texts import candidate_text
 from branchgate.training.metrics import calibrate_tau, gate_metrics
 
@@ -79,8 +79,9 @@ def _calib(method: str, keep_rate):
     return ("f1", None) if method == "fixed" else (method, keep_rate)
 
 
-def evaluate_baselines(splits, test_groups, model_keep_rate: float, method: str = "f1",
-                       keep_rate: float | None = None, seed: int = 0) -> tuple[dict, dict]:
+def evaluate_baselines(
+    splits, test_groups, model_keep_rate: float, method: str = "f1", keep_rate: float | None = None, seed: int = 0
+) -> tuple[dict, dict]:
     """``(metrics per baseline, test scores per baseline)`` for curves."""
     val, test = splits["validation"], splits["test"]
     yv, yt, ut = _labels(val), _labels(test), _utility(test)
@@ -89,7 +90,7 @@ def evaluate_baselines(splits, test_groups, model_keep_rate: float, method: str 
     for col in teacher_columns(test.column_names):
         if col not in val.column_names:
             continue
-        sign = teacher_direction(col[len(TEACHER_PREFIX):])
+        sign = teacher_direction(col[len(TEACHER_PREFIX) :])
         sv, st = _oriented(val[col], sign), _oriented(test[col], sign)
         tau = calibrate_tau(sv, yv, cm, ck)
         out[col] = gate_metrics(st, platt(sv, yv)(st), yt, ut, test_groups, tau)

@@ -35,22 +35,42 @@ CONTROLLER_SCHEMA_VERSION = 1
 CONTROLLER_FILE = "controller.safetensors"
 FORMAT = "branchgate-controller"
 METADATA_KEY = "branchgate"
-META_KEYS = ["encoder", "encoder_path", "dim", "max_length", "tau", "feature_names", "schema_version",
-             "data_sha256", "branchgate_version"]
+META_KEYS = [
+    "encoder",
+    "encoder_path",
+    "dim",
+    "max_length",
+    "tau",
+    "feature_names",
+    "schema_version",
+    "data_sha256",
+    "branchgate_version",
+]
 _NUMBER = (int, float)
 # Field → allowed JSON types (bool is rejected separately where a number is meant).
 _NET_TYPES = {"dim": int, "hidden": int, "dropout": _NUMBER, "mmr_lambda": _NUMBER, "towers": str, "order": bool}
 _NET_OPTIONAL = ("towers", "order")  # files written before these options: full towers, order an input (the defaults)
-_META_TYPES = {"encoder": str, "encoder_path": (str, type(None)), "dim": int, "max_length": int,
-               "tau": (*_NUMBER, type(None)), "feature_names": list, "schema_version": int,
-               "data_sha256": (str, type(None)), "branchgate_version": str,
-               "calibration": (dict, type(None)), "standardisation": dict, "feature_range": (dict, type(None))}
+_META_TYPES = {
+    "encoder": str,
+    "encoder_path": (str, type(None)),
+    "dim": int,
+    "max_length": int,
+    "tau": (*_NUMBER, type(None)),
+    "feature_names": list,
+    "schema_version": int,
+    "data_sha256": (str, type(None)),
+    "branchgate_version": str,
+    "calibration": (dict, type(None)),
+    "standardisation": dict,
+    "feature_range": (dict, type(None)),
+}
 # Buffers a controller file may lack (written before they existed): their defaults mean "no effect".
 OPTIONAL_BUFFERS = ("feature_min", "feature_max")
 
 
-def make_meta(encoder, tau: float | None = None, data_sha256: str | None = None, feature_range: dict | None = None,
-              **extra) -> dict:
+def make_meta(
+    encoder, tau: float | None = None, data_sha256: str | None = None, feature_range: dict | None = None, **extra
+) -> dict:
     """Checkpoint metadata for a controller trained on ``encoder`` (an ``Encoder`` or ``EncoderSpec`` plus dim).
     ``feature_range``: the train split's ``{feature: [min, max]}`` (``train_feature_range``); the file stores the
     ValueNet's own range buffers (``checkpoint_entry``), which the net clamps its structured features to."""
@@ -86,8 +106,11 @@ def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
     missing = [k for k in META_KEYS if k not in meta]
     if missing:
         raise ValueError(f"controller meta lacks {missing}")
-    return {"format": FORMAT, "net": net.config(),
-            "meta": dict(meta, standardisation=net.standardisation(), feature_range=net.feature_range())}
+    return {
+        "format": FORMAT,
+        "net": net.config(),
+        "meta": dict(meta, standardisation=net.standardisation(), feature_range=net.feature_range()),
+    }
 
 
 def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
@@ -134,10 +157,16 @@ def read_lightning_checkpoint(path: str | Path) -> dict:
     except Exception as exc:
         lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
         needs = next((line for line in lines if "GLOBAL" in line), None)  # the weights_only unpickler's refusal
-        why = (f"it is a pickle that needs more than tensors and plain containers ({needs})" if needs else
-               f"torch.load(weights_only=True) cannot read it ({next((x for x in lines if x), type(exc).__name__)})")
-        raise InputError(f"cannot be loaded safely: {why}; branchgate never unpickles anything else. Use the "
-                         f"{CONTROLLER_FILE} that `branchgate train` writes", file=str(path)) from None
+        why = (
+            f"it is a pickle that needs more than tensors and plain containers ({needs})"
+            if needs
+            else f"torch.load(weights_only=True) cannot read it ({next((x for x in lines if x), type(exc).__name__)})"
+        )
+        raise InputError(
+            f"cannot be loaded safely: {why}; branchgate never unpickles anything else. Use the "
+            f"{CONTROLLER_FILE} that `branchgate train` writes",
+            file=str(path),
+        ) from None
     if not isinstance(ckpt, dict):
         raise InputError(f"not a checkpoint (a {type(ckpt).__name__}, not a dict)", file=str(path))
     return ckpt
@@ -146,12 +175,17 @@ def read_lightning_checkpoint(path: str | Path) -> dict:
 def _read_torch_checkpoint(path: Path) -> tuple[object, object]:
     ckpt = read_lightning_checkpoint(path)
     if METADATA_KEY not in ckpt or "state_dict" not in ckpt:
-        raise InputError(f"not a branchgate controller checkpoint (no '{METADATA_KEY}' entry); use the "
-                         f"{CONTROLLER_FILE} that `branchgate train` writes", file=str(path))
+        raise InputError(
+            f"not a branchgate controller checkpoint (no '{METADATA_KEY}' entry); use the "
+            f"{CONTROLLER_FILE} that `branchgate train` writes",
+            file=str(path),
+        )
     state = ckpt["state_dict"]
     if not isinstance(state, dict):
         raise InputError("'state_dict' is not a dict of tensors", file=str(path))
-    return ckpt[METADATA_KEY], {k[len("net."):]: v for k, v in state.items() if isinstance(k, str) and k.startswith("net.")}
+    return ckpt[METADATA_KEY], {
+        k[len("net.") :]: v for k, v in state.items() if isinstance(k, str) and k.startswith("net.")
+    }
 
 
 def _read_safetensors(path: Path) -> tuple[object, dict]:
@@ -164,8 +198,9 @@ def _read_safetensors(path: Path) -> tuple[object, dict]:
     except Exception as exc:  # safetensors raises its own error types for bad headers and truncated data
         raise InputError(f"not a readable safetensors controller file ({_first_line(exc)})", file=str(path)) from None
     if METADATA_KEY not in header:
-        raise InputError(f"not a branchgate controller file: the safetensors metadata has no '{METADATA_KEY}' "
-                         f"entry", file=str(path))
+        raise InputError(
+            f"not a branchgate controller file: the safetensors metadata has no '{METADATA_KEY}' entry", file=str(path)
+        )
     try:
         entry = load_json(header[METADATA_KEY], str(path))
     except InputError as exc:
@@ -189,12 +224,16 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
     _check_values(where, meta)
     version = meta["schema_version"]
     if version > CONTROLLER_SCHEMA_VERSION:
-        raise MismatchError(f"{where}: controller schema_version {version} is newer than this branchgate "
-                            f"({CONTROLLER_SCHEMA_VERSION}); upgrade branchgate")
+        raise MismatchError(
+            f"{where}: controller schema_version {version} is newer than this branchgate "
+            f"({CONTROLLER_SCHEMA_VERSION}); upgrade branchgate"
+        )
     if version < 1:
         raise InputError(f"unknown controller schema_version {version}", file=where)
     if meta["feature_names"] != FEATURE_NAMES:
-        raise MismatchError(f"{where}: checkpoint features (meta.feature_names) {meta['feature_names']} != {FEATURE_NAMES}")
+        raise MismatchError(
+            f"{where}: checkpoint features (meta.feature_names) {meta['feature_names']} != {FEATURE_NAMES}"
+        )
     if meta["dim"] and meta["dim"] != net_cfg["dim"]:
         raise MismatchError(f"{where}: meta.dim {meta['dim']} != net.dim {net_cfg['dim']}")
     bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor) or not v.is_floating_point())
@@ -215,11 +254,15 @@ def _check_values(where: str, meta: dict) -> None:
     encoder's own), ``tau`` and ``calibration.root_tau`` null or numbers in [0, 1]."""
     for key, top in (("dim", MAX_DIM), ("max_length", MAX_LENGTH)):
         if not 0 <= meta[key] <= top:
-            raise InputError(f"'{METADATA_KEY}.meta.{key}' must be an integer in [0, {top}], got {meta[key]!r}", file=where)
+            raise InputError(
+                f"'{METADATA_KEY}.meta.{key}' must be an integer in [0, {top}], got {meta[key]!r}", file=where
+            )
     for key, value in (("tau", meta["tau"]), ("calibration.root_tau", (meta.get("calibration") or {}).get("root_tau"))):
         ok = value is None or (isinstance(value, _NUMBER) and not isinstance(value, bool) and 0.0 <= value <= 1.0)
         if not ok:  # also refuses nan
-            raise InputError(f"'{METADATA_KEY}.meta.{key}' must be null or a number in [0, 1], got {value!r}", file=where)
+            raise InputError(
+                f"'{METADATA_KEY}.meta.{key}' must be null or a number in [0, 1], got {value!r}", file=where
+            )
 
 
 def _check_finite(where: str, state: dict) -> None:
@@ -272,8 +315,9 @@ def _check_fields(where: str, section: str, obj: dict, types: dict, required: li
         value = obj[key]
         number_expected = allowed is int or (isinstance(allowed, tuple) and int in allowed)
         if not isinstance(value, allowed) or (number_expected and isinstance(value, bool)):
-            raise InputError(f"'{METADATA_KEY}.{section}.{key}' has the wrong type ({type(value).__name__}: "
-                             f"{value!r})", file=where)
+            raise InputError(
+                f"'{METADATA_KEY}.{section}.{key}' has the wrong type ({type(value).__name__}: {value!r})", file=where
+            )
     if section == "meta" and not all(isinstance(n, str) for n in obj["feature_names"]):
         raise InputError(f"'{METADATA_KEY}.meta.feature_names' must be a list of strings", file=where)
 

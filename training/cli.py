@@ -3,7 +3,7 @@
     branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
     branchgate train --help          (every option: --model.*, --data.*, --trainer.*, --calibration.*, ...)
 
-``--config NAME`` also finds the packaged configs (quickstart, paper, benchmark) by name.
+``--config NAME`` also finds the packaged configs (quickstart, paper, bench_train; ``benchmark`` is an alias of bench_train) by name.
 """
 
 from __future__ import annotations
@@ -14,8 +14,12 @@ from pathlib import Path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("lightning_argv", nargs="*", metavar="ARGS",
-                        help="LightningCLI arguments: --config FILE, --model.*, --data.*, --trainer.*, --out DIR")
+    parser.add_argument(
+        "lightning_argv",
+        nargs="*",
+        metavar="ARGS",
+        help="LightningCLI arguments: --config FILE, --model.*, --data.*, --trainer.*, --out DIR",
+    )
 
     def parse_known_args(args=None, namespace=None):
         # Everything after `train` (including --help) goes to LightningCLI untouched.
@@ -42,9 +46,13 @@ def resolve_config_names(argv: list[str]) -> list[str]:
     return out
 
 
+CONFIG_ALIASES = {"benchmark": "bench_train"}  # the bench's training config, named benchmark until 0.1.0
+
+
 def _find(name: str, packaged: Path) -> str:
     if Path(name).is_file():  # a directory of the same name (e.g. the quickstart's output) is not a config
         return name
+    name = CONFIG_ALIASES.get(name, name)
     for cand in (packaged / name, packaged / f"{name}.yaml"):
         if cand.is_file():
             return str(cand)

@@ -62,8 +62,16 @@ def calibrate(net, dm, method: str = "f1", keep_rate: float | None = None, tau: 
     return calibrate_tau(p, np.asarray(dm.splits["validation"]["label"], np.int64), method, keep_rate, tau)
 
 
-def evaluate(net, meta: dict, dm, out: str | Path, tau: float, calibration: dict | None = None, seed: int = 0,
-             extra: dict | None = None) -> dict:
+def evaluate(
+    net,
+    meta: dict,
+    dm,
+    out: str | Path,
+    tau: float,
+    calibration: dict | None = None,
+    seed: int = 0,
+    extra: dict | None = None,
+) -> dict:
     """Test-split metrics of the model (at ``tau``) and every baseline → ``out/metrics.json`` + PNG plots."""
     from branchgate.training.plots import write_plots
 
@@ -75,8 +83,14 @@ def evaluate(net, meta: dict, dm, out: str | Path, tau: float, calibration: dict
     p, u = predict(net, dset, dm.table)
     model = gate_metrics(p, p, labels, utility, dset.decision, tau, utility_pred=u)
     model["top1_accuracy_utility_head"] = top1_accuracy(u, utility, dset.decision)
-    baselines, curves = evaluate_baselines(dm.splits, dset.decision, model["keep_rate"] or 0.0,
-                                           calibration.get("method", "f1"), calibration.get("keep_rate"), seed)
+    baselines, curves = evaluate_baselines(
+        dm.splits,
+        dset.decision,
+        model["keep_rate"] or 0.0,
+        calibration.get("method", "f1"),
+        calibration.get("keep_rate"),
+        seed,
+    )
     metrics = {
         **model,
         "baselines": baselines,
@@ -112,8 +126,15 @@ def format_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | Path, cache: str | None = None,
-                        recalibrate: str | None = None, keep_rate: float | None = None, seed: int = 0) -> dict:
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    dataset: str | Path,
+    out: str | Path,
+    cache: str | None = None,
+    recalibrate: str | None = None,
+    keep_rate: float | None = None,
+    seed: int = 0,
+) -> dict:
     """``branchgate evaluate``: recompute metrics.json and plots for a trained controller (``controller.safetensors``;
     a Lightning ``.ckpt`` only if ``torch.load(weights_only=True)`` can read it, see ``training/checkpoint.py``)."""
     from branchgate.data.datamodule import DecisionDataModule
@@ -132,5 +153,13 @@ def evaluate_checkpoint(checkpoint: str | Path, dataset: str | Path, out: str | 
         calibration = {"method": recalibrate or calibration.get("method", "f1"), "keep_rate": keep_rate}
         tau = calibrate(net, dm, calibration["method"], keep_rate, meta.get("tau"))
     with atomic_dir(out, OUTPUT_KIND) as tmp:  # metrics.json and the plots replace an earlier evaluation whole
-        return evaluate(net, meta, dm, tmp, float(tau), calibration, seed=seed,
-                        extra={"checkpoint": str(checkpoint), "tau_source": "recalibrated" if recalibrate else "checkpoint"})
+        return evaluate(
+            net,
+            meta,
+            dm,
+            tmp,
+            float(tau),
+            calibration,
+            seed=seed,
+            extra={"checkpoint": str(checkpoint), "tau_source": "recalibrated" if recalibrate else "checkpoint"},
+        )

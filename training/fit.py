@@ -53,20 +53,40 @@ class Wandb:
 
 class TrainCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--out", type=Optional[str], default=None,
-                            help="run directory for checkpoints, logs, metrics.json and plots (default runs/<config>-<time>)")
-        parser.add_argument("--threads", type=int, default=1,
-                            help="torch CPU threads (the net is small: 1 avoids contention; 0 = torch's default)")
-        parser.add_argument("--ckpt_path", type=Optional[str], default=None,
-                            help="resume fitting from this Lightning checkpoint")
+        parser.add_argument(
+            "--out",
+            type=Optional[str],  # noqa: UP045 (jsonargparse reads the typing form)
+            default=None,
+            help="run directory for checkpoints, logs, metrics.json and plots (default runs/<config>-<time>)",
+        )
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=1,
+            help="torch CPU threads (the net is small: 1 avoids contention; 0 = torch's default)",
+        )
+        parser.add_argument(
+            "--ckpt_path",
+            type=Optional[str],  # noqa: UP045 (jsonargparse reads the typing form)
+            default=None,
+            help="resume fitting from this Lightning checkpoint",
+        )
         parser.add_argument("--calibration", type=Calibration, default=Calibration())
         parser.add_argument("--wandb", type=Wandb, default=Wandb())
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
-        parser.set_defaults({"early_stopping.monitor": "val_auroc", "early_stopping.mode": "max",
-                             "early_stopping.patience": 8})
+        parser.set_defaults(
+            {"early_stopping.monitor": "val_auroc", "early_stopping.mode": "max", "early_stopping.patience": 8}
+        )
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.monitor": "val_auroc", "checkpoint.mode": "max", "checkpoint.save_top_k": 1,
-                             "checkpoint.filename": "best-{epoch:03d}-{val_auroc:.4f}", "checkpoint.save_last": False})
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": "val_auroc",
+                "checkpoint.mode": "max",
+                "checkpoint.save_top_k": 1,
+                "checkpoint.filename": "best-{epoch:03d}-{val_auroc:.4f}",
+                "checkpoint.save_last": False,
+            }
+        )
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config
@@ -99,8 +119,9 @@ def make_loggers(out: Path, wb: Wandb) -> list:
         from lightning.pytorch.loggers import WandbLogger
 
         os.environ.setdefault("WANDB_SILENT", "true")
-        loggers.append(WandbLogger(project=wb.project, name=wb.name or out.name, save_dir=str(out),
-                                   offline=wb.mode == "offline"))
+        loggers.append(
+            WandbLogger(project=wb.project, name=wb.name or out.name, save_dir=str(out), offline=wb.mode == "offline")
+        )
     return loggers
 
 
@@ -120,16 +141,22 @@ def train(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
 
     cli = TrainCLI(
-        ControllerModule, DecisionDataModule, run=False, args=argv, seed_everything_default=0,
-        save_config_callback=None, auto_configure_optimizers=False,
+        ControllerModule,
+        DecisionDataModule,
+        run=False,
+        args=argv,
+        seed_everything_default=0,
+        save_config_callback=None,
+        auto_configure_optimizers=False,
         trainer_defaults={"accelerator": "cpu", "devices": 1, "deterministic": True, "log_every_n_steps": 5},
-        parser_kwargs={"prog": "branchgate train", "description": __doc__.split("\n\n")[0],
-                       "default_env": False},
+        parser_kwargs={"prog": "branchgate train", "description": __doc__.split("\n\n")[0], "default_env": False},
     )
     for key in ("max_epochs", "max_steps"):
         if cli.config.get(f"trainer.{key}") == 0:
-            raise InputError("must be ≥ 1 (or -1: no limit); 0 would train nothing and write an untrained controller",
-                             f"--trainer.{key}")
+            raise InputError(
+                "must be ≥ 1 (or -1: no limit); 0 would train nothing and write an untrained controller",
+                f"--trainer.{key}",
+            )
     if cli.config.get("threads"):
         torch.set_num_threads(int(cli.config["threads"]))
     out = Path(cli.config["out"])
@@ -147,8 +174,11 @@ def train(argv: list[str] | None = None) -> dict:
     if trainer.interrupted:
         raise KeyboardInterrupt
     if trainer.global_step == 0:
-        raise InputError("no training step ran (check --trainer.max_epochs / max_steps / limit_train_batches and the "
-                         "train split); no controller written", str(out))
+        raise InputError(
+            "no training step ran (check --trainer.max_epochs / max_steps / limit_train_batches and the "
+            "train split); no controller written",
+            str(out),
+        )
     if trainer.global_rank != 0:  # DDP: the other ranks only trained; rank 0 writes the controller and metrics
         return {}
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -161,19 +191,40 @@ def train(argv: list[str] | None = None) -> dict:
     model.tau = tau
     model.meta.update(tau=tau, calibration=dict(asdict(calib), platt=platt))
     final = save_controller(out / CONTROLLER_FILE, model.net, model.meta)
-    metrics = evaluate(model.net, model.meta, dm, out, tau, model.meta["calibration"], seed=int(cli.config.get("seed_everything") or 0),
-                       extra={"checkpoint": str(final), "best_checkpoint": best or None,
-                              "epochs": int(trainer.current_epoch), "fit_seconds": round(fit_s, 2),
-                              "val_auroc_best": float(trainer.checkpoint_callback.best_model_score)
-                              if trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_score is not None else None})
+    metrics = evaluate(
+        model.net,
+        model.meta,
+        dm,
+        out,
+        tau,
+        model.meta["calibration"],
+        seed=int(cli.config.get("seed_everything") or 0),
+        extra={
+            "checkpoint": str(final),
+            "best_checkpoint": best or None,
+            "epochs": int(trainer.current_epoch),
+            "fit_seconds": round(fit_s, 2),
+            "val_auroc_best": float(trainer.checkpoint_callback.best_model_score)
+            if trainer.checkpoint_callback and trainer.checkpoint_callback.best_model_score is not None
+            else None,
+        },
+    )
     for lg in trainer.loggers:
         flat = {f"test/{k}": v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        flat.update({f"test/{b}/{k}": v for b, m in metrics["baselines"].items() for k, v in m.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        flat.update(
+            {
+                f"test/{b}/{k}": v
+                for b, m in metrics["baselines"].items()
+                for k, v in m.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        )
         lg.log_metrics(flat, step=trainer.global_step)
         lg.finalize("success")
     print(format_table(metrics))
-    print(f"encoder {metrics['encoder']}; tau {tau:.4f} ({calib.method}); embedding cache "
-          f"hits {dm.cache_stats.get('hits')} misses {dm.cache_stats.get('misses')}")
+    print(
+        f"encoder {metrics['encoder']}; tau {tau:.4f} ({calib.method}); embedding cache "
+        f"hits {dm.cache_stats.get('hits')} misses {dm.cache_stats.get('misses')}"
+    )
     print(f"wrote {final}, {out / 'metrics.json'} and plots in {out}")
     return metrics

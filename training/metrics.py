@@ -13,8 +13,19 @@ import numpy as np
 
 from branchgate.decide import decide
 
-METRIC_KEYS = ["auroc", "auprc", "f1", "precision", "recall", "brier", "ece", "spearman_utility", "top1_accuracy",
-               "keep_rate", "tau"]
+METRIC_KEYS = [
+    "auroc",
+    "auprc",
+    "f1",
+    "precision",
+    "recall",
+    "brier",
+    "ece",
+    "spearman_utility",
+    "top1_accuracy",
+    "keep_rate",
+    "tau",
+]
 
 
 def safe_auroc(labels, scores) -> float | None:
@@ -47,7 +58,9 @@ def safe_auprc(labels, scores) -> float | None:
     return float(average_precision_score(labels, scores))
 
 
-def calibrate_tau(scores, labels, method: str = "f1", keep_rate: float | None = None, tau: float | None = None) -> float:
+def calibrate_tau(
+    scores, labels, method: str = "f1", keep_rate: float | None = None, tau: float | None = None
+) -> float:
     """Threshold on validation scores: ``f1`` maximises F1 (keep when score ≥ τ), ``keep_rate`` keeps the
     given fraction of candidates, ``fixed`` returns ``tau`` unchanged."""
     scores = np.asarray(scores, dtype=np.float64)
@@ -171,7 +184,9 @@ def gate_metrics(scores, probs, labels, utility, groups, tau: float, utility_pre
     return {
         "auroc": safe_auroc(y, s),
         "auprc": safe_auprc(y, s),
-        "f1": float(f1), "precision": float(precision), "recall": float(recall),
+        "f1": float(f1),
+        "precision": float(precision),
+        "recall": float(recall),
         "brier": float(brier_score_loss(y, np.clip(p, 0, 1))) if len(y) else None,
         "ece": ece(p, y) if len(y) else None,
         "spearman_utility": spearman(scores if utility_pred is None else utility_pred, utility),
@@ -179,7 +194,9 @@ def gate_metrics(scores, probs, labels, utility, groups, tau: float, utility_pre
         "keep_rate": float((scores >= tau).mean()) if len(scores) else None,
         "keep_rate_fallback": keep_rate_with_fallback(scores, groups, tau),
         "tau": float(tau),
-        "n_rows": int(len(scores)), "n_labelled": int(m.sum()), "n_positive": int((y == 1).sum()),
+        "n_rows": int(len(scores)),
+        "n_labelled": int(m.sum()),
+        "n_positive": int((y == 1).sum()),
     }
 
 

@@ -23,9 +23,21 @@ log = logging.getLogger(__name__)
 
 
 class ControllerModule(L.LightningModule):
-    def __init__(self, hidden: int = 128, dropout: float = 0.1, lr: float = 2e-3, weight_decay: float = 1e-4,
-                 w_bce: float = 1.0, w_reg: float = 0.5, huber_delta: float = 1.0, pos_weight: float | None = None,
-                 mmr_lambda: float = 0.35, w_rank: float = 0.0, towers: str = "full", order: bool = True):
+    def __init__(
+        self,
+        hidden: int = 128,
+        dropout: float = 0.1,
+        lr: float = 2e-3,
+        weight_decay: float = 1e-4,
+        w_bce: float = 1.0,
+        w_reg: float = 0.5,
+        huber_delta: float = 1.0,
+        pos_weight: float | None = None,
+        mmr_lambda: float = 0.35,
+        w_rank: float = 0.0,
+        towers: str = "full",
+        order: bool = True,
+    ):
         """
         Args:
             hidden: width of the towers and the MLP.
@@ -56,8 +68,14 @@ class ControllerModule(L.LightningModule):
     # -- construction ------------------------------------------------------------------------------------
     def build(self, dim: int) -> ValueNet:
         hp = self.hparams
-        self.net = ValueNet(dim, hidden=hp.hidden, dropout=hp.dropout, mmr_lambda=hp.mmr_lambda,
-                            towers=hp.get("towers", "full"), order=hp.get("order", True))
+        self.net = ValueNet(
+            dim,
+            hidden=hp.hidden,
+            dropout=hp.dropout,
+            mmr_lambda=hp.mmr_lambda,
+            towers=hp.get("towers", "full"),
+            order=hp.get("order", True),
+        )
         return self.net
 
     def setup(self, stage: str) -> None:
@@ -67,26 +85,49 @@ class ControllerModule(L.LightningModule):
         if self.net is None:
             self.build(dm.dim)
         stats = dm.train_stats()
-        self._pos_weight = float(self.hparams.pos_weight) if self.hparams.pos_weight is not None else stats["pos_weight"]
+        self._pos_weight = (
+            float(self.hparams.pos_weight) if self.hparams.pos_weight is not None else stats["pos_weight"]
+        )
         if stage == "fit":  # clamp structured features to the train split's range (before any scalars are computed)
             rng = train_feature_range(dm.sets["train"].features)
             if rng is not None:
                 self.net.set_feature_range([v[0] for v in rng.values()], [v[1] for v in rng.values()])
-        self.meta = make_meta(dm.encoder, tau=self.tau, data_sha256=dm.data_sha256(), feature_range=self.net.feature_range(),
-                              dataset_encoder=dm.manifest.get("encoder"), label_kind=dm.manifest.get("label_kind"),
-                              label_threshold=dm.manifest.get("label_threshold"), teacher=dm.manifest.get("teacher"),
-                              dataset_schema_version=dm.manifest.get("schema_version"), train_stats=stats)
+        self.meta = make_meta(
+            dm.encoder,
+            tau=self.tau,
+            data_sha256=dm.data_sha256(),
+            feature_range=self.net.feature_range(),
+            dataset_encoder=dm.manifest.get("encoder"),
+            label_kind=dm.manifest.get("label_kind"),
+            label_threshold=dm.manifest.get("label_threshold"),
+            teacher=dm.manifest.get("teacher"),
+            dataset_schema_version=dm.manifest.get("schema_version"),
+            train_stats=stats,
+        )
         if stage == "fit":
-            self._scalars = {split: split_scalars(self.net, dm.sets[split], dm.table) for split in ("train", "validation")}
+            self._scalars = {
+                split: split_scalars(self.net, dm.sets[split], dm.table) for split in ("train", "validation")
+            }
             fit_standardisation(self.net, self._scalars["train"], stats)
-            log.info("train: %d positive / %d negative labelled rows; BCE pos_weight %.3f",
-                     stats["n_pos"], stats["n_neg"], self._pos_weight)
+            log.info(
+                "train: %d positive / %d negative labelled rows; BCE pos_weight %.3f",
+                stats["n_pos"],
+                stats["n_neg"],
+                self._pos_weight,
+            )
 
     # -- training ----------------------------------------------------------------------------------------
     def _heads(self, batch, split: str):
         rows = batch["rows"].clamp(min=0)  # padding (-1) reads row 0; padded outputs are masked out anyway
-        return self.net.raw_heads(batch["root"], batch["frame"], batch["goal"], batch["retained"], batch["cand"],
-                                  batch["features"], scalars=self._scalars[split][rows])
+        return self.net.raw_heads(
+            batch["root"],
+            batch["frame"],
+            batch["goal"],
+            batch["retained"],
+            batch["cand"],
+            batch["features"],
+            scalars=self._scalars[split][rows],
+        )
 
     def _loss(self, batch, logit, z):
         label, util = batch["label"], batch["utility"]
@@ -125,8 +166,14 @@ class ControllerModule(L.LightningModule):
         loss, _, _ = self._loss(batch, logit, z)
         self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["mask"].sum()), sync_dist=True)
         lab = batch["label"] >= 0
-        self._val.append((torch.sigmoid(logit[lab]).detach().cpu().numpy(), batch["label"][lab].cpu().numpy(),
-                          batch["rows"][lab].cpu().numpy(), batch["features"][lab][:, 0].cpu().numpy()))
+        self._val.append(
+            (
+                torch.sigmoid(logit[lab]).detach().cpu().numpy(),
+                batch["label"][lab].cpu().numpy(),
+                batch["rows"][lab].cpu().numpy(),
+                batch["features"][lab][:, 0].cpu().numpy(),
+            )
+        )
 
     def on_validation_epoch_end(self):
         from branchgate.training.metrics import safe_auroc

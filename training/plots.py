@@ -17,7 +17,9 @@ def _save(fig, path: Path) -> None:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
 
 
-def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, baselines: dict | None = None) -> list[Path]:
+def write_plots(
+    out: str | Path, labels, model_scores, model_probs, tau: float, baselines: dict | None = None
+) -> list[Path]:
     """``baselines``: name → test scores (same rows). Rows with label -1 are left out of label curves."""
     import matplotlib
 
@@ -44,7 +46,9 @@ def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, 
     ax.plot([0, 1], [0, 1], "k:", lw=0.8)
     ax.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC (test)")
     ax.legend(fontsize=7, loc="lower right")
-    _save(fig, out / "roc.png"); plt.close(fig); written.append(out / "roc.png")
+    _save(fig, out / "roc.png")
+    plt.close(fig)
+    written.append(out / "roc.png")
 
     fig, ax = plt.subplots(figsize=(5, 5))
     if both:
@@ -54,7 +58,9 @@ def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, 
         ax.axhline(y.mean(), color="k", ls=":", lw=0.8)
     ax.set(xlabel="recall", ylabel="precision", title="Precision-recall (test)", ylim=(0, 1.02))
     ax.legend(fontsize=7, loc="upper right")
-    _save(fig, out / "pr.png"); plt.close(fig); written.append(out / "pr.png")
+    _save(fig, out / "pr.png")
+    plt.close(fig)
+    written.append(out / "pr.png")
 
     fig, ax = plt.subplots(figsize=(5, 5))
     bins = reliability(np.asarray(model_probs)[m], y)
@@ -64,10 +70,17 @@ def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, 
         for a, b, c in bins:
             ax.annotate(str(c), (a, b), fontsize=6, xytext=(3, -8), textcoords="offset points")
     ax.plot([0, 1], [0, 1], "k:", lw=0.8)
-    ax.set(xlabel="predicted p_keep", ylabel="observed positive rate", title="Reliability (test, counts per bin)",
-           xlim=(0, 1), ylim=(0, 1))
+    ax.set(
+        xlabel="predicted p_keep",
+        ylabel="observed positive rate",
+        title="Reliability (test, counts per bin)",
+        xlim=(0, 1),
+        ylim=(0, 1),
+    )
     ax.legend(fontsize=7)
-    _save(fig, out / "reliability.png"); plt.close(fig); written.append(out / "reliability.png")
+    _save(fig, out / "reliability.png")
+    plt.close(fig)
+    written.append(out / "reliability.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     grid = np.linspace(0, 1, 101)
@@ -78,7 +91,11 @@ def write_plots(out: str | Path, labels, model_scores, model_probs, tau: float, 
     ax.plot(grid, keep, label="keep rate")
     ax.plot(grid, recall, label="recall of positives")
     ax.axvline(tau, color="k", ls="--", lw=0.8, label=f"τ = {tau:.3f}")
-    ax.set(xlabel="τ (keep when p_keep ≥ τ)", ylabel="fraction", title="Keep rate and recall vs τ (test)", ylim=(0, 1.02))
+    ax.set(
+        xlabel="τ (keep when p_keep ≥ τ)", ylabel="fraction", title="Keep rate and recall vs τ (test)", ylim=(0, 1.02)
+    )
     ax.legend(fontsize=7)
-    _save(fig, out / "keep_recall_vs_tau.png"); plt.close(fig); written.append(out / "keep_recall_vs_tau.png")
+    _save(fig, out / "keep_recall_vs_tau.png")
+    plt.close(fig)
+    written.append(out / "keep_recall_vs_tau.png")
     return written

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.schema import Event
+from branchgate.logs_to_dataset.trace_schema import Event
 from branchgate.logs_to_dataset.traces import ReadReport
 
 READERS: dict[str, object] = {}
@@ -94,8 +94,9 @@ def _detect(reader, path: Path, report: ReadReport, strict: bool) -> bool | None
         return False
 
 
-def discover(paths: Iterable[str | Path], fmt: str | None = None,
-             report: ReadReport | None = None, strict: bool = False) -> list[tuple[Path, object]]:
+def discover(
+    paths: Iterable[str | Path], fmt: str | None = None, report: ReadReport | None = None, strict: bool = False
+) -> list[tuple[Path, object]]:
     """(file, reader) pairs to read, in a stable order; unrecognised files go to ``report.ignored``, files
     that cannot be opened (permission denied) and looping symlinks to ``report.skipped``."""
     report = report if report is not None else ReadReport()
@@ -111,7 +112,7 @@ def discover(paths: Iterable[str | Path], fmt: str | None = None,
                 report.skip(f, None, "cannot read (permission denied or not a regular file)", strict)
                 continue
             reader, hit = None, None
-            for r in ([forced] if forced is not None else READERS.values()):
+            for r in [forced] if forced is not None else READERS.values():
                 hit = True if (forced is not None and explicit) else _detect(r, f, report, strict)
                 if hit:
                     reader = r
@@ -153,8 +154,9 @@ def input_files(found: list[tuple[Path, object]]) -> list[Path]:
     return sorted(files)
 
 
-def read_runs(paths: Iterable[str | Path], fmt: str | None = None, strict: bool = False,
-              report: ReadReport | None = None) -> Iterator[Run]:
+def read_runs(
+    paths: Iterable[str | Path], fmt: str | None = None, strict: bool = False, report: ReadReport | None = None
+) -> Iterator[Run]:
     """Every run in ``paths`` (files or directories), auto-detecting each file's format."""
     report = report if report is not None else ReadReport()
     for f, reader in discover(paths, fmt, report, strict):
@@ -178,5 +180,9 @@ def read_file(path: Path, reader, strict: bool, report: ReadReport) -> Iterator[
 
 
 # Registration order is detection order (OpenInference first: its span exports are .json / .jsonl too).
-from branchgate.logs_to_dataset.readers import openinference  # noqa: E402,F401
-from branchgate.logs_to_dataset.readers import canonical, searcho1, gptr  # noqa: E402,F401
+from branchgate.logs_to_dataset.readers import (  # noqa: E402,F401
+    canonical,
+    gptr,
+    openinference,  # noqa: E402,F401
+    searcho1,
+)

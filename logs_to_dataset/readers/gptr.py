@@ -37,11 +37,20 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
-from branchgate.logs_to_dataset.readers import Run, register
-from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Raw, Report, Retrieval,
-                                               RunEnd, RunStart)
 from branchgate.errors import InputError
 from branchgate.fileio import load_json
+from branchgate.logs_to_dataset.readers import Run, register
+from branchgate.logs_to_dataset.trace_schema import (
+    Candidate,
+    Decision,
+    Evidence,
+    FrameOpen,
+    Raw,
+    Report,
+    Retrieval,
+    RunEnd,
+    RunStart,
+)
 from branchgate.logs_to_dataset.traces import ReadReport, text_problem
 
 W = "gptr: "
@@ -53,7 +62,9 @@ URL = re.compile(r"(https?://\S+)")
 CITED_URL = re.compile(r"https?://[^\s<>()\[\]\"'`]+")
 NUMBERED = re.compile(r"\[\d+(?:\s*[,–-]\s*\d+)*\]")
 COST = re.compile(r"Total Research Costs: \$(\S*)")  # the whole word after "$": ``_cost`` reads all of it or nothing
-NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?")  # how Python prints a float
+NUMBER = re.compile(
+    r"[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?"
+)  # how Python prints a float
 RUNNING_TAGS = ("running_subquery_research", "running_subquery_with_vectorstore_research")
 
 
@@ -200,10 +211,16 @@ class _LogMapper:
         self.root = query if isinstance(query, str) and query else ""
         if not self.root:
             self.root = self.started[0] if self.started else ""
-            self.warn(W + ("root query taken from the first 'starting_research' log" if self.root
-                           else "root query unknown"))
-        return self.ev(RunStart, ts=_ts(doc.get("timestamp")), root_query=self.root, system="gpt-researcher",
-                       config={"format": "gptr"})
+            self.warn(
+                W + ("root query taken from the first 'starting_research' log" if self.root else "root query unknown")
+            )
+        return self.ev(
+            RunStart,
+            ts=_ts(doc.get("timestamp")),
+            root_query=self.root,
+            system="gpt-researcher",
+            config={"format": "gptr"},
+        )
 
     def log_event(self, where: str, item):
         """The events of one entry of the log's ``events`` list (a bad entry is skipped and reported)."""
@@ -226,8 +243,9 @@ class _LogMapper:
             if cand is None:
                 yield self.ev(Raw, ts=ts, source_type=f"gptr:{tag}", data=item)
             else:
-                yield self.ev(Retrieval, ts=ts, candidate_id=cand.candidate_id, query=cand.query, evidence_ids=[],
-                              tokens=0)
+                yield self.ev(
+                    Retrieval, ts=ts, candidate_id=cand.candidate_id, query=cand.query, evidence_ids=[], tokens=0
+                )
         elif tag == "added_source_url":
             yield from self.source_url(where, data, output, ts)
         else:
@@ -250,8 +268,16 @@ class _LogMapper:
             self.warn(W + "frame below the root: parent and exact depth not logged (depth set to 1)")
             if not frame_query:
                 self.warn(W + "frame query unknown")
-        yield self.ev(FrameOpen, ts=ts, frame_id=fid, parent_frame=None, parent_candidate=None, depth=depth,
-                      frame_query=frame_query, parent_goal="")
+        yield self.ev(
+            FrameOpen,
+            ts=ts,
+            frame_id=fid,
+            parent_frame=None,
+            parent_candidate=None,
+            depth=depth,
+            frame_query=frame_query,
+            parent_goal="",
+        )
         cands = []
         for k, q in enumerate(queries):
             cand = self.ev(Candidate, ts=ts, frame_id=fid, candidate_id=f"{fid}.c{k}", order=k, query=q, goal="")
@@ -306,8 +332,14 @@ class _LogMapper:
             url = src if isinstance(src, str) else src.get("url") if isinstance(src, dict) else None
             if isinstance(url, str) and url and url not in urls:
                 urls.add(url)
-                body = next((src[k] for k in ("content", "raw_content") if isinstance(src, dict)
-                             and isinstance(src.get(k), str)), "")
+                body = next(
+                    (
+                        src[k]
+                        for k in ("content", "raw_content")
+                        if isinstance(src, dict) and isinstance(src.get(k), str)
+                    ),
+                    "",
+                )
                 warn(W + "source not linked to a subquery" + ("" if body else " and its text not logged"))
                 yield self.ev(Evidence, evidence_id=url, text=body, source=url, tokens=len(body.split()))
         rest = {k: v for k, v in content.items() if k not in ("query", "report")}
@@ -322,9 +354,17 @@ class _LogMapper:
         cost = _cost(costs) or self.cost
         n_cands = sum(len(f) for f in self.frames)
         warn(W + "announced subquery never run (left undecided)", n_cands - len(self.expanded))
-        yield self.ev(RunEnd, status="ok" if isinstance(text, str) and text.strip() else "incomplete",
-                      totals={"nodes": len(self.expanded), "retrieval_calls": len(self.expanded),
-                              "candidates": n_cands, "sources": len(urls), "cost_usd": cost})
+        yield self.ev(
+            RunEnd,
+            status="ok" if isinstance(text, str) and text.strip() else "incomplete",
+            totals={
+                "nodes": len(self.expanded),
+                "retrieval_calls": len(self.expanded),
+                "candidates": n_cands,
+                "sources": len(urls),
+                "cost_usd": cost,
+            },
+        )
 
 
 def _citations(text: str, urls: set[str], warn) -> dict:
@@ -347,7 +387,9 @@ class _Announced:
 
     def __init__(self):
         self.frames = 0
-        self.open: dict[str, list[tuple[int, deque]]] = {}  # query → (frame, candidates not yet run), oldest frame first
+        self.open: dict[
+            str, list[tuple[int, deque]]
+        ] = {}  # query → (frame, candidates not yet run), oldest frame first
         self.first_ran: dict[str, tuple[int, Candidate]] = {}  # query → (newest frame that ran it, its first run one)
 
     def add(self, cands: list[Candidate]) -> None:

@@ -53,12 +53,30 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from pathlib import Path
 
-from branchgate.logs_to_dataset.decisions import MAX_CANDIDATES
-from branchgate.logs_to_dataset.otel_spans import W, Span, at, load_spans
+from branchgate.logs_to_dataset.decision_points import MAX_CANDIDATES
+from branchgate.logs_to_dataset.otel_spans import Span, W, at, load_spans
 from branchgate.logs_to_dataset.readers import Run, register
-from branchgate.logs_to_dataset.schema import Candidate, Decision, Evidence, FrameOpen, Retrieval, RunEnd, RunStart
-from branchgate.logs_to_dataset.span_attributes import (call_text, cut_json, documents, forced, last_user,
-                                                        parse_json, root_text, tool_args, tool_calls, tool_output)
+from branchgate.logs_to_dataset.span_attributes import (
+    call_text,
+    cut_json,
+    documents,
+    forced,
+    last_user,
+    parse_json,
+    root_text,
+    tool_args,
+    tool_calls,
+    tool_output,
+)
+from branchgate.logs_to_dataset.trace_schema import (
+    Candidate,
+    Decision,
+    Evidence,
+    FrameOpen,
+    Retrieval,
+    RunEnd,
+    RunStart,
+)
 from branchgate.logs_to_dataset.traces import ReadReport
 
 RUNNERS = ("TOOL", "CHAIN", "AGENT")
@@ -96,9 +114,17 @@ class OpenInferenceReader:
             loop = link(group)
             if loop is not None:
                 for s in group:
-                    report.skip(path, s.line, at(s.where, f"span of trace {trace_id[:64]!r}, whose parent links form a "
-                                                 f"cycle (span {loop.span_id[:64]!r} is its own ancestor): trace "
-                                                 "skipped"), strict)
+                    report.skip(
+                        path,
+                        s.line,
+                        at(
+                            s.where,
+                            f"span of trace {trace_id[:64]!r}, whose parent links form a "
+                            f"cycle (span {loop.span_id[:64]!r} is its own ancestor): trace "
+                            "skipped",
+                        ),
+                        strict,
+                    )
                 continue
             events = TraceMapper(path, group, strict, report).events()
             report.events += len(events)
@@ -150,7 +176,9 @@ class TraceMapper:
         self.depths: dict[str, int] = {}
         self.runnable = [s for s in self.spans if s.kind in RUNNERS]  # spans that may run a call, by start
         self.inputs: dict[int, object] = {}  # id(span) → its parsed arguments (``_input``), parsed once
-        self.call_ids = {v for s in self.runnable for k in CALL_IDS for v in [s.attrs.get(k)] if isinstance(v, (str, int))}
+        self.call_ids = {
+            v for s in self.runnable for k in CALL_IDS for v in [s.attrs.get(k)] if isinstance(v, (str, int))
+        }
 
     def events(self) -> list:
         root = self.roots[0]
@@ -169,15 +197,27 @@ class TraceMapper:
         self.warn(W + "research goals are not in spans (goal left empty)", self.counts["candidates"])
         seq = iter(range(1 << 30))
         run_id = root.trace_id
-        start = RunStart(run_id=run_id, seq=next(seq), ts=root.start / 1e9, root_query=root_query,
-                         system=root.service or "openinference",
-                         config={"format": "openinference", "trace_id": run_id, "spans": len(self.spans)})
+        start = RunStart(
+            run_id=run_id,
+            seq=next(seq),
+            ts=root.start / 1e9,
+            root_query=root_query,
+            system=root.service or "openinference",
+            config={"format": "openinference", "trace_id": run_id, "spans": len(self.spans)},
+        )
         out = [start]
         for ns, _, cls, fields in sorted(self.timed, key=lambda t: (t[0], t[1])):
             out.append(cls(run_id=run_id, seq=next(seq), ts=ns / 1e9, **fields))
         end = max(s.end for s in self.spans)
-        out.append(RunEnd(run_id=run_id, seq=next(seq), ts=end / 1e9, status="error" if root.error else "ok",
-                          totals=dict(self.counts, nodes=self.counts["expanded"], spans=len(self.spans))))
+        out.append(
+            RunEnd(
+                run_id=run_id,
+                seq=next(seq),
+                ts=end / 1e9,
+                status="error" if root.error else "ok",
+                totals=dict(self.counts, nodes=self.counts["expanded"], spans=len(self.spans)),
+            )
+        )
         return out
 
     def _add(self, ns: int, cls, **fields) -> None:
@@ -188,15 +228,21 @@ class TraceMapper:
         good = []
         for c in calls:
             if not c.get("name"):
-                self.report.skip(self.path, span.line, at(span.where, f"tool call without a function name (field "
-                                                          f"{c['field']})"), self.strict)
+                self.report.skip(
+                    self.path,
+                    span.line,
+                    at(span.where, f"tool call without a function name (field {c['field']})"),
+                    self.strict,
+                )
                 continue
             good.append(c)
         if len(good) == 1 and forced(span.attrs, good[0]["name"]):
             self.warn(W + "structured output (a forced single tool call), not a decision")
             return []
-        self.warn(W + f"tool call past the first {MAX_CANDIDATES} of one LLM span (left out)",
-                  max(0, len(good) - MAX_CANDIDATES))
+        self.warn(
+            W + f"tool call past the first {MAX_CANDIDATES} of one LLM span (left out)",
+            max(0, len(good) - MAX_CANDIDATES),
+        )
         return good[:MAX_CANDIDATES]
 
     def _frame(self, fid: str, span: Span, calls: list[dict], root_query: str) -> None:
@@ -205,14 +251,32 @@ class TraceMapper:
         parent_frame = parent_cand.rsplit(".", 1)[0] if parent_cand else None
         depth = self.depths[parent_frame] + 1 if parent_frame else 0
         frame_query = last_user(span.attrs) or root_query
-        self._add(span.end, FrameOpen, frame_id=fid, parent_frame=parent_frame, parent_candidate=parent_cand,
-                  depth=depth, frame_query=frame_query, parent_goal="", span_id=span.span_id)
+        self._add(
+            span.end,
+            FrameOpen,
+            frame_id=fid,
+            parent_frame=parent_frame,
+            parent_candidate=parent_cand,
+            depth=depth,
+            frame_query=frame_query,
+            parent_goal="",
+            span_id=span.span_id,
+        )
         self.depths[fid] = depth
         self.counts["decisions"] += 1
         for j, c in enumerate(calls):
             cid = f"{fid}.c{j}"
-            self._add(span.end, Candidate, frame_id=fid, candidate_id=cid, order=j, query=call_text(c), goal="",
-                      tool=c["name"], tool_call_id=c.get("id"))
+            self._add(
+                span.end,
+                Candidate,
+                frame_id=fid,
+                candidate_id=cid,
+                order=j,
+                query=call_text(c),
+                goal="",
+                tool=c["name"],
+                tool_call_id=c.get("id"),
+            )
             self.counts["candidates"] += 1
             runner = self._runner(span, c)
             if runner is None:
@@ -255,8 +319,9 @@ class TraceMapper:
 
     def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
         """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended)."""
-        docs = [(d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner
-                for d in documents(s.attrs)]
+        docs = [
+            (d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner for d in documents(s.attrs)
+        ]
         if not docs:
             tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
             docs = [(("", text, ""), s.end) for s in tools for text in [tool_output(s.attrs)] if text]
@@ -274,8 +339,14 @@ class TraceMapper:
             if eid not in ids:
                 ids[eid] = None
                 tokens += n
-        self._add(max(runner.end, after), Retrieval, candidate_id=cid, query=call_text(call), evidence_ids=list(ids),
-                  tokens=tokens)
+        self._add(
+            max(runner.end, after),
+            Retrieval,
+            candidate_id=cid,
+            query=call_text(call),
+            evidence_ids=list(ids),
+            tokens=tokens,
+        )
 
 
 def _ran(span: Span, call: dict, got) -> bool:
@@ -284,8 +355,12 @@ def _ran(span: Span, call: dict, got) -> bool:
     if span.kind == "TOOL":
         name = span.attrs.get("tool.name") or span.attrs.get("gen_ai.tool.name") or span.name
         return name == call["name"] and _agree(got, args)
-    return (isinstance(args, dict) and bool(args) and isinstance(got, dict)
-            and all(k in got and got[k] == v for k, v in args.items()))
+    return (
+        isinstance(args, dict)
+        and bool(args)
+        and isinstance(got, dict)
+        and all(k in got and got[k] == v for k, v in args.items())
+    )
 
 
 def _agree(got, want) -> bool:

@@ -54,12 +54,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.drgym import (KEYPOINT_DIR, QueryKeyPoints, W, doc_key, keypoint_files, kp_order,
-                                              parse_documents, parse_key_points, parse_trace, read_json)
+from branchgate.logs_to_dataset.drgym import (
+    KEYPOINT_DIR,
+    QueryKeyPoints,
+    W,
+    doc_key,
+    keypoint_files,
+    kp_order,
+    parse_documents,
+    parse_key_points,
+    parse_trace,
+    read_json,
+)
 from branchgate.logs_to_dataset.readers import Run, register
-from branchgate.logs_to_dataset.schema import (Candidate, Decision, Evidence, FrameOpen, Learning, Raw, Report,
-                                               Retrieval, RunEnd, RunStart)
 from branchgate.logs_to_dataset.spans import SpanIndex
+from branchgate.logs_to_dataset.trace_schema import (
+    Candidate,
+    Decision,
+    Evidence,
+    FrameOpen,
+    Learning,
+    Raw,
+    Report,
+    Retrieval,
+    RunEnd,
+    RunStart,
+)
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
 
 
@@ -201,8 +221,15 @@ class SearchO1Reader:
         expanded = tokens_total = 0
         for i, s in enumerate(searches):
             fid, cid = f"f{i}", f"c{i}"
-            yield ev(FrameOpen, frame_id=fid, parent_frame=f"f{i - 1}" if i else None,
-                     parent_candidate=f"c{i - 1}" if i else None, depth=i, frame_query=root_query, parent_goal="")
+            yield ev(
+                FrameOpen,
+                frame_id=fid,
+                parent_frame=f"f{i - 1}" if i else None,
+                parent_candidate=f"c{i - 1}" if i else None,
+                depth=i,
+                frame_query=root_query,
+                parent_goal="",
+            )
             if not s.query:
                 warn(W + "empty search query")
             warn(W + "no research goals in the trace (goal left empty)")
@@ -245,6 +272,14 @@ class SearchO1Reader:
             yield ev(Report, text=final)
         if gt is not None:  # counted while the evidence was read; read() holds every event before use
             start.config["keypoints"].update(kp_counts)
-        yield ev(RunEnd, status="truncated" if truncated else "ok",
-                 totals={"nodes": expanded, "retrieval_calls": expanded, "searches": len(searches),
-                         "evidence": len(seen), "tokens": tokens_total})
+        yield ev(
+            RunEnd,
+            status="truncated" if truncated else "ok",
+            totals={
+                "nodes": expanded,
+                "retrieval_calls": expanded,
+                "searches": len(searches),
+                "evidence": len(seen),
+                "tokens": tokens_total,
+            },
+        )

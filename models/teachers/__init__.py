@@ -29,7 +29,9 @@ def get(name: str, **params) -> ValueModel:
     allowed = [f.name for f in fields(cls)]
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise BranchgateError(f"teacher {cls.name!r} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
+        raise BranchgateError(
+            f"teacher {cls.name!r} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}"
+        )
     return cls(**params)
 
 
@@ -38,5 +40,22 @@ def params(model: ValueModel) -> dict:
     return {f.name: getattr(model, f.name) for f in fields(model)}
 
 
-__all__ = ["Items", "State", "ValueModel", "gate", "select", "set_gain", "get", "params", "NAMES", "TEACHERS",
-           "MMR", "GRN", "CentroidDrift", "DPP", "SubmodularCoverage", "Lexical", "Hybrid"]
+__all__ = [
+    "Items",
+    "State",
+    "ValueModel",
+    "gate",
+    "select",
+    "set_gain",
+    "get",
+    "params",
+    "NAMES",
+    "TEACHERS",
+    "MMR",
+    "GRN",
+    "CentroidDrift",
+    "DPP",
+    "SubmodularCoverage",
+    "Lexical",
+    "Hybrid",
+]

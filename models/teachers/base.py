@@ -30,7 +30,11 @@ class Items:
     tokens: np.ndarray | None = None  # [n] token cost; defaults to whitespace word count
 
     def __post_init__(self):
-        self.emb = np.asarray(self.emb, dtype=np.float32).reshape(len(self.texts), -1) if len(self.texts) else np.asarray(self.emb, dtype=np.float32).reshape(0, self.emb.shape[-1] if np.ndim(self.emb) == 2 else 0)
+        self.emb = (
+            np.asarray(self.emb, dtype=np.float32).reshape(len(self.texts), -1)
+            if len(self.texts)
+            else np.asarray(self.emb, dtype=np.float32).reshape(0, self.emb.shape[-1] if np.ndim(self.emb) == 2 else 0)
+        )
         if self.tokens is None:
             self.tokens = np.array([max(1, len(t.split())) for t in self.texts], dtype=np.float64)
         self.tokens = np.asarray(self.tokens, dtype=np.float64)
@@ -39,24 +43,26 @@ class Items:
         return len(self.texts)
 
     @classmethod
-    def embed(cls, texts: Sequence[str], embedder: Embedder, tokens: Sequence[int] | None = None) -> "Items":
+    def embed(cls, texts: Sequence[str], embedder: Embedder, tokens: Sequence[int] | None = None) -> Items:
         texts = list(texts)
         return cls(texts, embedder(texts), None if tokens is None else np.asarray(tokens))
 
     @classmethod
-    def empty(cls, dim: int) -> "Items":
+    def empty(cls, dim: int) -> Items:
         return cls([], np.zeros((0, dim), dtype=np.float32))
 
-    def subset(self, idx: Sequence[int]) -> "Items":
+    def subset(self, idx: Sequence[int]) -> Items:
         idx = list(idx)
         return Items([self.texts[i] for i in idx], self.emb[idx], self.tokens[idx])
 
-    def concat(self, other: "Items") -> "Items":
+    def concat(self, other: Items) -> Items:
         if len(self) == 0:  # an empty batch may carry a [0, 0] matrix: take the other's width
             return Items(list(other.texts), other.emb.copy(), other.tokens.copy())
         if len(other) == 0:
             return Items(list(self.texts), self.emb.copy(), self.tokens.copy())
-        return Items(self.texts + other.texts, np.concatenate([self.emb, other.emb]), np.concatenate([self.tokens, other.tokens]))
+        return Items(
+            self.texts + other.texts, np.concatenate([self.emb, other.emb]), np.concatenate([self.tokens, other.tokens])
+        )
 
 
 @dataclass
@@ -90,13 +96,23 @@ def gate(model: ValueModel, x: Items, state: State, fallback_top1: bool = True) 
     ``state.context``. With ``fallback_top1`` a non-empty input never yields an empty selection."""
     if len(x) == 0:
         return np.zeros(0, dtype=np.int64)
-    d = decide(model.score(x, state), model.threshold, higher_is_better=getattr(model, "higher_is_better", True),
-               fallback=fallback_top1)
+    d = decide(
+        model.score(x, state),
+        model.threshold,
+        higher_is_better=getattr(model, "higher_is_better", True),
+        fallback=fallback_top1,
+    )
     return np.asarray(d.kept, dtype=np.int64)
 
 
-def select(model: ValueModel, x: Items, state: State, max_items: int | None = None,
-           max_tokens: float | None = None, use_threshold: bool = True) -> list[int]:
+def select(
+    model: ValueModel,
+    x: Items,
+    state: State,
+    max_items: int | None = None,
+    max_tokens: float | None = None,
+    use_threshold: bool = True,
+) -> list[int]:
     """Greedy budgeted selection: repeatedly add the best-scoring candidate to ``C`` and rescore.
 
     Stops at the item budget, or (``use_threshold``) when the best remaining score fails the
@@ -109,11 +125,21 @@ def select(model: ValueModel, x: Items, state: State, max_items: int | None = No
     spent = 0.0
     while remaining and (max_items is None or len(chosen) < max_items):
         sub = x.subset(remaining)
-        scores = model.score(sub, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra))
+        scores = model.score(
+            sub, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra)
+        )
         best = _best(model, scores)
         i = remaining[best]
-        if chosen and use_threshold and not decide(scores[best:best + 1], model.threshold, fallback=False,
-                                                   higher_is_better=getattr(model, "higher_is_better", True)).kept:
+        if (
+            chosen
+            and use_threshold
+            and not decide(
+                scores[best : best + 1],
+                model.threshold,
+                fallback=False,
+                higher_is_better=getattr(model, "higher_is_better", True),
+            ).kept
+        ):
             break
         if max_tokens is not None and chosen and spent + x.tokens[i] > max_tokens:
             remaining.pop(best)  # does not fit: try the next best
@@ -144,6 +170,10 @@ def set_gain(model: ValueModel, items: Items, state: State) -> float:
     context = state.context
     for k in range(len(items)):
         one = items.subset([k])
-        total += float(model.score(one, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra))[0])
+        total += float(
+            model.score(
+                one, State(state.query, context, state.frame_query, state.parent_goal, state.depth, state.extra)
+            )[0]
+        )
         context = context.concat(one)
     return total

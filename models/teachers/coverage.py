@@ -40,8 +40,10 @@ def covered(cu: np.ndarray, wc: np.ndarray, pu: np.ndarray) -> np.ndarray:
     """``max(0, max_{i∈C} w_i sim(e_i, e_j))`` for every pool point ``j`` (0 for empty ``C``)."""
     if len(cu) == 0:
         return np.zeros(len(pu))
-    return np.concatenate([np.maximum((wc[:, None] * (cu @ pu[part].T)).max(axis=0), 0.0)
-                           for part in _slices(len(pu), len(cu))] or [np.zeros(0)])
+    return np.concatenate(
+        [np.maximum((wc[:, None] * (cu @ pu[part].T)).max(axis=0), 0.0) for part in _slices(len(pu), len(cu))]
+        or [np.zeros(0)]
+    )
 
 
 def cost(tokens: np.ndarray) -> np.ndarray:
@@ -73,8 +75,13 @@ class SubmodularCoverage:
         pu = pool_rows(x, state, dim_of(x))
         base = covered(cu, weight(cu, q), pu)
         wx = weight(xu, q)
-        return np.concatenate([np.maximum(wx[part, None] * (xu[part] @ pu.T) - base[None, :], 0.0).sum(axis=1)
-                               for part in _slices(len(xu), len(pu))] or [np.zeros(0)])
+        return np.concatenate(
+            [
+                np.maximum(wx[part, None] * (xu[part] @ pu.T) - base[None, :], 0.0).sum(axis=1)
+                for part in _slices(len(xu), len(pu))
+            ]
+            or [np.zeros(0)]
+        )
 
     def score(self, x: Items, state: State) -> np.ndarray:
         return self.gains(x, state) / cost(x.tokens)

@@ -12,7 +12,9 @@ from branchgate.models.teachers.base import Items, State
 from branchgate.models.teachers.common import EPS, check_range
 
 _WORD = re.compile(r"\w+")
-MAX_CHARS = 10_000  # characters of a text the teacher reads: a query or goal is far shorter; keeps a huge text's cost bounded
+MAX_CHARS = (
+    10_000  # characters of a text the teacher reads: a query or goal is far shorter; keeps a huge text's cost bounded
+)
 
 
 def words(text: str) -> list[str]:
@@ -95,8 +97,9 @@ def tfidf(docs: list[list[str]], fit: list[list[str]] | None = None) -> list[dic
 def jaccard(a: list[set], b: list[set]) -> np.ndarray:
     """Pairwise Jaccard ``|A∩B| / |A∪B|`` between two lists of sets ([len(a), len(b)]; 0 when both empty)."""
     vocab = _terms(a + b)
-    inter = pair_sums([dict.fromkeys((vocab[t] for t in s), 1.0) for s in a],
-                      [dict.fromkeys((vocab[t] for t in s), 1.0) for s in b])
+    inter = pair_sums(
+        [dict.fromkeys((vocab[t] for t in s), 1.0) for s in a], [dict.fromkeys((vocab[t] for t in s), 1.0) for s in b]
+    )
     union = np.array([len(s) for s in a], float)[:, None] + np.array([len(s) for s in b], float)[None, :] - inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
@@ -109,7 +112,7 @@ def lex_sim(a: list[str], b: list[str], w_tfidf: float = 0.5, fit_on: list[str] 
     toks_a, toks_b = [words(t) for t in a], [words(t) for t in b]
     fit = None if fit_on is None else [words(t) for t in fit_on]
     vec = tfidf(toks_a + toks_b, fit)
-    cos = pair_sums(vec[: len(a)], vec[len(a):])
+    cos = pair_sums(vec[: len(a)], vec[len(a) :])
     jac = jaccard([shingles(t) for t in toks_a], [shingles(t) for t in toks_b])
     return np.clip(w_tfidf * cos + (1.0 - w_tfidf) * jac, 0.0, 1.0)
 

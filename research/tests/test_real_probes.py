@@ -54,9 +54,18 @@ def test_strip_goals_empties_the_chosen_runs_goals_and_copies_every_other_line(t
     src = tmp_path / "src" / "traces"
     src.mkdir(parents=True)
     for run in (even, odd):
-        lines = [{"v": 1, "run_id": run, "seq": 0, "type": "run_start"},
-                 {"v": 1, "run_id": run, "seq": 1, "type": "candidate", "query": "a b", "goal": "Find the candidate's facts."},
-                 {"v": 1, "run_id": run, "seq": 2, "type": "evidence", "text": "a \"candidate\" goal"}]
+        lines = [
+            {"v": 1, "run_id": run, "seq": 0, "type": "run_start"},
+            {
+                "v": 1,
+                "run_id": run,
+                "seq": 1,
+                "type": "candidate",
+                "query": "a b",
+                "goal": "Find the candidate's facts.",
+            },
+            {"v": 1, "run_id": run, "seq": 2, "type": "evidence", "text": 'a "candidate" goal'},
+        ]
         (src / f"{run}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
     counts = mod.strip(tmp_path / "src", tmp_path / "dst", "half")
     assert counts == {"files": 2, "runs_changed": 1, "goals_removed": 1}

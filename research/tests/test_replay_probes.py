@@ -25,8 +25,12 @@ def test_replay_of_keeping_everything_reproduces_the_unpruned_run(sample_runs):
 def _random_scores(trees, seed: int = 0) -> dict:
     """{(run id, candidate id): (p_keep, label, depth)} with random p and labels, as ``gate_scores`` returns."""
     rng = np.random.default_rng(seed)
-    return {(t.run_id, c.candidate_id): (float(rng.random()), int(rng.random() < 0.3), f.depth)
-            for t in trees for f in t.frames.values() for c in f.candidates}
+    return {
+        (t.run_id, c.candidate_id): (float(rng.random()), int(rng.random() < 0.3), f.depth)
+        for t in trees
+        for f in t.frames.values()
+        for c in f.candidates
+    }
 
 
 def test_replay_rules_reduce_to_the_gates_rule_at_their_neutral_settings(sample_runs):

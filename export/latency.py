@@ -27,8 +27,16 @@ import numpy as np
 SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin for a while after a run
 
 
-def run_bench(model: str, checkpoint: str, int8_model: str | None = None, threads: int = 2, reps: int = 10,
-              decisions: Sequence | None = None, warmup: int = 1, progress: bool = False) -> dict:
+def run_bench(
+    model: str,
+    checkpoint: str,
+    int8_model: str | None = None,
+    threads: int = 2,
+    reps: int = 10,
+    decisions: Sequence | None = None,
+    warmup: int = 1,
+    progress: bool = False,
+) -> dict:
     """The latency figures (module docstring) of torch and the ONNX Gates on ``decisions`` (default: the
     built-in samples), with each Gate's max |Δp_keep| vs torch on them."""
     from branchgate.inference.inputs import as_decision
@@ -48,12 +56,19 @@ def run_bench(model: str, checkpoint: str, int8_model: str | None = None, thread
                 m.predict(s, c)
     load_start = os.getloadavg()[0]
     times = _timings(methods, decisions, reps, progress)
-    out = {"threads": int(threads), "reps": int(reps), "decisions": len(decisions),
-           "load_avg_1min_start": round(load_start, 2), "load_avg_1min": round(os.getloadavg()[0], 2),
-           "cpus": os.cpu_count(),
-           "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
-           "encoder": encoder_id, "model": str(model), "int8_model": int8_model,
-           "onnx_text_groups": methods["onnx_fp32"].text_groups}
+    out = {
+        "threads": int(threads),
+        "reps": int(reps),
+        "decisions": len(decisions),
+        "load_avg_1min_start": round(load_start, 2),
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "candidates_per_decision": float(np.mean([len(c) for _, c in decisions])) if decisions else 0.0,
+        "encoder": encoder_id,
+        "model": str(model),
+        "int8_model": int8_model,
+        "onnx_text_groups": methods["onnx_fp32"].text_groups,
+    }
     out.update(_figures(times, list(methods), reps))
     out.update(parity)
     return out
@@ -76,8 +91,10 @@ def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) 
         pass
     net, meta = load_controller(checkpoint)
     encoder = load_encoder(meta)
-    methods = {"torch": TorchController(net, encoder, cache=True),
-               "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads)}
+    methods = {
+        "torch": TorchController(net, encoder, cache=True),
+        "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads),
+    }
     if int8_model:
         methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
     return methods, meta["encoder"]
@@ -86,9 +103,11 @@ def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) 
 def _parity(methods: dict, decisions: list) -> dict:
     """Each ONNX method's max |Δp_keep| vs torch on these very decisions (cold)."""
     outs = {name: [m.predict(s, c) for s, c in decisions] for name, m in methods.items()}
-    return {f"{name}_max_abs_diff_p_keep":
-            float(max(np.abs(a[0] - b[0]).max() for a, b in zip(outs[name], outs["torch"])))
-            for name in methods if name != "torch"}
+    return {
+        f"{name}_max_abs_diff_p_keep": float(max(np.abs(a[0] - b[0]).max() for a, b in zip(outs[name], outs["torch"])))
+        for name in methods
+        if name != "torch"
+    }
 
 
 def _timings(methods: dict, decisions: list, reps: int, progress: bool) -> dict:
@@ -100,7 +119,7 @@ def _timings(methods: dict, decisions: list, reps: int, progress: bool) -> dict:
     names = list(methods)
     bar = _bar(progress, reps * len(names))
     for r in range(reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             m = methods[name]
             _clear(m)
             time.sleep(SETTLE_S)  # the previous method's idle threads stop spinning
@@ -136,8 +155,9 @@ def _figures(times: dict, names: list[str], reps: int) -> dict:
     return out
 
 
-def ratio_interval(base: Sequence[float], other: Sequence[float], rounds: int, resamples: int = 1000,
-                   seed: int = 0) -> tuple[float, float]:
+def ratio_interval(
+    base: Sequence[float], other: Sequence[float], rounds: int, resamples: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """Bootstrap 95% interval of p50(base) / p50(other), resampling whole rounds (both lists hold ``rounds``
     equal blocks of timings, in round order)."""
     base = np.asarray(base, np.float64).reshape(rounds, -1)

@@ -11,7 +11,7 @@ are allowed and kept. Reading one decoded line (``parse_event``):
 - missing/invalid field → ``InputError`` naming the field.
 
 ``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
-``python3 scripts/trace_schema.py`` (a test checks it is current).
+``python3 scripts/write_trace_schema.py`` (a test checks it is current).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -77,7 +77,7 @@ class Candidate(Event):
 
 
 class Decision(Event):
-    """``actor`` "budget": pruned because the run's budget could not afford it (``inference/budget.py``). Extra
+    """``actor`` "budget": pruned because the run's budget could not afford it (``inference/run_gate.py``). Extra
     fields a budgeted run writes (kept as extras, absent otherwise): ``spent`` / ``remaining`` (``{nodes,
     tokens}``, null = unlimited) and ``price``, the budget at this decision; ``deferred_from`` (on an
     ``expand``) the seq of the candidate's earlier ``defer`` decision."""
@@ -175,12 +175,38 @@ class Raw(Event):
 
 
 AnyEvent = Annotated[
-    Union[RunStart, FrameOpen, Candidate, Decision, Retrieval, Evidence, Learning, Followup, Prune, LLMCall, Report, RunEnd, Raw],
+    RunStart
+    | FrameOpen
+    | Candidate
+    | Decision
+    | Retrieval
+    | Evidence
+    | Learning
+    | Followup
+    | Prune
+    | LLMCall
+    | Report
+    | RunEnd
+    | Raw,
     Field(discriminator="type"),
 ]
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.model_fields["type"].default: cls
-    for cls in (RunStart, FrameOpen, Candidate, Decision, Retrieval, Evidence, Learning, Followup, Prune, LLMCall, Report, RunEnd, Raw)
+    for cls in (
+        RunStart,
+        FrameOpen,
+        Candidate,
+        Decision,
+        Retrieval,
+        Evidence,
+        Learning,
+        Followup,
+        Prune,
+        LLMCall,
+        Report,
+        RunEnd,
+        Raw,
+    )
 }
 _adapter: TypeAdapter = TypeAdapter(AnyEvent)
 
@@ -197,14 +223,22 @@ def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> E
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"schema version {version} is newer than this branchgate understands ({SCHEMA_VERSION}); upgrade branchgate",
-            file, line,
+            file,
+            line,
         )
     etype = obj.get("type")
     try:
         if etype not in EVENT_TYPES:
             envelope = {k: obj[k] for k in ("run_id", "seq", "ts") if k in obj}
-            return Raw.model_validate({**envelope, "v": version, "type": "raw",
-                                       "source_type": None if etype is None else str(etype), "data": obj})
+            return Raw.model_validate(
+                {
+                    **envelope,
+                    "v": version,
+                    "type": "raw",
+                    "source_type": None if etype is None else str(etype),
+                    "data": obj,
+                }
+            )
         return _adapter.validate_python(obj)
     except (ValidationError, TypeError, ValueError) as exc:
         raise InputError(_describe(exc), file, line) from None
@@ -237,8 +271,7 @@ def json_schema() -> dict:
         "description": "An event type this schema version does not define; readers keep it verbatim as 'raw'.",
         "type": "object",
         "additionalProperties": True,
-        "properties": {**envelope["properties"],
-                       "type": {"type": "string", "not": {"enum": sorted(EVENT_TYPES)}}},
+        "properties": {**envelope["properties"], "type": {"type": "string", "not": {"enum": sorted(EVENT_TYPES)}}},
         "required": ["v", "type", "run_id", "seq"],
     }
     return {

@@ -12,8 +12,16 @@ import numpy as np
 
 from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError
-from branchgate.pipeline.policy_spec import (BUDGET_KEYS, RUN_GATE_KEYS, SELECTION_KEYS, BudgetSpec, _budget,
-                                             _number_option, _params, _split_keys)
+from branchgate.pipeline.policy_spec import (
+    BUDGET_KEYS,
+    RUN_GATE_KEYS,
+    SELECTION_KEYS,
+    BudgetSpec,
+    _budget,
+    _number_option,
+    _params,
+    _split_keys,
+)
 
 STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
 
@@ -76,14 +84,27 @@ class TeacherPolicy(Policy):
         scores = np.asarray(self.model.score(x, state), dtype=np.float64)
         mode = self.mode or ("gate" if stage == "post_retrieval" else "select")
         if mode == "gate":
-            kept = decide(scores, self.model.threshold, higher_is_better=getattr(self.model, "higher_is_better", True),
-                          max_keep=self.max_items, fallback=stage != "post_retrieval").kept
+            kept = decide(
+                scores,
+                self.model.threshold,
+                higher_is_better=getattr(self.model, "higher_is_better", True),
+                max_keep=self.max_items,
+                fallback=stage != "post_retrieval",
+            ).kept
         elif stage == "pre_retrieval":
             # choose the frame's breadth out of the (oversampled) candidates; the threshold applies only
             # when the spec sets one explicitly
             max_items = self.max_items or (state.extra or {}).get("breadth")
-            kept = sorted(select(self.model, x, state, max_items=max_items, max_tokens=self.max_tokens,
-                                 use_threshold=self.explicit_threshold))
+            kept = sorted(
+                select(
+                    self.model,
+                    x,
+                    state,
+                    max_items=max_items,
+                    max_tokens=self.max_tokens,
+                    use_threshold=self.explicit_threshold,
+                )
+            )
         else:
             kept = sorted(select(self.model, x, state, max_items=self.max_items, max_tokens=self.max_tokens))
         return Choice(kept, [float(s) for s in scores], [None] * n)
@@ -112,7 +133,9 @@ class GatePolicy(Policy):
     tau: float | None = None  # overrides the controller's τ (at every depth, unless root_tau is given too)
     greedy: bool = False  # set-aware selection (see ``policy_spec``'s docstring)
     fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
-    root_tau: float | None = None  # root_tau=R: the root frame's τ (neither given: the controller's own, Gate.thresholds)
+    root_tau: float | None = (
+        None  # root_tau=R: the root frame's τ (neither given: the controller's own, Gate.thresholds)
+    )
     actor: str = "controller:gate"
     prunes: bool = True
     _gate: object = field(default=None, repr=False)
@@ -127,18 +150,32 @@ class GatePolicy(Policy):
 
     def start_run(self, run_id: str, nodes: int | None = None, tokens: int | None = None):
         """With a run budget: this run's ``RunGate`` (``Gate.run``), which ``choose_run`` then asks. It charges
-        nothing itself: the run charges exact costs to the same ledger (``pipeline/budgeting.py``)."""
+        nothing itself: the run charges exact costs to the same ledger (``pipeline/exact_costs.py``)."""
         if self.budget is None:
             return None
-        return self.model.run(budget_nodes=nodes, budget_tokens=tokens, defer=self.budget.defer, run_id=run_id,
-                              tau=self.tau, charges=False, **self.run_options)
+        return self.model.run(
+            budget_nodes=nodes,
+            budget_tokens=tokens,
+            defer=self.budget.defer,
+            run_id=run_id,
+            tau=self.tau,
+            charges=False,
+            **self.run_options,
+        )
 
     def choose_run(self, run_gate, state, cands, costs: list[int] | None, keys: list[str]) -> Choice:
         """One decision of a budgeted run: ``run_gate.select`` with the candidates' exact costs."""
         sel = run_gate.select(state, [{"query": c.query, "goal": c.goal} for c in cands], costs=costs, keys=keys)
         p = [float(v) for v in sel.p_keep]
-        return Choice(list(sel.kept), p, list(p), deferred=list(sel.deferred), dropped=list(sel.dropped_by_budget),
-                      exhausted=bool(sel.exhausted), status=sel.budget)
+        return Choice(
+            list(sel.kept),
+            p,
+            list(p),
+            deferred=list(sel.deferred),
+            dropped=list(sel.dropped_by_budget),
+            exhausted=bool(sel.exhausted),
+            status=sel.budget,
+        )
 
     def choose(self, x, state, stage, rng) -> Choice:
         if len(x) == 0:
@@ -253,8 +290,11 @@ def parse(spec: str | None, stage: str) -> Policy:
     flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
     trailing_only = name == "gate"  # a controller path may hold commas: only its trailing key=value pieces count
     try:
-        arg, opts = _split_keys(arg, BUDGET_KEYS + (("tau", "root_tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
-                                trailing_only)
+        arg, opts = _split_keys(
+            arg,
+            BUDGET_KEYS + (("tau", "root_tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
+            trailing_only,
+        )
     except BranchgateError as exc:
         raise BranchgateError(f"{flag} {spec}: {exc}") from None
     budget = _budget(opts, flag, spec, stage, name)
@@ -279,31 +319,49 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     if name == "gate":
         path = arg
         if not path:
-            raise BranchgateError(f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
-                                  "[,defer=1] (a controller.onnx or its folder)")
-        tau, root_tau = (_number_option(opts, key, flag, spec) if opts.get(key) else None for key in ("tau", "root_tau"))
+            raise BranchgateError(
+                f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
+                "[,defer=1] (a controller.onnx or its folder)"
+            )
+        tau, root_tau = (
+            _number_option(opts, key, flag, spec) if opts.get(key) else None for key in ("tau", "root_tau")
+        )
         if budget is not None and root_tau is not None:
-            raise BranchgateError(f"{flag} {spec}: root_tau and a run budget do not combine (the run-scoped gate "
-                                  "sets its own price)")
+            raise BranchgateError(
+                f"{flag} {spec}: root_tau and a run budget do not combine (the run-scoped gate sets its own price)"
+            )
         if opts.get("greedy", "0") not in ("0", "1"):
             raise BranchgateError(f"{flag} {spec}: greedy must be 0 or 1, got {opts['greedy']!r}")
         if opts.get("fallback", "all") not in ("all", "root"):
             raise BranchgateError(f"{flag} {spec}: fallback must be all or root, got {opts['fallback']!r}")
         if budget is not None and opts.get("fallback", "all") != "all":
-            raise BranchgateError(f"{flag} {spec}: fallback=root and a run budget do not combine (the run-scoped "
-                                  "gate decides when a branch stops)")
+            raise BranchgateError(
+                f"{flag} {spec}: fallback=root and a run budget do not combine (the run-scoped "
+                "gate decides when a branch stops)"
+            )
         if budget is not None and opts.get("greedy") == "1":
-            raise BranchgateError(f"{flag} {spec}: greedy=1 and a run budget do not combine (the run-scoped gate "
-                                  "chooses under the budget)")
+            raise BranchgateError(
+                f"{flag} {spec}: greedy=1 and a run budget do not combine (the run-scoped gate "
+                "chooses under the budget)"
+            )
         run_options = {}
         for key in RUN_GATE_KEYS:
             if key not in opts:
                 continue
             if budget is None:
-                raise BranchgateError(f"{flag} {spec}: {key} is a run-budget setting (give budget_nodes or budget_tokens)")
+                raise BranchgateError(
+                    f"{flag} {spec}: {key} is a run-budget setting (give budget_nodes or budget_tokens)"
+                )
             run_options[key] = _number_option(opts, key, flag, spec, positive=key == "price_exponent")
-        return GatePolicy(path=path, spec=spec, tau=tau, root_tau=root_tau, greedy=opts.get("greedy") == "1",
-                          fallback_root_only=opts.get("fallback") == "root", run_options=run_options)
+        return GatePolicy(
+            path=path,
+            spec=spec,
+            tau=tau,
+            root_tau=root_tau,
+            greedy=opts.get("greedy") == "1",
+            fallback_root_only=opts.get("fallback") == "root",
+            run_options=run_options,
+        )
     if name == "shallow":
         if stage != "pre_retrieval":
             raise BranchgateError(f"{flag} {spec}: shallow:NODES is a pre-retrieval policy (use it with --pre)")
@@ -319,8 +377,10 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     from branchgate.models import teachers
 
     if name not in teachers.NAMES:
-        raise BranchgateError(f"{flag} {spec}: unknown policy {name!r}; use none, random:RATE, gate:PATH, "
-                              f"shallow:NODES or a teacher: {', '.join(teachers.NAMES)}")
+        raise BranchgateError(
+            f"{flag} {spec}: unknown policy {name!r}; use none, random:RATE, gate:PATH, "
+            f"shallow:NODES or a teacher: {', '.join(teachers.NAMES)}"
+        )
     params = _params(arg, flag, spec)
     sel = {k: params.pop(k) for k in SELECTION_KEYS if k in params}
     if sel.get("mode") not in (None, "gate", "select"):
@@ -332,5 +392,11 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         model = teachers.get(name, **params)
     except TypeError as exc:
         raise BranchgateError(f"{flag} {spec}: {exc}") from None
-    return TeacherPolicy(model=model, spec=spec, mode=sel.get("mode"), explicit_threshold="threshold" in params,
-                         max_items=None if max_items is None else int(max_items), max_tokens=sel.get("max_tokens"))
+    return TeacherPolicy(
+        model=model,
+        spec=spec,
+        mode=sel.get("mode"),
+        explicit_threshold="threshold" in params,
+        max_items=None if max_items is None else int(max_items),
+        max_tokens=sel.get("max_tokens"),
+    )

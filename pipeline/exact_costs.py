@@ -21,7 +21,7 @@ The plan call is admitted the same way (else the run plans nothing), and the syn
 if the root question alone does not fit. A node budget counts expanded subqueries (the root's planning
 node is not one).
 
-**One ledger.** What a run has spent and what fits is the core ``Budget`` (``inference/budget_state.py``):
+**One ledger.** What a run has spent and what fits is the core ``Budget`` (``inference/ledger.py``):
 spent nodes = expanded subqueries, spent tokens = LLM tokens, reserved tokens = the synthesis bound, and its
 ``can_afford`` is the fit rule. With a run-scoped gate it is the gate's own budget (``commit_plan`` adopts it),
 so the gate's price and the exact checks read the same counts; the gate charges nothing itself
@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 
 from branchgate.errors import BranchgateError
-from branchgate.inference.budget_state import Budget
+from branchgate.inference.ledger import Budget
 from branchgate.pipeline.accounting import count_tokens, token_counts
 from branchgate.pipeline.textutil import sentences
 
@@ -46,10 +46,13 @@ MIN_SENTENCE_WORDS = 5  # shorter sentences are never reported (generate.cited_l
 
 def report_sentence_tokens(env, pi: int) -> tuple[int, ...]:
     """Tokens of every sentence of passage ``pi`` the report could quote (truncated as the report truncates)."""
+
     def compute():
-        sents = [" ".join(s.split()[:REPORT_WORDS]) for s in sentences(env.texts[pi])
-                 if len(s.split()) >= MIN_SENTENCE_WORDS]
+        sents = [
+            " ".join(s.split()[:REPORT_WORDS]) for s in sentences(env.texts[pi]) if len(s.split()) >= MIN_SENTENCE_WORDS
+        ]
         return tuple(token_counts(sents))
+
     return env.memo.get_or(("report_sentence_tokens", pi), compute)
 
 
@@ -84,7 +87,7 @@ class SynthBound:
     def add(self, idx: list[int], passage_tokens: list[int]) -> None:
         self.passages, self.top = self._merged(idx, passage_tokens)
 
-    def copy(self) -> "SynthBound":
+    def copy(self) -> SynthBound:
         out = SynthBound.__new__(SynthBound)
         out.env, out.root_tokens, out.passages, out.top = self.env, self.root_tokens, self.passages, list(self.top)
         return out
@@ -130,8 +133,9 @@ class RunBudget:
     def fits(self, tokens: int, nodes: int = 1, committed: int | None = None, expanded: int | None = None) -> bool:
         """Whether ``tokens`` more (and ``nodes`` more expansions) fit, from ``committed``/``expanded`` (default:
         the run's own counts; the frame's plan passes what its earlier expansions would leave)."""
-        return self.account.can_afford(nodes, tokens, nodes_used=expanded,
-                                       tokens_used=self.committed() if committed is None else committed)
+        return self.account.can_afford(
+            nodes, tokens, nodes_used=expanded, tokens_used=self.committed() if committed is None else committed
+        )
 
     def remaining(self) -> dict:
         return self.account.remaining(tokens_used=self.committed())
@@ -139,11 +143,19 @@ class RunBudget:
     def status(self) -> dict:
         """What a decision event records (``spent``, ``remaining``: the fields of ``inference/recorder.py``;
         ``reserved_tokens`` = the synthesis bound held for the final call)."""
-        return {"spent": {"nodes": self.expanded, "tokens": self.account.spent_tokens,
-                          "reserved_tokens": self.synth.value}, "remaining": self.remaining()}
+        return {
+            "spent": {"nodes": self.expanded, "tokens": self.account.spent_tokens, "reserved_tokens": self.synth.value},
+            "remaining": self.remaining(),
+        }
 
     def totals(self) -> dict:
         """The run_end totals: ``spent_tokens`` = every LLM token of the run, the synthesis call included."""
-        return {"nodes": self.nodes, "tokens": self.tokens, "spent_nodes": self.expanded,
-                "spent_tokens": self.ledger.llm_tokens(), "dropped": self.dropped,
-                "leaf_expansions": self.leaf_expansions, "exhausted": self.exhausted_at is not None}
+        return {
+            "nodes": self.nodes,
+            "tokens": self.tokens,
+            "spent_nodes": self.expanded,
+            "spent_tokens": self.ledger.llm_tokens(),
+            "dropped": self.dropped,
+            "leaf_expansions": self.leaf_expansions,
+            "exhausted": self.exhausted_at is not None,
+        }

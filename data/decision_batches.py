@@ -15,20 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
+from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, DECISION_COLUMNS, REQUIRED_COLUMNS, SPLITS
 from branchgate.errors import InputError, MismatchError
-from branchgate.data.schema import DATASET_SCHEMA_VERSION, DECISION_COLUMNS, REQUIRED_COLUMNS, SPLITS
 from branchgate.features import structured_features
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
 
 
-
 def read_manifest(path: str | Path) -> dict:
     path = Path(path)
     file = path / "manifest.json"
     if not file.is_file():
-        raise InputError("decision dataset has no manifest.json (build it with `branchgate dataset build`)", file=str(file))
+        raise InputError(
+            "decision dataset has no manifest.json (build it with `branchgate dataset build`)", file=str(file)
+        )
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -37,8 +38,11 @@ def read_manifest(path: str | Path) -> dict:
         raise InputError("manifest has no 'encoder' field", file=str(file))
     version = manifest.get("schema_version", DATASET_SCHEMA_VERSION)
     if not isinstance(version, int) or version > DATASET_SCHEMA_VERSION:
-        raise InputError(f"dataset schema_version {version!r} is newer than this branchgate understands "
-                         f"({DATASET_SCHEMA_VERSION}); upgrade branchgate", file=str(file))
+        raise InputError(
+            f"dataset schema_version {version!r} is newer than this branchgate understands "
+            f"({DATASET_SCHEMA_VERSION}); upgrade branchgate",
+            file=str(file),
+        )
     return manifest
 
 
@@ -65,7 +69,8 @@ def check_encoder(dataset_encoder: str, model_encoder: str, where: str) -> None:
     if dataset_encoder != model_encoder:
         raise MismatchError(
             f"{where}: the dataset was built with encoder {dataset_encoder!r} but the model uses {model_encoder!r}; "
-            f"train with --data.encoder {dataset_encoder!r} or rebuild the dataset with the same encoder")
+            f"train with --data.encoder {dataset_encoder!r} or rebuild the dataset with the same encoder"
+        )
 
 
 class TextTable:
@@ -145,9 +150,16 @@ class DecisionSet:
         util = np.where(valid, self.utility[safe], np.nan).astype(np.float32)
         t = lambda a: torch.from_numpy(a)  # noqa: E731
         return {
-            "root": table[t(self.root[idx])], "frame": table[t(self.frame[idx])], "goal": table[t(self.goal[idx])],
-            "retained": table[t(ret)], "cand": table[t(cand)], "features": t(feats),
-            "label": t(label), "utility": t(util), "mask": t(valid), "rows": t(rows),
+            "root": table[t(self.root[idx])],
+            "frame": table[t(self.frame[idx])],
+            "goal": table[t(self.goal[idx])],
+            "retained": table[t(ret)],
+            "cand": table[t(cand)],
+            "features": t(feats),
+            "label": t(label),
+            "utility": t(util),
+            "mask": t(valid),
+            "rows": t(rows),
         }
 
 
@@ -177,7 +189,9 @@ def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
         cand_ptr.append(len(order_rows))
         feats.append(structured_features(cols["depth"][first] or 0, len(rows), len(retained)))
     order_rows = np.asarray(order_rows, dtype=np.int64)
-    cand_ids = np.array([texts.id(candidate_text(cols["query"][i], cols["goal"][i])) for i in order_rows], dtype=np.int64)
+    cand_ids = np.array(
+        [texts.id(candidate_text(cols["query"][i], cols["goal"][i])) for i in order_rows], dtype=np.int64
+    )
     features = np.concatenate(feats) if feats else structured_features(0, 0, 0)
     label = np.asarray(cols["label"], dtype=np.int8) if n else np.zeros(0, np.int8)
     utility = np.asarray([np.nan if u is None else u for u in cols["utility"]], dtype=np.float32)
@@ -185,8 +199,17 @@ def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
     decision = np.zeros(n, dtype=np.int64)
     decision[order_rows] = np.repeat(np.arange(len(root)), np.diff(cand_ptr_arr))
     return DecisionSet(
-        split=split_name, root=np.asarray(root, np.int64), frame=np.asarray(frame, np.int64), goal=np.asarray(goal, np.int64),
-        ret_ptr=np.asarray(ret_ptr, np.int64), ret_ids=np.asarray(ret_ids, np.int64), cand_ptr=cand_ptr_arr,
-        cand_ids=cand_ids, features=features, label=label[order_rows] if n else label,
-        utility=utility[order_rows] if n else utility, row=order_rows, decision=decision,
+        split=split_name,
+        root=np.asarray(root, np.int64),
+        frame=np.asarray(frame, np.int64),
+        goal=np.asarray(goal, np.int64),
+        ret_ptr=np.asarray(ret_ptr, np.int64),
+        ret_ids=np.asarray(ret_ids, np.int64),
+        cand_ptr=cand_ptr_arr,
+        cand_ids=cand_ids,
+        features=features,
+        label=label[order_rows] if n else label,
+        utility=utility[order_rows] if n else utility,
+        row=order_rows,
+        decision=decision,
     )

@@ -2,12 +2,12 @@
 import until ``features`` is called).
 
 One row is one candidate at one decision point (a frame), with its search state. ``logs_to_dataset.build``
-writes it, ``data.decisions`` reads it for training and evaluation, ``export.parity`` reads it for the parity
+writes it, ``data.decision_batches`` reads it for training and evaluation, ``export.parity`` reads it for the parity
 checks. A dataset whose manifest has a newer ``schema_version`` is refused.
 
 | column | type | meaning |
 |---|---|---|
-| run_id, frame_id, candidate_id | string | where the row comes from; splits are by run (``logs_to_dataset.decisions.split_of``) |
+| run_id, frame_id, candidate_id | string | where the row comes from; splits are by run (``logs_to_dataset.decision_points.split_of``) |
 | root_query, frame_query, parent_goal | string | the decision's state texts |
 | retained | list of string | ``texts.candidate_text`` of the branches expanded before the frame opened |
 | query, goal | string | the candidate |
@@ -25,16 +25,41 @@ SPLITS = ("train", "validation", "test")
 DATASET_SCHEMA_VERSION = 1
 TEACHER_PREFIX = "teacher_"
 COLUMNS: dict[str, str] = {
-    "run_id": "string", "frame_id": "string", "candidate_id": "string",
-    "root_query": "string", "frame_query": "string", "parent_goal": "string",
-    "retained": "list[string]", "query": "string", "goal": "string",
-    "depth": "int32", "order": "int32", "n_candidates": "int32", "n_retained": "int32",
-    "expanded": "bool", "utility": "float32", "label": "int8", "label_source": "string", "utility_kind": "string",
+    "run_id": "string",
+    "frame_id": "string",
+    "candidate_id": "string",
+    "root_query": "string",
+    "frame_query": "string",
+    "parent_goal": "string",
+    "retained": "list[string]",
+    "query": "string",
+    "goal": "string",
+    "depth": "int32",
+    "order": "int32",
+    "n_candidates": "int32",
+    "n_retained": "int32",
+    "expanded": "bool",
+    "utility": "float32",
+    "label": "int8",
+    "label_source": "string",
+    "utility_kind": "string",
 }
 REQUIRED_COLUMNS = tuple(COLUMNS)
-# what decision points are built from (``data.decisions.build_decisions``, the export's parity decisions)
-DECISION_COLUMNS = ("run_id", "frame_id", "root_query", "frame_query", "parent_goal", "retained", "query", "goal",
-                    "depth", "order", "label", "utility")
+# what decision points are built from (``data.decision_batches.build_decisions``, the export's parity decisions)
+DECISION_COLUMNS = (
+    "run_id",
+    "frame_id",
+    "root_query",
+    "frame_query",
+    "parent_goal",
+    "retained",
+    "query",
+    "goal",
+    "depth",
+    "order",
+    "label",
+    "utility",
+)
 
 
 def columns(teacher_names) -> dict[str, str]:
@@ -46,8 +71,12 @@ def features(teacher_names):
     """The ``datasets.Features`` of a dataset with these teachers' columns."""
     from datasets import Features, Sequence, Value
 
-    return Features({name: Sequence(Value("string")) if dtype == "list[string]" else Value(dtype)
-                     for name, dtype in columns(teacher_names).items()})
+    return Features(
+        {
+            name: Sequence(Value("string")) if dtype == "list[string]" else Value(dtype)
+            for name, dtype in columns(teacher_names).items()
+        }
+    )
 
 
 def teacher_columns(column_names) -> list[str]:

@@ -11,7 +11,7 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
 - per candidate: ``expanded`` (an expand decision, or a retrieval for it) and ``evidence_ids`` E(c) (the
   union of its retrievals; ``None`` when no retrieval is known or it names evidence the run never
   emitted — its realized value is then unknown).
-- deferral and budgets (``inference/budget.py``): a candidate with a ``defer`` decision is ``deferred``; if a
+- deferral and budgets (``inference/run_gate.py``): a candidate with a ``defer`` decision is ``deferred``; if a
   later ``expand`` (naming the defer's seq in ``deferred_from``) or a retrieval follows, it is ``expanded`` and
   its row stays at its first frame (where it was a candidate), labelled from its evidence like any expanded
   candidate (its g is measured against that frame's context, as its siblings' are). Deferred and never
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.schema import Evidence
+from branchgate.logs_to_dataset.trace_schema import Evidence
 from branchgate.texts import candidate_text
 
 MAX_CANDIDATES = 256  # candidates per decision point (the first, by order)
@@ -56,7 +56,9 @@ MAX_CONTEXT = 512  # evidence items in a decision point's context C_t (the newes
 MAX_EVIDENCE = 64  # evidence items of one candidate's E(c) (the first retrieved)
 OVER_CANDIDATES = f"candidate past the first {MAX_CANDIDATES} of its decision point (left out: no row)"
 OVER_RETAINED = f"decision point with more than {MAX_RETAINED} retained branches (the newest {MAX_RETAINED} kept)"
-OVER_CONTEXT = f"decision point whose context holds more than {MAX_CONTEXT} evidence items (the newest {MAX_CONTEXT} kept)"
+OVER_CONTEXT = (
+    f"decision point whose context holds more than {MAX_CONTEXT} evidence items (the newest {MAX_CONTEXT} kept)"
+)
 OVER_EVIDENCE = f"candidate that retrieved more than {MAX_EVIDENCE} evidence items (the first {MAX_EVIDENCE} kept)"
 
 
@@ -140,13 +142,20 @@ class RunDecisions:
     def deferral(self) -> dict[str, int]:  # keys: DEFERRAL_COUNTS
         """Candidates deferred (then expanded, or never), and pruned by the budget."""
         cands = [c for f in self.frames for c in f.candidates]
-        return {"deferred": sum(c.deferred for c in cands),
-                "deferred_expanded": sum(c.deferred and c.expanded for c in cands),
-                "deferred_never_expanded": sum(c.deferred and not c.expanded for c in cands),
-                "dropped_by_budget": sum(c.dropped_by_budget and not c.expanded for c in cands)}
+        return {
+            "deferred": sum(c.deferred for c in cands),
+            "deferred_expanded": sum(c.deferred and c.expanded for c in cands),
+            "deferred_never_expanded": sum(c.deferred and not c.expanded for c in cands),
+            "dropped_by_budget": sum(c.dropped_by_budget and not c.expanded for c in cands),
+        }
 
 
-DEFERRAL_COUNTS = ("deferred", "deferred_expanded", "deferred_never_expanded", "dropped_by_budget")  # RunDecisions.deferral
+DEFERRAL_COUNTS = (
+    "deferred",
+    "deferred_expanded",
+    "deferred_never_expanded",
+    "dropped_by_budget",
+)  # RunDecisions.deferral
 
 
 def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
@@ -162,8 +171,14 @@ def run_decisions(run_id: str, events: list, file: str = "") -> RunDecisions:
     run.mark_expanded()
     run.fill_frames()
     has_labels = any(ev.labels is not None for ev in run.evidence.values())
-    return RunDecisions(run_id, start.root_query, sorted(run.frames.values(), key=lambda f: f.seq), run.evidence,
-                        has_labels, run.problems)
+    return RunDecisions(
+        run_id,
+        start.root_query,
+        sorted(run.frames.values(), key=lambda f: f.seq),
+        run.evidence,
+        has_labels,
+        run.problems,
+    )
 
 
 @dataclass
@@ -203,8 +218,10 @@ class _RunEvents:
             return
         parent = getattr(e, "parent_candidate", None)
         if parent is not None and parent not in self.cands:  # not declared before this frame: unknown, later, a cycle
-            self.problems.append(f"frame {e.frame_id!r} names parent_candidate {str(parent)[:80]!r}, not a candidate "
-                                 "declared before it (ignored)")
+            self.problems.append(
+                f"frame {e.frame_id!r} names parent_candidate {str(parent)[:80]!r}, not a candidate "
+                "declared before it (ignored)"
+            )
             parent = None
         self.frames[e.frame_id] = FrameInfo(e.frame_id, e.seq, e.depth, e.frame_query, e.parent_goal, parent)
 
@@ -226,8 +243,10 @@ class _RunEvents:
             self.expands.append((e.seq, e.candidate_id))
             origin = getattr(e, "deferred_from", None)
             if origin is not None and self.defers.get(e.candidate_id) != origin:
-                self.problems.append(f"expand of {e.candidate_id!r} names deferred_from={origin!r}, not a defer "
-                                     "decision of that candidate (kept as an expand)")
+                self.problems.append(
+                    f"expand of {e.candidate_id!r} names deferred_from={origin!r}, not a defer "
+                    "decision of that candidate (kept as an expand)"
+                )
         elif e.action == "defer":
             self.defers.setdefault(e.candidate_id, e.seq)
             self.cands[e.candidate_id].deferred = True
@@ -265,7 +284,7 @@ class _RunEvents:
             n = bisect_left(expanded_seqs, f.seq)  # branches expanded before the frame opened
             if n > MAX_RETAINED:
                 self.problems.append(OVER_RETAINED)
-            f.retained = expanded_texts[max(0, n - MAX_RETAINED):n]
+            f.retained = expanded_texts[max(0, n - MAX_RETAINED) : n]
             if len(ctx) > MAX_CONTEXT:
                 self.problems.append(OVER_CONTEXT)
             f.context_ids = list(islice(reversed(ctx), MAX_CONTEXT))[::-1]
@@ -285,8 +304,11 @@ class _RunEvents:
     def contexts(self, frames: list[FrameInfo]):
         """C_t of each frame (``frames`` in seq order): the evidence retrieved before it opened, minus the
         post-retrieval prunes before it, in retrieval order. One dict, updated as the timeline is read once."""
-        timeline = sorted([(seq, "retrieval", ids) for seq, _, ids in self.retrievals]
-                          + [(seq, "prune", ids) for seq, ids in self.prunes], key=lambda t: t[0])
+        timeline = sorted(
+            [(seq, "retrieval", ids) for seq, _, ids in self.retrievals]
+            + [(seq, "prune", ids) for seq, ids in self.prunes],
+            key=lambda t: t[0],
+        )
         ctx: dict[str, None] = {}
         step = 0
         for f in frames:

@@ -8,31 +8,49 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present")
-    parser.add_argument("--checkpoint", required=True, help="the controller.safetensors the model was exported from (torch side)")
+    parser.add_argument(
+        "--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present"
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="the controller.safetensors the model was exported from (torch side)"
+    )
     parser.add_argument("--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of --model)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and each ONNX Gate alike (default 2)")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="CPU threads for torch and each ONNX Gate alike (default 2)"
+    )
     parser.add_argument("--reps", type=int, default=10, help="rounds over the decisions (default 10)")
-    parser.add_argument("--decisions", default=None,
-                        help="JSON Lines of decisions {state, candidates} (default: 8 built-in decisions, 8 candidates each)")
+    parser.add_argument(
+        "--decisions",
+        default=None,
+        help="JSON Lines of decisions {state, candidates} (default: 8 built-in decisions, 8 candidates each)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
 
 def run(args) -> int:
-    from branchgate.export.bench import run_bench
+    from branchgate.export.latency import run_bench
     from branchgate.inference.gate_cli import read_decisions
 
     decisions = None
     if args.decisions:
         decisions = [(d["state"], d["candidates"]) for d in read_decisions(args.decisions)]
-    res = run_bench(args.model, args.checkpoint, int8_model=args.int8_model, threads=args.threads, reps=args.reps,
-                    decisions=decisions, progress=not args.json)
+    res = run_bench(
+        args.model,
+        args.checkpoint,
+        int8_model=args.int8_model,
+        threads=args.threads,
+        reps=args.reps,
+        decisions=decisions,
+        progress=not args.json,
+    )
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
-          f"{res['threads']} threads, encoder {res['encoder']}; machine load (1-min average) "
-          f"{res['load_avg_1min_start']:.2f} at the start, {res['load_avg_1min']:.2f} at the end")
+    print(
+        f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
+        f"{res['threads']} threads, encoder {res['encoder']}; machine load (1-min average) "
+        f"{res['load_avg_1min_start']:.2f} at the start, {res['load_avg_1min']:.2f} at the end"
+    )
     print(f"{'state':6} {'method':10} {'p50 ms':>9} {'p95 ms':>9} {'speedup':>8}  (95% interval over rounds)")
     for state, prefix in (("cold", ""), ("warm", "warm_")):
         for name in ("torch", "onnx_fp32", "onnx_int8"):
@@ -43,7 +61,9 @@ def run(args) -> int:
                 key = f"{prefix}speedup_{name.split('_', 1)[1]}"
                 sp, (lo, hi) = res[key], res[key + "_ci95"]
                 ci = f"  ({lo:.2f}-{hi:.2f}x)"
-            print(f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}")
+            print(
+                f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}"
+            )
     for key in [k for k in res if k.endswith("max_abs_diff_p_keep")]:
         print(f"{key}: {res[key]:.2e}", file=sys.stdout)
     return 0

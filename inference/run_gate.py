@@ -5,7 +5,7 @@
     run.spend(tokens)                                # after an expansion: the tokens it really used
     sel = run.revisit(state)                         # at the end, with budget left: the best deferred ones
 
-The budget itself (``Budget``, ``BudgetExceeded``, ``Deferred``) is ``inference/budget_state.py``
+The budget itself (``Budget``, ``BudgetExceeded``, ``Deferred``) is ``inference/ledger.py``
 (importable from here too).
 
 **Admission rule** (``admit_by_price``, which ``RunGate.select`` and ``revisit`` apply; a rule of its own,
@@ -56,7 +56,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from branchgate.errors import InputError
-from branchgate.inference.budget_state import Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
+from branchgate.inference.ledger import Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
 from branchgate.inference.selection import Selection
 
 BUDGET_STATE_VERSION = 1
@@ -64,8 +64,18 @@ DEFAULT_TOKENS_PER_NODE = 1000  # prior token cost of one expansion until the ca
 UTILITY_FLOOR = 1e-3  # ĝ below this counts as this in the cost-aware ranking (ĝ can be ≤ 0)
 
 
-def admit_by_price(order: Sequence[int], p_keep, price, fits, take, *, max_keep: int | None = None,
-                   cap: int | None = None, defer_margin: float | None = None, fallback: bool = False):
+def admit_by_price(
+    order: Sequence[int],
+    p_keep,
+    price,
+    fits,
+    take,
+    *,
+    max_keep: int | None = None,
+    cap: int | None = None,
+    defer_margin: float | None = None,
+    fallback: bool = False,
+):
     """The run-scoped gate's keep rule: walk the candidates best first (``order``) against ``price()``,
     recomputed after every admission (what the decision already took counts as spent). One at or above it is
     admitted (``take(i)``) while ``fits(i)`` and ``cap`` allow, else it is dropped by the budget; with
@@ -97,11 +107,24 @@ def admit_by_price(order: Sequence[int], p_keep, price, fits, take, *, max_keep:
 class RunGate:
     """A Gate scoped to one run with a ``Budget`` (see the module docstring). Thread-safe."""
 
-    def __init__(self, gate, budget: Budget | None = None, *, defer: bool = False, run_id: str | None = None,
-                 tau: float | None = None, max_keep: int | None = None, price_start: float | None = None,
-                 price_end: float = 1.0, price_exponent: float = 2.0, defer_margin: float = 0.15,
-                 revisit_floor: float | None = None, tokens_per_node: int | None = None,
-                 max_share: float | None = None, charges: bool = True):
+    def __init__(
+        self,
+        gate,
+        budget: Budget | None = None,
+        *,
+        defer: bool = False,
+        run_id: str | None = None,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        price_start: float | None = None,
+        price_end: float = 1.0,
+        price_exponent: float = 2.0,
+        defer_margin: float = 0.15,
+        revisit_floor: float | None = None,
+        tokens_per_node: int | None = None,
+        max_share: float | None = None,
+        charges: bool = True,
+    ):
         from branchgate.inference.inputs import as_max_keep, as_tau
 
         self.gate = gate
@@ -117,7 +140,9 @@ class RunGate:
         self.price_exponent = float(price_exponent)
         self.defer_margin = as_tau(defer_margin, "defer_margin")
         self.revisit_floor = None if revisit_floor is None else as_tau(revisit_floor, "revisit_floor")
-        self.tokens_per_node = DEFAULT_TOKENS_PER_NODE if tokens_per_node is None else _amount(tokens_per_node, "tokens_per_node")
+        self.tokens_per_node = (
+            DEFAULT_TOKENS_PER_NODE if tokens_per_node is None else _amount(tokens_per_node, "tokens_per_node")
+        )
         self.max_share = None if max_share is None else as_tau(max_share, "max_share")
         self.charges = bool(charges)  # False: the caller charges the budget (the module docstring's "Who charges")
         self.max_spend = 0  # the largest actual spend of one expansion reported so far
@@ -154,8 +179,16 @@ class RunGate:
         return int(self.max_spend if self.max_spend > 0 else self.tokens_per_node)
 
     # -- deciding ----------------------------------------------------------------------------------------
-    def select(self, state, candidates: Sequence, tau: float | None = None, max_keep: int | None = None,
-               costs: Sequence | None = None, keys: Sequence | None = None, objects: Sequence | None = None):
+    def select(
+        self,
+        state,
+        candidates: Sequence,
+        tau: float | None = None,
+        max_keep: int | None = None,
+        costs: Sequence | None = None,
+        keys: Sequence | None = None,
+        objects: Sequence | None = None,
+    ):
         """Gate one decision under the budget (the module docstring's admission rule). For the ``Deferred``
         entries: ``keys`` name the candidates (e.g. trace candidate ids), ``objects`` are what ``candidate``
         holds (default: the candidates as given)."""
@@ -183,19 +216,37 @@ class RunGate:
             order = self._rank(p, u, costs, explicit=explicit)
             mark = self._mark()
             kept, deferred, dropped, fallback = admit_by_price(
-                order, p, lambda: self.price(tau), lambda i: self._fits(costs[i]), lambda i: self._take(i, costs[i]),
-                max_keep=max_keep, cap=self._cap(), defer_margin=self.defer_margin if self.defer else None,
-                fallback=True)
+                order,
+                p,
+                lambda: self.price(tau),
+                lambda i: self._fits(costs[i]),
+                lambda i: self._take(i, costs[i]),
+                max_keep=max_keep,
+                cap=self._cap(),
+                defer_margin=self.defer_margin if self.defer else None,
+                fallback=True,
+            )
             exhausted = not kept and not any(self._fits(c) for c in costs)
             if exhausted:
                 dropped, deferred = list(range(k)), []
             for i in deferred:
-                self.deferred.append(Deferred(texts[i], objects[i], did, int(i), float(p[i]), price,
-                                              None if keys is None else keys[i]))
+                self.deferred.append(
+                    Deferred(texts[i], objects[i], did, int(i), float(p[i]), price, None if keys is None else keys[i])
+                )
             status = self._status(price, did, tau)
             self._release(mark)
-            return Selection(sorted(kept), p, u, fallback, price, oor, deferred=sorted(deferred),
-                             dropped_by_budget=sorted(dropped), budget=status, exhausted=exhausted)
+            return Selection(
+                sorted(kept),
+                p,
+                u,
+                fallback,
+                price,
+                oor,
+                deferred=sorted(deferred),
+                dropped_by_budget=sorted(dropped),
+                budget=status,
+                exhausted=exhausted,
+            )
 
     def revisit(self, state, max_keep: int | None = None, floor: float | None = None, costs: Sequence | None = None):
         """Re-score the pending deferred candidates against ``state`` (the context now) and admit, best first,
@@ -214,21 +265,43 @@ class RunGate:
         with self._lock:
             did = self.decisions
             self.decisions += 1
-            floor = floor if floor is not None else (self.revisit_floor if self.revisit_floor is not None
-                                                     else max(self.base_tau() - self.defer_margin, 0.0))
+            floor = (
+                floor
+                if floor is not None
+                else (
+                    self.revisit_floor
+                    if self.revisit_floor is not None
+                    else max(self.base_tau() - self.defer_margin, 0.0)
+                )
+            )
             explicit = costs is not None
             costs = self._costs(costs, len(items))
             order = self._rank(p, u, costs, explicit=explicit)
             mark = self._mark()
-            kept, _, dropped, _ = admit_by_price(order, p, lambda: floor, lambda i: self._fits(costs[i]),
-                                                 lambda i: self._take(i, costs[i]), max_keep=max_keep)
+            kept, _, dropped, _ = admit_by_price(
+                order,
+                p,
+                lambda: floor,
+                lambda i: self._fits(costs[i]),
+                lambda i: self._take(i, costs[i]),
+                max_keep=max_keep,
+            )
             exhausted = bool(items) and not kept and not any(self._fits(c) for c in costs)
             taken = {id(items[i]) for i in kept}
             self.deferred = [d for d in self.deferred if id(d) not in taken]
             status = self._status(float(floor), did)
             self._release(mark)
-            sel = Selection(sorted(kept), p, u, False, float(floor), [], dropped_by_budget=sorted(dropped),
-                            budget=status, exhausted=exhausted)
+            sel = Selection(
+                sorted(kept),
+                p,
+                u,
+                False,
+                float(floor),
+                [],
+                dropped_by_budget=sorted(dropped),
+                budget=status,
+                exhausted=exhausted,
+            )
             sel.revisited = [items[i] for i in sorted(kept)]
             return sel
 
@@ -262,7 +335,11 @@ class RunGate:
         """Candidate indices best first: by p_keep, or with explicit costs by p_keep · max(ĝ, ε) / cost."""
         p = np.asarray(p, np.float64)
         if explicit:
-            value = p * np.maximum(np.asarray(u, np.float64), UTILITY_FLOOR) / np.maximum(np.asarray(costs, np.float64), 1.0)
+            value = (
+                p
+                * np.maximum(np.asarray(u, np.float64), UTILITY_FLOOR)
+                / np.maximum(np.asarray(costs, np.float64), 1.0)
+            )
         else:
             value = p
         return sorted(range(len(p)), key=lambda i: (-float(value[i]), -float(p[i]), i))
@@ -283,7 +360,7 @@ class RunGate:
         """With ``charges=False``: give back what the decision admitted (the caller charges what it spends)."""
         if not self.charges:
             self.budget.spent_nodes, self.budget.reserved_tokens = mark[0], mark[1]
-            del self.pending[mark[2]:]
+            del self.pending[mark[2] :]
 
     def _take(self, i: int, cost: int) -> None:
         """Admit one candidate: charge its node and reserve its tokens."""
@@ -296,43 +373,80 @@ class RunGate:
         """What a decision records: its id, the price it began at and the price after it, spent / reserved /
         remaining and the limits."""
         b = self.budget
-        return {"decision": decision, "price": round(float(price), 6), "price_after": round(self.price(tau), 6), "spent_nodes": b.spent_nodes,
-                "spent_tokens": b.spent_tokens, "reserved_tokens": b.reserved_tokens, "remaining": b.remaining(),
-                "limit": {"nodes": b.nodes, "tokens": b.tokens}}
+        return {
+            "decision": decision,
+            "price": round(float(price), 6),
+            "price_after": round(self.price(tau), 6),
+            "spent_nodes": b.spent_nodes,
+            "spent_tokens": b.spent_tokens,
+            "reserved_tokens": b.reserved_tokens,
+            "remaining": b.remaining(),
+            "limit": {"nodes": b.nodes, "tokens": b.tokens},
+        }
 
     def config(self) -> dict:
         """The run's budget and parameters (what a trace's run_start records)."""
-        return {"budget_nodes": self.budget.nodes, "budget_tokens": self.budget.tokens, "defer": self.defer,
-                "price_start": self.base_tau(), "price_end": self.price_end, "price_exponent": self.price_exponent,
-                "defer_margin": self.defer_margin, "revisit_floor": self.revisit_floor,
-                "tokens_per_node": self.tokens_per_node, "max_share": self.max_share}
+        return {
+            "budget_nodes": self.budget.nodes,
+            "budget_tokens": self.budget.tokens,
+            "defer": self.defer,
+            "price_start": self.base_tau(),
+            "price_end": self.price_end,
+            "price_exponent": self.price_exponent,
+            "defer_margin": self.defer_margin,
+            "revisit_floor": self.revisit_floor,
+            "tokens_per_node": self.tokens_per_node,
+            "max_share": self.max_share,
+        }
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_json(self) -> dict:
         with self._lock:
-            return {"version": BUDGET_STATE_VERSION, "run_id": self.run_id, "budget": self.budget.to_json(),
-                    "defer": self.defer, "tau": self.tau, "max_keep": self.max_keep, "price_start": self.price_start,
-                    "price_end": self.price_end, "price_exponent": self.price_exponent,
-                    "defer_margin": self.defer_margin, "revisit_floor": self.revisit_floor,
-                    "tokens_per_node": self.tokens_per_node, "max_share": self.max_share, "charges": self.charges,
-                    "max_spend": self.max_spend,
-                    "pending": list(self.pending), "decisions": self.decisions,
-                    "deferred": [d.to_json() for d in self.deferred]}
+            return {
+                "version": BUDGET_STATE_VERSION,
+                "run_id": self.run_id,
+                "budget": self.budget.to_json(),
+                "defer": self.defer,
+                "tau": self.tau,
+                "max_keep": self.max_keep,
+                "price_start": self.price_start,
+                "price_end": self.price_end,
+                "price_exponent": self.price_exponent,
+                "defer_margin": self.defer_margin,
+                "revisit_floor": self.revisit_floor,
+                "tokens_per_node": self.tokens_per_node,
+                "max_share": self.max_share,
+                "charges": self.charges,
+                "max_spend": self.max_spend,
+                "pending": list(self.pending),
+                "decisions": self.decisions,
+                "deferred": [d.to_json() for d in self.deferred],
+            }
 
     @classmethod
-    def from_json(cls, obj, gate, where: str = "run state") -> "RunGate":
+    def from_json(cls, obj, gate, where: str = "run state") -> RunGate:
         if not isinstance(obj, dict):
             raise InputError(f"must be an object, got {type(obj).__name__}", where)
         version = obj.get("version")
         if version != BUDGET_STATE_VERSION:
             raise InputError(f"unsupported run state version {version!r} (expected {BUDGET_STATE_VERSION})", where)
         try:
-            run = cls(gate, Budget.from_json(obj.get("budget", {}), f"{where}.budget"), defer=bool(obj.get("defer")),
-                      run_id=obj.get("run_id"), tau=obj.get("tau"), max_keep=obj.get("max_keep"),
-                      price_start=obj.get("price_start"), price_end=obj.get("price_end", 1.0),
-                      price_exponent=obj.get("price_exponent", 2.0), defer_margin=obj.get("defer_margin", 0.15),
-                      revisit_floor=obj.get("revisit_floor"), tokens_per_node=obj.get("tokens_per_node"),
-                      max_share=obj.get("max_share"), charges=_flag(obj.get("charges", True), f"{where}.charges"))
+            run = cls(
+                gate,
+                Budget.from_json(obj.get("budget", {}), f"{where}.budget"),
+                defer=bool(obj.get("defer")),
+                run_id=obj.get("run_id"),
+                tau=obj.get("tau"),
+                max_keep=obj.get("max_keep"),
+                price_start=obj.get("price_start"),
+                price_end=obj.get("price_end", 1.0),
+                price_exponent=obj.get("price_exponent", 2.0),
+                defer_margin=obj.get("defer_margin", 0.15),
+                revisit_floor=obj.get("revisit_floor"),
+                tokens_per_node=obj.get("tokens_per_node"),
+                max_share=obj.get("max_share"),
+                charges=_flag(obj.get("charges", True), f"{where}.charges"),
+            )
             run.max_spend = _amount(obj.get("max_spend", 0), f"{where}.max_spend")
             run.pending = [_amount(x, f"{where}.pending") for x in obj.get("pending", [])]
             run.decisions = _amount(obj.get("decisions", 0), f"{where}.decisions")

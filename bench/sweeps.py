@@ -1,5 +1,5 @@
 """The closed-loop policy families and their sweeps, as ``branchgate simulate`` pre-retrieval specs
-(syntax: ``pipeline/policies.py``), so that every family is a curve of (tokens, KPR) points:
+(syntax: ``pipeline/stage_policies.py``), so that every family is a curve of (tokens, KPR) points:
 
 - ``none`` (no pruning, one point);
 - every teacher ``NAME:max_items=K`` for K in ``teacher_max_items`` (its breadth budget);
@@ -99,8 +99,9 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: d
         taus = (variants or {}).get(variant) or []
         extra = _variant_keys(keys, section, where) if taus else ""
         for tau in taus:
-            out.append(PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{extra}",
-                                   budget=float(tau)))
+            out.append(
+                PolicyPoint(f"{curve}@tau={tau:g}", curve, f"gate:{gate_path},tau={tau:g},{extra}", budget=float(tau))
+            )
     out += _stages(section, gate_path, family)
     return _unique(out)
 
@@ -108,8 +109,9 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: d
 def _variant_keys(keys: str, section: dict, where: str) -> str:
     """A variant's spec keys with the ``policies`` settings they name filled in (``{root_tau}``)."""
     try:
-        return keys.format_map({k: f"{v:g}" if isinstance(v, (int, float)) else v for k, v in section.items()
-                                if v is not None})
+        return keys.format_map(
+            {k: f"{v:g}" if isinstance(v, (int, float)) else v for k, v in section.items() if v is not None}
+        )
     except KeyError as exc:
         raise InputError(f"{where} needs policies.{exc.args[0]}", f"policies.{exc.args[0]}") from None
 
@@ -160,18 +162,29 @@ def budget_points(section: dict, gate_path: str) -> list[PolicyPoint]:
     baselines = [str(b) for b in (section.get("budget_baselines") or [])]
     for b in baselines:
         if b != "shallow" and b not in teachers.NAMES:
-            raise InputError(f"unknown budget baseline {b!r} (shallow or a teacher: {', '.join(teachers.NAMES)})",
-                             "policies.budget_baselines")
+            raise InputError(
+                f"unknown budget baseline {b!r} (shallow or a teacher: {', '.join(teachers.NAMES)})",
+                "policies.budget_baselines",
+            )
     for f in section.get("budget_fractions") or []:
         f = float(f)
         if not 0 < f <= 1:
             raise InputError(f"a budget fraction must be in (0, 1], got {f:g}", "policies.budget_fractions")
         pct = f"{100 * f:g}%"
         extra = "".join(f",{k}={v:g}" for k, v in sorted((section.get("budget_gate") or {}).items()))
-        out.append(PolicyPoint(f"gate@budget={f:g}", budget_family("gate"),
-                               f"gate:{gate_path},budget_tokens={pct}{extra}", budget=f))
-        out.append(PolicyPoint(f"gate+defer@budget={f:g}", budget_family("gate+defer"),
-                               f"gate:{gate_path},budget_tokens={pct}{extra},defer=1", budget=f))
+        out.append(
+            PolicyPoint(
+                f"gate@budget={f:g}", budget_family("gate"), f"gate:{gate_path},budget_tokens={pct}{extra}", budget=f
+            )
+        )
+        out.append(
+            PolicyPoint(
+                f"gate+defer@budget={f:g}",
+                budget_family("gate+defer"),
+                f"gate:{gate_path},budget_tokens={pct}{extra},defer=1",
+                budget=f,
+            )
+        )
         for b in baselines:
             out.append(PolicyPoint(f"{b}@budget={f:g}", budget_family(b), f"{b}:budget_tokens={pct}", budget=f))
     return _unique(out)

@@ -1,5 +1,5 @@
 """What a run may spend and what it set aside: ``Budget``, ``BudgetExceeded`` and ``Deferred`` (the state
-``inference/budget.py``'s ``RunGate`` spends and persists).
+``inference/run_gate.py``'s ``RunGate`` spends and persists).
 
 **Budget** — ``nodes`` (expanded subqueries) and/or ``tokens`` (caller-reported). A node is charged when
 ``select``/``revisit`` admits a candidate (with ``RunGate(charges=False)``, by the caller). Tokens are *reserved* at admission (the candidate's cost estimate)
@@ -9,7 +9,7 @@ limit, so with upper-bound estimates a run never exceeds its budget. An actual s
 recorded as it happened (``overspent``), never hidden.
 
 ``can_afford`` is the one fit rule of a run budget: the run-scoped gate asks it with its estimates, the
-reference pipeline (``pipeline/budgeting.RunBudget``, which keeps its run's spending in this same ledger) with
+reference pipeline (``pipeline/exact_costs.RunBudget``, which keeps its run's spending in this same ledger) with
 exact costs, from the counts its plan would leave (``nodes_used``/``tokens_used``).
 
 Core-safe: the standard library only.
@@ -90,19 +90,22 @@ class Budget:
             fracs.append(1.0 if self.tokens == 0 else (self.spent_tokens + self.reserved_tokens) / self.tokens)
         return float(min(max(fracs), 1.0))
 
-    def can_afford(self, nodes: int = 1, tokens: int = 0, *, nodes_used: int | None = None,
-                   tokens_used: int | None = None) -> bool:
+    def can_afford(
+        self, nodes: int = 1, tokens: int = 0, *, nodes_used: int | None = None, tokens_used: int | None = None
+    ) -> bool:
         """Whether ``nodes`` and ``tokens`` more fit what is left (``remaining``, after ``*_used`` when given)."""
         left = self.remaining(nodes_used, tokens_used)
-        return ((left["nodes"] is None or nodes <= left["nodes"]) and
-                (left["tokens"] is None or tokens <= left["tokens"]))
+        return (left["nodes"] is None or nodes <= left["nodes"]) and (
+            left["tokens"] is None or tokens <= left["tokens"]
+        )
 
     def charge(self, nodes: int = 0, tokens: int = 0) -> None:
         """Spend ``nodes`` and ``tokens``; ``BudgetExceeded`` (nothing charged) if that would exceed a limit."""
         nodes, tokens = _amount(nodes, "nodes"), _amount(tokens, "tokens")
         if not self.can_afford(nodes, tokens):
-            raise BudgetExceeded(f"charging {nodes} node(s) and {tokens} token(s) would exceed the budget "
-                                 f"(remaining {self.remaining()})")
+            raise BudgetExceeded(
+                f"charging {nodes} node(s) and {tokens} token(s) would exceed the budget (remaining {self.remaining()})"
+            )
         self.spent_nodes += nodes
         self.spent_tokens += tokens
 
@@ -120,11 +123,16 @@ class Budget:
         self.spent_tokens += _amount(actual, "tokens")
 
     def to_json(self) -> dict:
-        return {"nodes": self.nodes, "tokens": self.tokens, "spent_nodes": self.spent_nodes,
-                "spent_tokens": self.spent_tokens, "reserved_tokens": self.reserved_tokens}
+        return {
+            "nodes": self.nodes,
+            "tokens": self.tokens,
+            "spent_nodes": self.spent_nodes,
+            "spent_tokens": self.spent_tokens,
+            "reserved_tokens": self.reserved_tokens,
+        }
 
     @classmethod
-    def from_json(cls, obj, where: str = "budget") -> "Budget":
+    def from_json(cls, obj, where: str = "budget") -> Budget:
         if not isinstance(obj, dict):
             raise InputError(f"must be an object, got {type(obj).__name__}", where)
         b = cls(obj.get("nodes"), obj.get("tokens"))
@@ -134,8 +142,10 @@ class Budget:
         return b
 
     def __repr__(self) -> str:
-        return (f"Budget(nodes={self.nodes}, tokens={self.tokens}, spent_nodes={self.spent_nodes}, "
-                f"spent_tokens={self.spent_tokens}, reserved_tokens={self.reserved_tokens})")
+        return (
+            f"Budget(nodes={self.nodes}, tokens={self.tokens}, spent_nodes={self.spent_nodes}, "
+            f"spent_tokens={self.spent_tokens}, reserved_tokens={self.reserved_tokens})"
+        )
 
 
 @dataclass
@@ -151,16 +161,29 @@ class Deferred:
     key: Any = None  # the caller's id for it (e.g. the trace's candidate_id), if given
 
     def to_json(self) -> dict:
-        out = {"text": self.text, "decision": self.decision, "index": self.index, "p_keep": self.p_keep,
-               "price": self.price, "key": self.key}
+        out = {
+            "text": self.text,
+            "decision": self.decision,
+            "index": self.index,
+            "p_keep": self.p_keep,
+            "price": self.price,
+            "key": self.key,
+        }
         if _jsonable(self.candidate):
             out["candidate"] = self.candidate
         return out
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Deferred":
-        return cls(str(obj["text"]), obj.get("candidate", obj["text"]), int(obj["decision"]), int(obj["index"]),
-                   float(obj["p_keep"]), float(obj["price"]), obj.get("key"))
+    def from_json(cls, obj: dict) -> Deferred:
+        return cls(
+            str(obj["text"]),
+            obj.get("candidate", obj["text"]),
+            int(obj["decision"]),
+            int(obj["index"]),
+            float(obj["p_keep"]),
+            float(obj["price"]),
+            obj.get("key"),
+        )
 
 
 def _jsonable(x) -> bool:
