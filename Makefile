@@ -1,6 +1,6 @@
 # A user's set-up commands. Each target calls the one script that defines it (CI calls the same scripts):
 #   make quickstart   install (train + dev extras), then run the whole chain on the bundled sample
-#   make test         the test command CI runs (.ci/run): every test, then the agent integrations
+#   make test         the test command CI runs (.ci/run): ruff, every test, then the agent integrations
 #   make test-fast    the tests a developer runs while working: all but those marked slow (the end-to-end ones)
 #   make docs         build the documentation site (mkdocs, strict)
 # PYTHON picks the interpreter (default python3: inside an activated virtualenv, that virtualenv's);

@@ -87,11 +87,26 @@ def _configure(parser: argparse.ArgumentParser, module: str) -> None:
     mod.configure(parser)
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes each record to ``sys.stderr`` as it is then, not to the stream of the first ``main`` call (a caller
+    that swaps ``sys.stderr`` between calls, as tests do, would leave the handler writing to a closed stream)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ sets it; the property always reads sys.stderr
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+        handlers=[_CurrentStderr()],
     )
     if not getattr(args, "_module", None):
         parser.print_help()

@@ -122,7 +122,8 @@ def run(args) -> int:
         + ("" if args.no_export else f", {out / 'controller.onnx'}")
     )
     print(
-        f"model AUROC {metrics.get('auroc', float('nan')):.3f}, top-1 {metrics.get('top1_accuracy', float('nan')):.3f}, "
+        f"model AUROC {metrics.get('auroc', float('nan')):.3f}, "
+        f"top-1 {metrics.get('top1_accuracy', float('nan')):.3f}, "
         f"keep rate {metrics.get('keep_rate', float('nan')):.2f} at tau {metrics.get('tau', float('nan')):.2f}"
     )
     return 0

@@ -9,10 +9,11 @@ queries) → ``closed_loop`` (every policy of ``bench/sweeps.py`` that needs no 
 unpruned runs as a decision dataset labelled by their key points); then per label source, under
 OUT/<source>/: ``dataset`` (``dataset build --labels``) → ``train`` → ``export`` → ``closed_loop`` (the gate's
 τ sweep) → ``offline`` (its test split) → ``offline_eval`` (``eval_data``, by depth) → ``real`` (each
-``--real`` dataset) → ``real_by_depth`` (the same decisions by depth: first searches, later ones); then ``budgets`` (run budgets at
-``policies.budget_fractions`` of each query's unpruned tokens: the first source's gate with and without
-deferral, ``budget_baselines`` given the same budget, and the check that no run exceeded its budget). Writes OUT/report.json,
-OUT/report.md, OUT/kpr_vs_tokens.png and, with ``--real``, OUT/real_auroc.png.
+``--real`` dataset) → ``real_by_depth`` (the same decisions by depth: first searches, later ones); then
+``budgets`` (run budgets at ``policies.budget_fractions`` of each query's unpruned tokens: the first source's
+gate with and without deferral, ``budget_baselines`` given the same budget, and the check that no run
+exceeded its budget). Writes OUT/report.json, OUT/report.md, OUT/kpr_vs_tokens.png and, with ``--real``,
+OUT/real_auroc.png.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def run(args) -> int:
         print(f"{name:<22} {p['tokens']['mean']:9.0f} {p['kpr']['mean']:7.3f}  [{lo:.3f}, {hi:.3f}]")
     g = report["offline"].get("gate", {})
     print(
-        f"offline gate AUROC {g.get('auroc') or float('nan'):.3f}; steps run: {', '.join(steps.ran) or 'none (all cached)'}"
+        f"offline gate AUROC {g.get('auroc') or float('nan'):.3f}; "
+        f"steps run: {', '.join(steps.ran) or 'none (all cached)'}"
     )
     for line in report.get("findings", []):
         print(f"- {line}")

@@ -1,6 +1,10 @@
 """The bench's outputs: ``report.json`` (keys documented in ARCHITECTURE.md), ``report.md`` (the same as
 tables) and ``kpr_vs_tokens.png`` (every policy family as a curve of KPR against tokens, 95% intervals), with ``--real``
-also ``real_auroc.png`` (each scorer's AUROC on the real decisions, 95% intervals)."""
+also ``real_auroc.png`` (each scorer's AUROC on the real decisions, 95% intervals).
+
+Over 400 lines: the report's one schema (``REPORT_KEYS``) and its Markdown rendering, kept together so that a key
+and the table showing it change in one place.
+"""
 
 from __future__ import annotations
 

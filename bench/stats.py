@@ -94,8 +94,8 @@ class Rows:
 
 
 def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
-    """``{SCORER: {"auroc", "auprc", "top1", "top1_informative", "ci95_auroc", "n_rows"}}``; with ``ref`` (the gate) every other
-    scorer also gets ``delta_vs_gate`` = paired bootstrap over runs of ref's AUROC minus its own."""
+    """``{SCORER: {"auroc", "auprc", "top1", "top1_informative", "ci95_auroc", "n_rows"}}``; with ``ref`` (the
+    gate) every other scorer also gets ``delta_vs_gate`` = paired bootstrap over runs of ref's AUROC minus its own."""
     out = {}
     everything = np.arange(len(rows.labels))
     for name in rows.scorers:

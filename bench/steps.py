@@ -1,10 +1,10 @@
 """Cached bench steps: each writes OUT/<step>/ and, when finished, OUT/<step>/done.json with its fingerprint.
 
 An interrupted step (OUT/<step>/started.json with the same fingerprint, no done.json) resumes in its
-folder (simulation skips finished runs). The fingerprint is the sha256 of the step's inputs (its config section, the query ids, the upstream steps'
-fingerprints, the branchgate version). A rerun with the same fingerprint returns the recorded result without
-running; a different one clears the folder and runs again, so a changed setting re-runs exactly the steps
-that depend on it.
+folder (simulation skips finished runs). The fingerprint is the sha256 of the step's inputs (its config
+section, the query ids, the upstream steps' fingerprints, the branchgate version). A rerun with the same
+fingerprint returns the recorded result without running; a different one clears the folder and runs again,
+so a changed setting re-runs exactly the steps that depend on it.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ def main() -> int:
     ]
     results, failed = [], False
     print(
-        "| run | torch p50 ms | fp32 p50 ms | int8 p50 ms | fp32 ratio [95%] | int8 ratio [95%] | fp32 parity (max abs Δp_keep) |"
+        "| run | torch p50 ms | fp32 p50 ms | int8 p50 ms | fp32 ratio [95%] | int8 ratio [95%] "
+        "| fp32 parity (max abs Δp_keep) |"
     )
     print("|---|---|---|---|---|---|---|")
     for i in range(1, args.runs + 1):
@@ -68,7 +69,8 @@ def main() -> int:
         if args.out:  # rewritten after every run, so an interrupted series keeps its finished runs
             atomic_write_text(args.out, "".join(json.dumps(r) + "\n" for r in results))
         print(
-            f"| {i} | {res['torch_ms_p50']:.1f} | {res['onnx_fp32_ms_p50']:.1f} | {res.get('onnx_int8_ms_p50', float('nan')):.1f} "
+            f"| {i} | {res['torch_ms_p50']:.1f} | {res['onnx_fp32_ms_p50']:.1f} "
+            f"| {res.get('onnx_int8_ms_p50', float('nan')):.1f} "
             f"| {_ratio(res, 'fp32')} | {_ratio(res, 'int8')} | {res['onnx_fp32_max_abs_diff_p_keep']:.1e} |",
             flush=True,
         )

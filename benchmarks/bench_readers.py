@@ -62,7 +62,8 @@ def bench_build(path: Path, limit: int, cache: str | None, encoder: str) -> None
         total = time.perf_counter() - t
     tm, c = m["timings"], m["embedding_cache"]
     print(
-        f"dataset build on {len(files)} traces ({'cold temporary' if not cache else 'given'} cache, encoder {m['encoder']})"
+        f"dataset build on {len(files)} traces "
+        f"({'cold temporary' if not cache else 'given'} cache, encoder {m['encoder']})"
     )
     print(
         f"  {m['n_runs']['total']} runs → {m['n_decisions']['total']} decisions; "

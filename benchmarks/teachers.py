@@ -70,7 +70,8 @@ def main() -> int:
                 pre[n].extend(T.get(n).score(Items(subs[1:], se[1:]), st2))
     print(f"MuSiQue, {len(rows)} questions; post-retrieval: C = first supporting paragraph, x = the other paragraphs")
     print(
-        f"{'teacher':8} {'thr':>6} {'p10':>7} {'p50':>7} {'p90':>7} {'keep%':>6} {'AUC':>5} {'ms/call':>7} | pre-retrieval p50, keep%"
+        f"{'teacher':8} {'thr':>6} {'p10':>7} {'p50':>7} {'p90':>7} {'keep%':>6} {'AUC':>5} {'ms/call':>7} "
+        "| pre-retrieval p50, keep%"
     )
     for n in T.NAMES:
         m = T.get(n)

@@ -21,7 +21,8 @@ from branchgate.data.decision_batches import TextTable, build_decisions, check_e
 from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
 
 log = logging.getLogger(__name__)
-# the splits a ``setup`` stage needs labelled rows in; any other stage (fit: training ends on the test split) every split
+# the splits a ``setup`` stage needs labelled rows in; any other stage (fit: training ends on the test split)
+# every split
 STAGE_SPLITS = {"test": ("test",), "predict": ()}
 
 

@@ -7,15 +7,18 @@ checks. A dataset whose manifest has a newer ``schema_version`` is refused.
 
 | column | type | meaning |
 |---|---|---|
-| run_id, frame_id, candidate_id | string | where the row comes from; splits are by run (``logs_to_dataset.decision_points.split_of``) |
+| run_id, frame_id, candidate_id | string | where the row comes from; splits are by run \
+(``logs_to_dataset.decision_points.split_of``) |
 | root_query, frame_query, parent_goal | string | the decision's state texts |
 | retained | list of string | ``texts.candidate_text`` of the branches expanded before the frame opened |
 | query, goal | string | the candidate |
-| depth, order, n_candidates, n_retained | int32 | ``features.FEATURE_NAMES``; order is the position 0..K-1 in the frame |
+| depth, order, n_candidates, n_retained | int32 | ``features.FEATURE_NAMES``; order is the position 0..K-1 in the \
+frame |
 | expanded | bool | the run expanded the candidate |
 | utility | float32 | realized marginal utility g (NaN when unknown) |
 | label | int8 | 1 keep, 0 prune, −1 excluded from training |
-| label_source, utility_kind | string | ``realized`` / ``teacher_pre`` / ``excluded``; ``keypoints`` or ``teacher:<name>`` |
+| label_source, utility_kind | string | ``realized`` / ``teacher_pre`` / ``excluded``; ``keypoints`` or \
+``teacher:<name>`` |
 | teacher_<name> | float32 | each teacher's pre-retrieval score of the candidate |
 """
 

@@ -155,7 +155,7 @@ def synthetic_rows(
                 utility = float(rng.randint(1, 3)) if y else 0.0
                 cands.append((order, kind, facet, query, goal, y, utility))
             text_retained = list(retained)
-            for order, kind, facet, query, goal, y, utility in cands:
+            for order, _kind, _facet, query, goal, y, utility in cands:
                 ctext = candidate_text(query, goal)
                 rows.append(
                     {
@@ -180,7 +180,7 @@ def synthetic_rows(
                         "teacher_lexical": _lexical_mmr(ctext, root, text_retained),
                     }
                 )
-            for order, kind, facet, query, goal, y, utility in cands:
+            for order, kind, facet, query, goal, y, _utility in cands:
                 if y == 1:
                     retained.append(candidate_text(query, goal))
                     if kind == "novel" and facet not in covered:

@@ -19,8 +19,10 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
     packed = props.get("text_tower") == "packed"
     parity = [
         f"- Decisions: {par['decisions']} ({par['candidates']} candidates) — {par['source']}",
-        f"- torch text tower vs the encoder's own embeddings: max |Δ| = {_fmt(par.get('tower_max_abs_diff_embedding'))}",
-        f"- fp32 ONNX vs torch: max |Δp_keep| = {_fmt(par['fp32_max_abs_diff_p_keep'])} (tolerance {par['tolerance']:g}), "
+        "- torch text tower vs the encoder's own embeddings: "
+        f"max |Δ| = {_fmt(par.get('tower_max_abs_diff_embedding'))}",
+        f"- fp32 ONNX vs torch: max |Δp_keep| = {_fmt(par['fp32_max_abs_diff_p_keep'])} "
+        f"(tolerance {par['tolerance']:g}), "
         f"max |Δĝ| = {_fmt(par['fp32_max_abs_diff_utility'])}",
     ]
     if "training_max_abs_diff_p_keep" in par:

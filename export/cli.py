@@ -1,4 +1,5 @@
-"""`branchgate export`: a controller checkpoint → controller.onnx (+ int8 twin, tokenizer, model card), parity-checked."""
+"""`branchgate export`: a controller checkpoint → controller.onnx (+ int8 twin, tokenizer, model card),
+parity-checked."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ def run(args) -> int:
         line = f"parity on {par['decisions']} decisions: fp32 max|Δp_keep| {par['fp32_max_abs_diff_p_keep']:.2e}"
         if "int8_auroc" in par:
             delta = par["int8_auroc_delta"]
-            line += f"; int8 |ΔAUROC| {'n/a' if delta is None else f'{delta:.4f}'}, max|Δp_keep| {par['int8_max_abs_diff_p_keep']:.3f}"
+            line += (
+                f"; int8 |ΔAUROC| {'n/a' if delta is None else f'{delta:.4f}'}, "
+                f"max|Δp_keep| {par['int8_max_abs_diff_p_keep']:.3f}"
+            )
             if par.get("int8_same_keep_at_tau") is not None:
                 line += f", same keep decision at tau {100 * par['int8_same_keep_at_tau']:.1f}%"
         print(line)

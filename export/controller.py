@@ -1,6 +1,8 @@
 """Export a trained controller to ONNX: encoder + towers + heads in one graph, with parity checks.
 
-    report = export_controller("run/controller.safetensors", "out/controller.onnx", int8=True, parity_dataset="out/dataset")
+    report = export_controller(
+        "run/controller.safetensors", "out/controller.onnx", int8=True, parity_dataset="out/dataset"
+    )
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
@@ -15,6 +17,9 @@ Parity: the torch text tower must reproduce the encoder's own embeddings (what t
 parity decisions within ``tol`` in p_keep (max |Δ|), and, on a dataset, the training path itself
 (``export.parity.training_scores``) within ``tol`` too; the int8 graph's AUROC on the labelled decisions
 must be within ``auroc_tol`` of the fp32 graph's. A model that fails is not written unless ``force``.
+
+Over 400 lines: the export's steps and their parity checks in the order they run; the file's metadata is apart
+(``onnx_metadata.py``).
 """
 
 from __future__ import annotations

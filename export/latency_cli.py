@@ -62,7 +62,8 @@ def run(args) -> int:
                 sp, (lo, hi) = res[key], res[key + "_ci95"]
                 ci = f"  ({lo:.2f}-{hi:.2f}x)"
             print(
-                f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} {res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}"
+                f"{state:6} {name:10} {res[f'{prefix}{name}_ms_p50']:9.2f} "
+                f"{res[f'{prefix}{name}_ms_p95']:9.2f} {sp:7.2f}x{ci}"
             )
     for key in [k for k in res if k.endswith("max_abs_diff_p_keep")]:
         print(f"{key}: {res[key]:.2e}", file=sys.stdout)

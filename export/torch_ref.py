@@ -30,7 +30,8 @@ class TorchController:
 
     @torch.inference_mode()
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Unit-norm float32 rows of the stripped texts; "" (or whitespace) → zero row. Cached only when ``cache=True``."""
+        """Unit-norm float32 rows of the stripped texts; "" (or whitespace) → zero row. Cached only when
+        ``cache=True``."""
         texts = [(t or "").strip() for t in texts]  # as training's text table does
         out = np.zeros((len(texts), self.dim), np.float32)
         todo = []

@@ -119,8 +119,9 @@ class Gate(GateTexts):
         """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
 
         ``threads``: CPU threads the Gate may use, at most ``inputs.THREADS_PER_CORE`` per core (default: all
-        cores; onnxruntime's choice of intra-op threads when there is one text group). The tokenizer is the ``tokenizer_file`` named in the
-        metadata, beside the model, unless ``tokenizer`` is given; either must hash to its ``tokenizer_sha256``.
+        cores; onnxruntime's choice of intra-op threads when there is one text group). The tokenizer is the
+        ``tokenizer_file`` named in the metadata, beside the model, unless ``tokenizer`` is given; either must hash
+        to its ``tokenizer_sha256``.
         Loading embeds a few probe texts: the graph must give the fingerprint of the encoder its metadata names
         (``metadata.check_fingerprint``) and embed a text of ``max_length`` tokens.
         ``cache_size``: embeddings kept (LRU); ``bucketing``: encode texts of very different token lengths

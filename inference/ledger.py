@@ -2,8 +2,9 @@
 ``inference/run_gate.py``'s ``RunGate`` spends and persists).
 
 **Budget** — ``nodes`` (expanded subqueries) and/or ``tokens`` (caller-reported). A node is charged when
-``select``/``revisit`` admits a candidate (with ``RunGate(charges=False)``, by the caller). Tokens are *reserved* at admission (the candidate's cost estimate)
-and settled when the caller reports what the expansion really used (``spend``, oldest reservation first);
+``select``/``revisit`` admits a candidate (with ``RunGate(charges=False)``, by the caller). Tokens are
+*reserved* at admission (the candidate's cost estimate) and settled when the caller reports what the
+expansion really used (``spend``, oldest reservation first);
 ``remaining = limit − spent − reserved``. ``charge`` refuses (``BudgetExceeded``) anything that would go past a
 limit, so with upper-bound estimates a run never exceeds its budget. An actual spend beyond its estimate is
 recorded as it happened (``overspent``), never hidden.

@@ -51,6 +51,9 @@ search first). Import-safe without the package: it is imported when the hook is 
 
 (The tool-call edit and the message and config helpers are ``odr_messages.py``; the stand-ins installed for the
 model and the researcher subgraph are ``odr_proxies.py``; trace writing is ``recorder.py``.)
+
+Over 400 lines: installing, gating and recording one package's graph; its proxies and message helpers are already
+apart (``odr_proxies.py``, ``odr_messages.py``).
 """
 
 from __future__ import annotations

@@ -42,6 +42,9 @@ committing it): a decision then leaves the budget as it found it and ``spend`` o
 
 ``RunGate.to_json()`` / ``RunGate.from_json(obj, gate)`` keep a run across processes (the CLI's ``run_id``).
 Core-safe: numpy and the standard library only.
+
+Over 400 lines: ``RunGate``'s decisions, revisits and persisted state are one contract under one lock; the ledger
+itself is apart (``ledger.py``).
 """
 
 from __future__ import annotations

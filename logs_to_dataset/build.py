@@ -4,27 +4,38 @@ Outcomes for bad input (each tested):
 
 | input | default | ``strict`` |
 |---|---|---|
-| bad record (invalid JSON line, missing field, truncated last line, bad log event) | skipped, listed in manifest ``skipped`` | ``InputError`` (exit 2) |
-| unreadable file (empty, binary, not UTF-8, truncated JSON document) | skipped, listed in ``skipped`` | ``InputError`` (exit 2) |
-| run without ``run_start`` / run_id already read from another file | run skipped, listed in ``skipped`` | ``InputError`` (exit 2) |
+| bad record (invalid JSON line, missing field, truncated last line, bad log event) \
+| skipped, listed in manifest ``skipped`` | ``InputError`` (exit 2) |
+| unreadable file (empty, binary, not UTF-8, truncated JSON document) | skipped, listed in ``skipped`` \
+| ``InputError`` (exit 2) |
+| run without ``run_start`` / run_id already read from another file | run skipped, listed in ``skipped`` \
+| ``InputError`` (exit 2) |
 | unknown event type | kept as ``raw`` (not used for rows) | same |
 | schema version newer than this branchgate | ``SchemaVersionError`` (exit 2) | same |
 | file no reader recognises (inside a directory) | listed in manifest ``ignored_files`` | same |
-| partial run (no ``run_end``, or its ``status`` not "ok": crashed, truncated, incomplete) | ``--partial-runs keep`` (default): kept, counted in manifest ``partial_runs``, one warning line; ``skip``: left out, counted there and listed in ``skipped`` | same |
-| file that cannot be opened (permission denied), looping or dangling symlink | listed in ``skipped`` | ``InputError`` (exit 2) for unreadable files |
-| nothing parsed at all | no dataset written; ``OUT/manifest.json`` records what was read and skipped (unless OUT already holds a dataset); the message names the first skipped records; exit 1 | exit 2 at the first bad record |
-| unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model`` | ``InputError`` (exit 2) before reading | same |
-| run without what ``--labels`` needs (no key-point labels / no report citing evidence) | counted in manifest ``label_missing``; all its candidates label −1 (``excluded``) | same |
+| partial run (no ``run_end``, or its ``status`` not "ok": crashed, truncated, incomplete) \
+| ``--partial-runs keep`` (default): kept, counted in manifest ``partial_runs``, one warning line; ``skip``: left \
+out, counted there and listed in ``skipped`` | same |
+| file that cannot be opened (permission denied), looping or dangling symlink | listed in ``skipped`` \
+| ``InputError`` (exit 2) for unreadable files |
+| nothing parsed at all | no dataset written; ``OUT/manifest.json`` records what was read and skipped (unless OUT \
+already holds a dataset); the message names the first skipped records; exit 1 | exit 2 at the first bad record |
+| unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model`` \
+| ``InputError`` (exit 2) before reading | same |
+| run without what ``--labels`` needs (no key-point labels / no report citing evidence) \
+| counted in manifest ``label_missing``; all its candidates label −1 (``excluded``) | same |
 
 Label sources (``--labels``; ``logs_to_dataset/label_sources.py`` defines them):
 
 | source | utility g of an expanded branch | default threshold (manifest ``label_threshold_rule``) |
 |---|---|---|
-| ``auto`` (default) | ``keypoints`` when the run's evidence has key-point labels, else ``teacher:<teacher>`` | as below |
+| ``auto`` (default) | ``keypoints`` when the run's evidence has key-point labels, else ``teacher:<teacher>`` \
+| as below |
 | ``keypoints`` | new ground-truth key points its evidence covers | 1 |
 | ``returns[:γ]`` | the same, plus γ^k × those its expanded descendants k levels below first cover (γ = 0.5) | 1 |
 | ``citations`` | its new evidence items the final ``report`` cites (``cited_ids``) | 1 |
-| ``teacher:NAME`` | the teacher's set gain of its evidence given C_t | ``positive_rate`` (0.1) of the train split's utilities positive |
+| ``teacher:NAME`` | the teacher's set gain of its evidence given C_t | ``positive_rate`` (0.1) of the train split's \
+utilities positive |
 | ``judge`` | key points an LLM judge finds new (``logs_to_dataset/judge.py``) | the judge's |
 
 Output (written atomically): ``datasets.DatasetDict`` (train / validation / test, split by run) saved
@@ -39,6 +50,9 @@ tower in ``--workers`` processes, checked against the torch encoder before the f
 
 (The read → label flow and its counting of what was skipped are one job; the manifest and messages are
 ``build_report.py``; the rows' storage and write are ``row_store.py``.)
+
+Over 400 lines: the build's steps (read, decision points, embed, rows, labels, write) in order around one settings
+object; its report, row store and Ray engine are apart.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ For each ``frame_open`` (a decision point) it collects the frame's candidates an
   ``deferred_from`` names no defer decision of the same candidate is listed in ``problems``.
 
 A run without a ``run_end``, or whose ``run_end`` status is not "ok", is partial (``partial_reason``); the
-build counts it and keeps or skips it (``--partial-runs``). Run-level problems are reported, not guessed: no ``run_start`` → ``InputError`` (the run is skipped);
-a candidate in an unknown frame, or a decision/retrieval for an unknown candidate → that event is
+build counts it and keeps or skips it (``--partial-runs``). Run-level problems are reported, not guessed: no
+``run_start`` → ``InputError`` (the run is skipped); a candidate in an unknown frame, or a decision/retrieval
+for an unknown candidate → that event is
 ignored and listed in ``problems``; a ``parent_candidate`` that is not a candidate declared before its frame
 opened (unknown, later, or the frame's own: a cycle) → None, listed in ``problems``, so that follow-up links
 always point back in time.
@@ -31,7 +32,8 @@ bounded, so that the work per decision (the teachers' scores and set gains, the 
 bounded and a build grows linearly with its logs. They live here, where decision points are made, because
 every reader's runs pass through ``run_decisions`` before any teacher sees them, so the teachers keep their
 maths (the lexical teacher alone bounds its own input: ``lexical.MAX_CHARS`` characters of a text); the
-``openinference`` reader applies ``MAX_CANDIDATES`` to one LLM span's tool calls itself. Beyond a cap the items are left out and counted in ``problems`` (the manifest's ``run_problems``):
+``openinference`` reader applies ``MAX_CANDIDATES`` to one LLM span's tool calls itself. Beyond a cap the items
+are left out and counted in ``problems`` (the manifest's ``run_problems``):
 each candidate past the first ``MAX_CANDIDATES`` of its decision point (by order) once — it gets no row, though
 its expansion still counts as a retained branch of later decisions —, and once per decision point whose
 retained branches (the newest are kept) or context (the newest evidence is kept), or per candidate whose E(c)

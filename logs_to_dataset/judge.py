@@ -23,11 +23,11 @@ points covered by E(c)| minus those C_t covers, with the judge's points in place
 
 **Prompt and reply** (``PROMPT``). One request holds up to ``batch`` branches of one frame: the question, KNOWN
 BEFORE (C_t's passages), ALREADY NAMED (the points known before the frame) and numbered BRANCHes (query +
-evidence), each text block cut to ``max_evidence_chars`` (every passage an equal share; a short one's unused share goes to
-the others). The reply must be one JSON object mapping every branch number to a list of short key-point strings,
-``{"1": ["…", "…"], "2": []}`` (prose or a code fence around it is tolerated; with one branch a bare list is
-accepted). A reply that does not validate gets one retry (the bad answer and a correction as the next turns);
-if that fails too, the batch's branches are failures: no utility (the build excludes them), counted.
+evidence), each text block cut to ``max_evidence_chars`` (every passage an equal share; a short one's unused share
+goes to the others). The reply must be one JSON object mapping every branch number to a list of short key-point
+strings, ``{"1": ["…", "…"], "2": []}`` (prose or a code fence around it is tolerated; with one branch a bare
+list is accepted). A reply that does not validate gets one retry (the bad answer and a correction as the next
+turns); if that fails too, the batch's branches are failures: no utility (the build excludes them), counted.
 
 **Batching: several branches per request, not concurrent requests.** The branches of a frame share their
 KNOWN BEFORE block, the bulk of the prompt, so one request per frame sends it once instead of once per branch;

@@ -5,11 +5,17 @@ A source turns one run into ``{candidate_id: g}`` for its expanded candidates wi
 
 | ``--labels`` | kind | g | needs (else the run is excluded and counted) | default threshold |
 |---|---|---|---|---|
-| ``keypoints`` | ``keypoints`` | ground-truth key points covered by E(c) and not by C_t | evidence with key-point ``labels`` | 1 key point |
-| ``returns[:γ]`` | ``returns:γ`` | the discounted return of expanding c: key points new to C_t that c's evidence covers, plus γ^k times those first covered by its expanded descendants k levels below (the frames whose ``parent_candidate`` is c, and theirs); γ = 0.5 by default, γ = 0 is ``keypoints`` | as ``keypoints`` | 1 key point |
-| ``citations`` | ``citations`` | evidence items of E(c) \\ C_t that the final report cites | a ``report`` with ``cited_ids`` naming some evidence | 1 citation |
-| ``teacher:NAME`` | ``teacher:NAME`` | ``set_gain(teacher, E(c), state)`` given C_t | nothing (evidence text) | rate rule (below) |
-| ``judge`` | ``judge`` | key points an LLM judge finds new in E(c) (``logs_to_dataset/judge.py``) | ``--llm-url``, ``--llm-model`` | the judge's |
+| ``keypoints`` | ``keypoints`` | ground-truth key points covered by E(c) and not by C_t \
+| evidence with key-point ``labels`` | 1 key point |
+| ``returns[:γ]`` | ``returns:γ`` | the discounted return of expanding c: key points new to C_t that c's evidence \
+covers, plus γ^k times those first covered by its expanded descendants k levels below (the frames whose \
+``parent_candidate`` is c, and theirs); γ = 0.5 by default, γ = 0 is ``keypoints`` | as ``keypoints`` | 1 key point |
+| ``citations`` | ``citations`` | evidence items of E(c) \\ C_t that the final report cites \
+| a ``report`` with ``cited_ids`` naming some evidence | 1 citation |
+| ``teacher:NAME`` | ``teacher:NAME`` | ``set_gain(teacher, E(c), state)`` given C_t | nothing (evidence text) \
+| rate rule (below) |
+| ``judge`` | ``judge`` | key points an LLM judge finds new in E(c) (``logs_to_dataset/judge.py``) \
+| ``--llm-url``, ``--llm-model`` | the judge's |
 | ``auto`` | per run | ``keypoints`` when the run has them, else ``teacher:<--teacher>`` | — | as above |
 
 ``returns`` counts only descendants the run expanded: in unpruned runs (the bench's training runs) that is the

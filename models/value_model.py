@@ -364,7 +364,8 @@ class ValueNet(nn.Module):
         return logit * self.keep_scale + self.keep_shift, z * self.utility_std + self.utility_mean
 
     def forward(self, root, frame, goal, retained, cand, features):
-        """One decision: root[D], frame[D], goal[D], retained[R,D], cand[K,D], features[K,F] → (logit[K], utility[K])."""
+        """One decision: root[D], frame[D], goal[D], retained[R,D], cand[K,D], features[K,F]
+        → (logit[K], utility[K])."""
         logit, util = self.score_batch(
             root.unsqueeze(0),
             frame.unsqueeze(0),

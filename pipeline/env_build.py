@@ -7,6 +7,9 @@
   query's key points), the rules ``branchgate dataset build --format searcho1`` labels evidence with: a
   document's passages carry, together, the key points the reader gives that document.
 - ``build_musique``: MuSiQue questions, one key point per decomposition step on its supporting paragraph.
+
+Over 400 lines: the two source formats' builds (drgym, musique) share their corpus, labelling and distractor steps;
+chunking is apart (``chunking.py``).
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def run(args) -> int:
     )
     print(
         f"  reachable KPR: mean {m['reachable_kpr']['mean']}, min {m['reachable_kpr']['min']}, "
-        f"{m['reachable_kpr']['n_below_1']} queries below 1; unreachable key points: {m['unreachable_key_points']['count']}"
+        f"{m['reachable_kpr']['n_below_1']} queries below 1; "
+        f"unreachable key points: {m['unreachable_key_points']['count']}"
     )
     if m["skipped"]:
         print(f"  skipped {len(m['skipped'])} records (listed in manifest.json), e.g. {m['skipped'][0]}")

@@ -243,7 +243,9 @@ class OfflineGenerator:
                 cand = None
             if cand is None:  # nothing left to say: fall back to a rephrasing
                 cand = Cand(
-                    f"{topic} {rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} {len(out) + 1}",
+                    f"{topic} "
+                    f"{rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} "
+                    f"{len(out) + 1}",
                     rng.choice(REDUNDANT_G).format(topic=topic),
                     "redundant",
                     focus,

@@ -25,6 +25,9 @@ its exact cost and is never exceeded (``pipeline/exact_costs.py``); a frame's de
 expansions are costed. With ``defer=1`` the run-scoped gate's deferred candidates are revisited when the tree
 is done (``Runner._revisit``); ``Config.protect`` adds protected context. The settings are in
 ``pipeline/config.py``; the per-expansion steps and one run's state (``_Run``) in ``pipeline/expand.py``.
+
+Over 400 lines: Algorithm 1's steps, each a short method, in the order a run takes them, so that a run reads top to
+bottom in one file.
 """
 
 from __future__ import annotations

@@ -320,8 +320,8 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         path = arg
         if not path:
             raise BranchgateError(
-                f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root][,budget_nodes=N|budget_tokens=T]"
-                "[,defer=1] (a controller.onnx or its folder)"
+                f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root]"
+                "[,budget_nodes=N|budget_tokens=T][,defer=1] (a controller.onnx or its folder)"
             )
         tau, root_tau = (
             _number_option(opts, key, flag, spec) if opts.get(key) else None for key in ("tau", "root_tau")

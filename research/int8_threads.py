@@ -188,15 +188,19 @@ def main() -> int:
         print(f"{p50[name]:8.3f} ms  {name}")
     for prec in models:
         print(
-            f"{prec}: second core speeds the graph up {p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
+            f"{prec}: second core speeds the graph up "
+            f"{p50[f'{prec} graph, 1 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.2f}x, "
             f"the tower {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, 2 thread(s)']:.2f}x, "
-            f"two halves at once {p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves at once']:.2f}x; "
-            f"the tower is {100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph"
+            "two halves at once "
+            f"{p50[f'{prec} tower, 1 thread(s)'] / p50[f'{prec} tower, two halves at once']:.2f}x; "
+            "the tower is "
+            f"{100 * p50[f'{prec} tower, 2 thread(s)'] / p50[f'{prec} graph, 2 thread(s)']:.0f}% of the graph"
         )
         mm = f"{prec} 256x384x1536 matmul"
         print(
             f"{prec} matmul: 2 threads {p50[mm + ', 1 thread'] / p50[mm + ', 2 threads']:.2f}x, "
-            f"two concurrent 1-thread runs {2 * p50[mm + ', 1 thread'] / p50[mm + ', two at once on 1 thread each']:.2f}x throughput"
+            "two concurrent 1-thread runs "
+            f"{2 * p50[mm + ', 1 thread'] / p50[mm + ', two at once on 1 thread each']:.2f}x throughput"
         )
     return 0
 

@@ -138,3 +138,18 @@ try:  # property-based tests (tests/test_fuzz.py): small by default, `--hypothes
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 except ImportError:  # hypothesis is in the dev extra; without it test_fuzz.py is skipped
     pass
+
+
+@pytest.fixture(autouse=True)
+def _lightning_logs_to_this_tests_stderr():
+    """Lightning adds a stderr handler when it is first imported; imported inside one test, that handler keeps
+    the test's captured stream, closed once the test ends, and a later test's Lightning log line would print a
+    logging error. Point those handlers at the current stderr before each test."""
+    import logging
+    import sys
+
+    for name in ("lightning", "lightning.fabric", "lightning.pytorch"):
+        for handler in logging.getLogger(name).handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.stream = sys.stderr  # not setStream: it flushes the old, perhaps closed, stream
+    yield

@@ -80,8 +80,8 @@ def _contains(d):
 
 @pytest.mark.slow
 def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
-    """Issue 48 item 14, the issue's 30 / 10 bundled-sample bench: the eval queries' runs fill no validation split, which an
-    eval-only dataset does not need."""
+    """Issue 48 item 14, the issue's 30 / 10 bundled-sample bench: the eval queries' runs fill no validation split,
+    which an eval-only dataset does not need."""
     from branchgate.logs_to_dataset.decision_points import split_of
     from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import run_id_of

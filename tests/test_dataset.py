@@ -107,7 +107,10 @@ def test_retained_branches_and_context_follow_seq_order():
     assert [c.candidate_id for c in f0.candidates] == ["f0.c0", "f0.c1", "f0.c2"]
     assert f0.retained == [] and f0.context_ids == []
     assert f1.retained == [
-        "caffeine half-life and sleep onset latency\nFind how long caffeine stays active and whether it delays falling asleep.",
+        (
+            "caffeine half-life and sleep onset latency\n"
+            "Find how long caffeine stays active and whether it delays falling asleep."
+        ),
         "caffeine intake timing before bed deep sleep\nMeasure the effect of evening caffeine on slow-wave sleep.",
     ]
     assert f1.context_ids == ["p101", "p102", "p201"]  # p202 removed by the post-retrieval prune

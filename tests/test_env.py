@@ -41,7 +41,10 @@ def write_drgym(root: Path) -> Path:
                     "point_number": 1,
                     "point_content": "Air molecules scatter blue light more.",
                     "spans": [
-                        "Sunlight is scattered by the molecules of the air, and blue light scatters more than red light."
+                        (
+                            "Sunlight is scattered by the molecules of the air, "
+                            "and blue light scatters more than red light."
+                        )
                     ],
                 },
                 {
@@ -218,20 +221,7 @@ def test_pack_never_splits_protected_atoms():
 def test_musique_build(tmp_path):
     src = tmp_path / "m"
     src.mkdir()
-    q = {
-        "id": "2hop_1",
-        "question": "Who founded the company that makes the Widget?",
-        "answer": "Ann",
-        "paragraphs": [
-            {"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.", "is_supporting": True},
-            {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.", "is_supporting": True},
-            {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.", "is_supporting": False},
-        ],
-        "question_decomposition": [
-            {"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
-            {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1},
-        ],
-    }
+    q = json.loads((Path(__file__).parent / "fixtures" / "musique" / "one_question.json").read_text())
     (src / "musique_x.json").write_text(json.dumps([q, {"id": "broken"}]))
     env = envmod.load(env_build.build_musique([str(src)], tmp_path / "env"))
     assert [k["id"] for k in env.queries[0].key_points] == ["2hop_1#1", "2hop_1#2"]

@@ -220,7 +220,8 @@ def test_gate_constants_agree_with_the_training_side():
 
 def test_fp32_gate_scores_what_evaluate_scores(encoder, tmp_path):
     """End to end: on a dataset's test rows the fp32 Gate gives the p_keep the training path gives (rows grouped
-    by data.decision_batches, embedded by the encoder, scored by training.evaluate), and `branchgate evaluate`'s AUROC."""
+    by data.decision_batches, embedded by the encoder, scored by training.evaluate), and `branchgate evaluate`'s
+    AUROC."""
     report = exported(encoder)
     par = report["parity"]
     assert par["training_max_abs_diff_p_keep"] <= 1e-5

@@ -1,6 +1,6 @@
-"""Label sources (``dataset build --labels``): keypoints, returns (descendants' key points), citations, teacher with the rate rule, judge's entry;
-runs lacking what a source needs are counted and excluded; the reference pipeline's and GPT-Researcher's
-report citations."""
+"""Label sources (``dataset build --labels``): keypoints, returns (descendants' key points), citations, teacher
+with the rate rule, judge's entry; runs lacking what a source needs are counted and excluded; the reference
+pipeline's and GPT-Researcher's report citations."""
 
 from __future__ import annotations
 

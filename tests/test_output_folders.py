@@ -24,20 +24,7 @@ from branchgate.pipeline.sample import SAMPLE_DIR
 
 FIX = Path(branchgate.__file__).parent / "tests" / "fixtures"  # also right for a copy of this file elsewhere
 TRACES = FIX / "canonical" / "two_runs.jsonl"
-MUSIQUE = {
-    "id": "2hop_1",
-    "question": "Who founded the company that makes the Widget?",
-    "answer": "Ann",
-    "paragraphs": [
-        {"idx": 0, "title": "Widget", "paragraph_text": "The Widget is made by Acme Corp.", "is_supporting": True},
-        {"idx": 1, "title": "Acme Corp", "paragraph_text": "Acme Corp was founded by Ann.", "is_supporting": True},
-        {"idx": 2, "title": "Other", "paragraph_text": "Unrelated text about rivers.", "is_supporting": False},
-    ],
-    "question_decomposition": [
-        {"id": 1, "question": "Who makes the Widget?", "answer": "Acme Corp", "paragraph_support_idx": 0},
-        {"id": 2, "question": "Who founded #1?", "answer": "Ann", "paragraph_support_idx": 1},
-    ],
-}
+MUSIQUE = json.loads((FIX / "musique" / "one_question.json").read_text())  # one two-hop question
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

@@ -95,7 +95,8 @@ def test_depth_weights_weigh_each_depth_s_classes_equally():
     depth = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2])
     label = np.array([1, 1, 1, 0, 1, 0, 0, 0, -1, 0, 0])
     w = depth_weights(depth, label)
-    # depth 0: 3 pos, 1 neg of 4 → neg 4/2, pos 4/6; depth 1: 1 pos, 3 neg (the -1 row is unlabelled); depth 2: one class
+    # depth 0: 3 pos, 1 neg of 4 → neg 4/2, pos 4/6; depth 1: 1 pos, 3 neg (the -1 row is unlabelled);
+    # depth 2: one class
     assert w == [pytest.approx([2.0, 2 / 3]), pytest.approx([2 / 3, 2.0]), [1.0, 1.0]]
     lab = label >= 0
     for k in (0, 1):  # within a depth both classes weigh the same in total

@@ -1,4 +1,5 @@
-"""End to end: `branchgate train` learns a planted signal; metrics, plots, controller.safetensors; `evaluate`; CLI errors."""
+"""End to end: `branchgate train` learns a planted signal; metrics, plots, controller.safetensors; `evaluate`;
+CLI errors."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
     branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
     branchgate train --help          (every option: --model.*, --data.*, --trainer.*, --calibration.*, ...)
 
-``--config NAME`` also finds the packaged configs (quickstart, paper, bench_train; ``benchmark`` is an alias of bench_train) by name.
+``--config NAME`` also finds the packaged configs (quickstart, paper, bench_train; ``benchmark`` is an alias of \
+bench_train) by name.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``branchgate evaluate``: metrics of a trained controller (controller.safetensors) on a dataset's test split, with baselines."""
+"""``branchgate evaluate``: metrics of a trained controller (controller.safetensors) on a dataset's test split,
+with baselines."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ class Calibration:
     keep_rate: float | None = None  # target fraction kept, for method keep_rate
     tau: float | None = None  # the threshold, for method fixed
     # The root frame's own threshold (depth 0), stored in the controller and applied by the Gate there; None:
-    # τ at every depth. A fixed value: choose it on held-out unpruned runs (python3 -m research.replay_frontier --two-tau).
+    # τ at every depth. A fixed value: choose it on held-out unpruned runs
+    # (python3 -m research.replay_frontier --two-tau).
     root_tau: float | None = None
     probabilities: bool = True  # Platt-scale p_keep on validation first, so p_keep is a calibrated probability
 

@@ -9,12 +9,18 @@ mapping (run_id = file stem, root_query = ``content.query``, system "gpt-researc
 
 | log | canonical |
 |---|---|
-| ``subqueries`` (metadata = the list) | ``frame_open`` + one ``candidate`` per subquery (goal ""). GPT-Researcher appends the researched query itself as the last subquery: that is the frame_query. Root frame (frame_query = root query): depth 0; other frames (deep research branches): depth 1 = "below the root", exact level and parent not logged |
-| ``running_subquery_research`` / ``sub_query`` | ``decision`` expand (actor default) of the latest candidate with that query |
+| ``subqueries`` (metadata = the list) | ``frame_open`` + one ``candidate`` per subquery (goal ""). GPT-Researcher \
+appends the researched query itself as the last subquery: that is the frame_query. Root frame (frame_query = root \
+query): depth 0; other frames (deep research branches): depth 1 = "below the root", exact level and parent not logged |
+| ``running_subquery_research`` / ``sub_query`` | ``decision`` expand (actor default) of the latest candidate with \
+that query |
 | ``subquery_context_not_found`` | ``retrieval`` with no evidence for that candidate (known to have found nothing) |
 | ``added_source_url`` | ``evidence`` (id = source = URL, text "", not linked to a subquery) |
-| ``content.sources`` (``{url, ...}`` or URL strings) | ``evidence`` for URLs not added by an ``added_source_url`` log (text = the source's ``content``/``raw_content`` when a string) |
-| ``content.report`` | ``report``: ``cited_sources`` = the URLs the text cites (markdown links, bare URLs, the references list), ``cited_ids`` = those that are a logged source's evidence id (None when the text cites no URL); ``content.costs`` → ``run_end.totals.cost_usd`` |
+| ``content.sources`` (``{url, ...}`` or URL strings) | ``evidence`` for URLs not added by an ``added_source_url`` \
+log (text = the source's ``content``/``raw_content`` when a string) |
+| ``content.report`` | ``report``: ``cited_sources`` = the URLs the text cites (markdown links, bare URLs, the \
+references list), ``cited_ids`` = those that are a logged source's evidence id (None when the text cites no URL); \
+``content.costs`` → ``run_end.totals.cost_usd`` |
 | any other event, the rest of ``content`` | ``raw`` (``source_type`` "gptr:<tag>"), kept verbatim |
 
 What could not be rebuilt is counted in the read report's warnings ("gptr: ..."), never invented: so
@@ -25,6 +31,8 @@ names as a source, and numbered citations (``[1]``) without URLs, are counted an
 Malformed input: not JSON / truncated / empty / binary / no ``events`` list → the file is skipped
 (reported); an event that is not an object or a ``logs`` event without a tag → that event is skipped
 (reported as ``events[i]``); under ``strict`` the first of these raises ``InputError``.
+
+Over 400 lines: one log format's reader: each of GPT-Researcher's event shapes is a short function here.
 """
 
 from __future__ import annotations

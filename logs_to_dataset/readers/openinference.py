@@ -18,18 +18,28 @@ id, system = the resource's ``service.name`` or "openinference"); its events are
 
 | spans | canonical |
 |---|---|
-| earliest root span's ``input.value`` (text, or the first user message of a JSON ``messages`` list) | ``run_start.root_query`` (else the first decision's user message) |
-| an LLM span whose output carries tool calls (``llm.output_messages.i.message.tool_calls.j.tool_call.{id, function.name, function.arguments}``, or ``gen_ai.output.messages`` parts of type ``tool_call``) | ``frame_open`` at its end (frame_query = its last user input message, ``llm.input_messages`` or ``gen_ai.input.messages``) + one ``candidate`` per call (query = the call's text arguments, strings and string list items joined by newlines, else its name and JSON arguments; ``tool`` and ``tool_call_id`` kept) |
-| the TOOL / CHAIN / AGENT span that ran a call | ``decision`` expand (actor default) at its start; a frame below it is a child (depth + 1) of that candidate |
-| what that span found: ``retrieval.documents.k.document.{id, content, metadata}`` / ``gen_ai.retrieval.documents`` of the retriever spans in its subtree, else the tool's ``output.value`` / ``gen_ai.tool.call.result``, else (a CHAIN) the outputs of the tools below it | ``evidence`` (id = document id, else a hash of the text) + ``retrieval`` at its end |
+| earliest root span's ``input.value`` (text, or the first user message of a JSON ``messages`` list) \
+| ``run_start.root_query`` (else the first decision's user message) |
+| an LLM span whose output carries tool calls (``llm.output_messages.i.message.tool_calls.j.tool_call.{id, \
+function.name, function.arguments}``, or ``gen_ai.output.messages`` parts of type ``tool_call``) \
+| ``frame_open`` at its end (frame_query = its last user input message, ``llm.input_messages`` or \
+``gen_ai.input.messages``) + one ``candidate`` per call (query = the call's text arguments, strings and string list \
+items joined by newlines, else its name and JSON arguments; ``tool`` and ``tool_call_id`` kept) |
+| the TOOL / CHAIN / AGENT span that ran a call | ``decision`` expand (actor default) at its start; a frame below it \
+is a child (depth + 1) of that candidate |
+| what that span found: ``retrieval.documents.k.document.{id, content, metadata}`` / ``gen_ai.retrieval.documents`` \
+of the retriever spans in its subtree, else the tool's ``output.value`` / ``gen_ai.tool.call.result``, else (a CHAIN) \
+the outputs of the tools below it | ``evidence`` (id = document id, else a hash of the text) + ``retrieval`` at its \
+end |
 
 Which span ran a call: one carrying the call's id (``tool.id``, ``tool_call.id``, ``gen_ai.tool.call.id``);
 else — OpenInference TOOL spans carry no call id — a TOOL span with the call's tool name whose arguments
 (``input.value`` / ``gen_ai.tool.call.arguments``) equal the call's (or its one argument's value), or keep a
-sub-list of a list argument (a gated call); else a CHAIN / AGENT span whose JSON input holds every argument of the call at its top level (a
-sub-agent invoked with them). Among those (not yet claimed, started after the LLM span, outside it), the one
-whose lowest common ancestor with the LLM span is deepest (its closest scope: the same parent, then the
-grandparent's subtree...), then the earliest. A call no span ran is a candidate without a decision.
+sub-list of a list argument (a gated call); else a CHAIN / AGENT span whose JSON input holds every argument of
+the call at its top level (a sub-agent invoked with them). Among those (not yet claimed, started after the LLM
+span, outside it), the one whose lowest common ancestor with the LLM span is deepest (its closest scope: the
+same parent, then the grandparent's subtree...), then the earliest. A call no span ran is a candidate without a
+decision.
 
 Not decisions: an LLM span that forces its one bound tool (``llm.invocation_parameters`` ``tool_choice``
 any / required / that tool) and calls it once — structured output — is counted and skipped. What spans cannot
@@ -41,8 +51,10 @@ without a function name, a span kind that is not OpenInference's → that record
 position (``resourceSpans[0].scopeSpans[0].spans[3]`` or ``line 7``) and field; a trace whose parent links
 loop (a span its own parent, two spans each other's) → every span of that trace is skipped, each named, and
 the file's other traces are read; tool calls past the first ``decisions.MAX_CANDIDATES`` of one LLM span are
-left out and counted; under ``strict`` the first of these raises ``InputError``. Attribute values cut off by an SDK length limit (JSON that does not parse) are
-used as text and counted. Nothing is executed: JSON only.
+left out and counted; under ``strict`` the first of these raises ``InputError``. Attribute values cut off by an
+SDK length limit (JSON that does not parse) are used as text and counted. Nothing is executed: JSON only.
+
+Over 400 lines: one trace format's reader; what a span's attributes say is apart (``span_attributes.py``).
 """
 
 from __future__ import annotations

@@ -122,8 +122,9 @@ class Lexical:
     """Lexical MMR ``λ·LexSim(x, Q) − (1−λ)·max_{y∈C} LexSim(x, y)``; range [−1, 1], higher = keep.
 
     Needs only texts (embeddings are ignored), each read up to ``MAX_CHARS`` characters. TF-IDF is fitted on
-    the texts at hand (x ∪ C ∪ Q) at every call. Several query items are joined into one text. Empty ``C``: redundancy 0, score
-    ``λ·LexSim(x, Q)``; an empty text has similarity 0 to everything. Paper: λ = 0.6, threshold 0.2.
+    the texts at hand (x ∪ C ∪ Q) at every call. Several query items are joined into one text. Empty ``C``:
+    redundancy 0, score ``λ·LexSim(x, Q)``; an empty text has similarity 0 to everything. Paper: λ = 0.6,
+    threshold 0.2.
     ``w_tfidf`` (default 0.5) weighs TF-IDF cosine against bigram Jaccard (``w_jac = 1 − w_tfidf``).
     """
 
