@@ -179,10 +179,9 @@ def read_file(path: Path, reader, strict: bool, report: ReadReport) -> Iterator[
         report.skip(getattr(exc, "filename", None) or path, None, f"cannot read ({exc.strerror or exc})", strict)
 
 
-# Registration order is detection order (OpenInference first: its span exports are .json / .jsonl too).
-from branchgate.logs_to_dataset.readers import (  # noqa: E402,F401
-    canonical,
-    gptr,
-    openinference,  # noqa: E402,F401
-    searcho1,
-)
+# Registration order is detection order: openinference first (its span files are JSON lines that would
+# otherwise pass for canonical traces), then the rest.
+# isort: off
+from branchgate.logs_to_dataset.readers import openinference  # noqa: E402,F401
+from branchgate.logs_to_dataset.readers import canonical, searcho1, gptr  # noqa: E402,F401
+# isort: on
