@@ -1,14 +1,29 @@
-"""Canonical trace schema, version 1 (ARCHITECTURE.md, "Contracts", describes it in words).
+"""Canonical trace schema, version 2 (ARCHITECTURE.md, "Contracts", describes it in words).
 
 A trace is JSON Lines, one event per line. Every event carries ``v`` (schema version), ``run_id``,
 ``seq`` (monotonic per run), ``ts`` (seconds since the epoch, may be null) and ``type``. Extra fields
-are allowed and kept. Reading one decoded line (``parse_event``):
+are allowed and kept. Event types (each model below documents its fields):
+
+- ``run_start``; ``frame_open`` (a decision point) and its ``candidate`` subqueries; ``decision`` (expand /
+  prune / defer a candidate); ``retrieval`` (the evidence ids an expanded candidate brought in); ``evidence``
+  (one document or passage); ``learning``, ``followup``; ``prune`` (by stage); ``llm_call``; ``report``;
+  ``run_end``; ``raw`` (an event no reader could map, kept verbatim). These are version 1.
+- Version 2 adds the read gate: ``results`` (the result list of an expanded candidate's search call, its
+  ``hits`` with ``hit_id``, ``title``, ``snippet``, ``rank`` 0..n-1 and ``url``; written after the
+  candidate's ``decision`` and before its ``retrieval``), ``read`` (one per hit: ``read`` / ``skip`` /
+  ``defer``) and ``evidence.hit_id`` (the hit whose reading produced the evidence). ``retrieval`` then
+  lists the evidence of the hits read (without a read stage: every hit, as in version 1).
+
+Writers write the newest version (``SCHEMA_VERSION``); every older version still reads as it did. Reading
+one decoded line (``parse_event``):
 
 - ``v`` missing, not an integer, or < 1 → ``InputError`` (a bad record: skipped and reported, or the
   first failure under ``--strict``);
 - ``v`` newer than ``SCHEMA_VERSION`` → ``SchemaVersionError``, always fatal (upgrade branchgate);
-- unknown ``type`` → kept verbatim as a ``raw`` event (``source_type`` = the type, ``data`` = the object);
-- missing/invalid field → ``InputError`` naming the field.
+- unknown ``type``, or a type newer than the event's ``v`` (a ``v`` 1 ``results`` / ``read``, unknown to
+  version 1) → kept verbatim as a ``raw`` event (``source_type`` = the type, ``data`` = the object);
+- missing/invalid field → ``InputError`` naming the field (also: two hits of one ``results`` event with
+  the same ``hit_id``, "field 'hits'").
 
 ``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
 ``python3 scripts/write_trace_schema.py`` (a test checks it is current).
@@ -21,11 +36,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from branchgate.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class SchemaVersionError(InputError):
@@ -90,7 +105,57 @@ class Decision(Event):
     p_keep: float | None = None
 
 
+class Hit(BaseModel):
+    """One entry of a result list, as a search engine shows it before anything is read: ``hit_id`` (unique
+    in its list; the id of the evidence reading it gives), ``title``, ``snippet``, ``rank`` (0 = first)."""
+
+    model_config = ConfigDict(extra="allow")
+    hit_id: str
+    title: str = ""
+    snippet: str = ""
+    rank: int = Field(ge=0)
+    url: str | None = None
+
+
+class Results(Event):
+    """(v2) The result list an expanded candidate's search call returned, before any hit is read. Written after
+    the candidate's ``decision`` and before its ``retrieval``; each hit then gets one ``read`` event."""
+
+    type: Literal["results"] = "results"
+    candidate_id: str
+    query: str
+    hits: list[Hit]
+
+    @field_validator("hits")
+    @classmethod
+    def _unique_hit_ids(cls, hits: list[Hit]) -> list[Hit]:
+        seen: set[str] = set()
+        for hit in hits:
+            if hit.hit_id in seen:
+                raise ValueError(f"duplicate hit_id {hit.hit_id[:80]!r} (hit ids are unique within one results event)")
+            seen.add(hit.hit_id)
+        return hits
+
+
+class Read(Event):
+    """(v2) The read gate's choice for one hit of a ``results`` event: ``read`` (fetch it; its evidence follows),
+    ``skip`` or ``defer`` (``deferred_from`` on a later ``read``: the seq of the hit's ``defer``). ``actor``,
+    ``score`` and ``p_keep`` as on ``decision``."""
+
+    type: Literal["read"] = "read"
+    candidate_id: str
+    hit_id: str
+    action: Literal["read", "skip", "defer"]
+    actor: str = "default"
+    score: float | None = None
+    p_keep: float | None = None
+    deferred_from: int | None = Field(default=None, ge=0)
+
+
 class Retrieval(Event):
+    """The evidence ids an expanded candidate brought in (v2 with a read stage: those of the hits read; [] when
+    none was read)."""
+
     type: Literal["retrieval"] = "retrieval"
     candidate_id: str
     query: str
@@ -99,12 +164,16 @@ class Retrieval(Event):
 
 
 class Evidence(Event):
+    """One document or passage. ``labels``: key-point ids it covers (ground truth, when known). ``hit_id`` (v2):
+    the hit whose reading produced it."""
+
     type: Literal["evidence"] = "evidence"
     evidence_id: str
     text: str
     source: str = ""
     tokens: int = 0
     labels: list[str] | None = None
+    hit_id: str | None = None
 
 
 class Learning(Event):
@@ -179,6 +248,8 @@ AnyEvent = Annotated[
     | FrameOpen
     | Candidate
     | Decision
+    | Results
+    | Read
     | Retrieval
     | Evidence
     | Learning
@@ -197,6 +268,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         FrameOpen,
         Candidate,
         Decision,
+        Results,
+        Read,
         Retrieval,
         Evidence,
         Learning,
@@ -208,6 +281,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Raw,
     )
 }
+# The version that introduced each type newer than version 1: an event of an older ``v`` with that type was
+# unknown to its writer's schema and reads as ``raw``, as it always did.
+TYPE_SINCE: dict[str, int] = {"results": 2, "read": 2}
 _adapter: TypeAdapter = TypeAdapter(AnyEvent)
 
 
@@ -229,7 +305,7 @@ def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> E
         )
     etype = obj.get("type")
     try:
-        if etype not in EVENT_TYPES:
+        if etype not in EVENT_TYPES or version < TYPE_SINCE.get(etype, 1):
             envelope = {k: obj[k] for k in ("run_id", "seq", "ts") if k in obj}
             return Raw.model_validate(
                 {
@@ -262,18 +338,25 @@ def to_json(event: Event) -> str:
 def json_schema() -> dict:
     """The JSON Schema of one trace line (shipped as ``trace.schema.json``).
 
-    A line is one of the v1 event types, or an event of a type v1 does not know (read as ``raw``).
+    A line is one of the event types of this version, or an event read as ``raw``: a type no version defines,
+    or one newer than the line's ``v`` (``TYPE_SINCE``).
     """
     known = _adapter.json_schema(ref_template="#/$defs/{model}")
     defs = known.pop("$defs", {})
     envelope = Event.model_json_schema()
+    as_raw: list[dict] = [{"properties": {"type": {"not": {"enum": sorted(EVENT_TYPES)}}}}]
+    for since in sorted(set(TYPE_SINCE.values())):
+        newer = sorted(t for t, v in TYPE_SINCE.items() if v == since)
+        as_raw.append({"properties": {"v": {"maximum": since - 1}, "type": {"enum": newer}}})
     defs["UnknownEvent"] = {
         "title": "UnknownEvent",
-        "description": "An event type this schema version does not define; readers keep it verbatim as 'raw'.",
+        "description": "An event type this schema version does not define, or a type newer than the event's 'v'; "
+        "readers keep it verbatim as 'raw'.",
         "type": "object",
         "additionalProperties": True,
-        "properties": {**envelope["properties"], "type": {"type": "string", "not": {"enum": sorted(EVENT_TYPES)}}},
+        "properties": {**envelope["properties"], "type": {"type": "string"}},
         "required": ["v", "type", "run_id", "seq"],
+        "anyOf": as_raw,
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

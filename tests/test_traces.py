@@ -1,4 +1,4 @@
-"""Canonical trace schema v1, the append-only writer and the streaming reader (incl. malformed files)."""
+"""Canonical trace schema, the append-only writer and the streaming reader (incl. malformed files)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _read(path, strict=False):
 
 def test_every_event_carries_the_version_and_round_trips():
     ev = parse_event({"v": 1, "run_id": "r", "seq": 0, "type": "run_start", "root_query": "q", "extra_field": 3})
-    assert isinstance(ev, RunStart) and ev.v == SCHEMA_VERSION and ev.extra_field == 3
+    assert isinstance(ev, RunStart) and ev.v == 1 and ev.extra_field == 3  # a v1 line keeps its version
     assert json.loads(ev.model_dump_json())["v"] == 1
 
 
@@ -89,7 +89,7 @@ def test_json_schema_accepts_fixtures_and_rejects_bad_lines():
         validator.validate(json.loads(line))
     good = json.loads(lines[0])
     for bad in (
-        {**good, "v": 2},
+        {**good, "v": SCHEMA_VERSION + 1},
         {k: v for k, v in good.items() if k != "v"},
         {k: v for k, v in good.items() if k != "root_query"},
         {**good, "seq": -1},
@@ -197,5 +197,5 @@ def test_malformed_file_outcomes(name, n_events, skipped):
 
 
 def test_future_version_fails_even_without_strict():
-    with pytest.raises(SchemaVersionError, match=r"future_version.jsonl:3: schema version 2 is newer"):
+    with pytest.raises(SchemaVersionError, match=r"future_version.jsonl:3: schema version 3 is newer"):
         _read(BROKEN / "future_version.jsonl")

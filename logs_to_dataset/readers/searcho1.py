@@ -13,9 +13,16 @@ How a trace becomes a run (run_id = qid, root_query = the ``.q`` text, system "s
   parent = frame i-1 / candidate i-1, frame_query = the root query, no goal) with one candidate
   ``c<i>`` (its query). The retained context of frame i is thus the earlier searches and their
   documents. The trace states no research goals: goals are "" (counted in the warnings).
-- A search with a result block is expanded (decision ``expand``, actor ``default``): each document is an
-  ``evidence`` event the first time its id appears in the run (id = ClueWebID, else URL; source = URL;
-  tokens = whitespace word count) and the search gets a ``retrieval`` listing its documents' ids.
+- A search with a result block is expanded (decision ``expand``, actor ``default``). Its documents, in order,
+  are then the hits of a ``results`` event (trace schema v2), as a search engine shows them: ``hit_id`` = the
+  document's id (ClueWebID, else URL; a document repeated within the block is one hit, the first, counted),
+  ``title`` = the first line of its text, ``snippet`` = the next ``SNIPPET_WORDS`` whitespace words, ``rank``
+  = 0..n-1, ``url`` = its URL. Search-o1 reads every result it gets: each hit has a ``read`` event, action
+  ``read``, actor ``agent``, no score. Each document is an ``evidence`` event the first time its id appears
+  in the run (``hit_id`` = that id; source = URL; tokens = whitespace word count): a hit read again in a
+  later search gets its ``read`` event, pointing at the same id, and no new evidence. The search gets a
+  ``retrieval`` listing its documents' ids. Order: ``decision``, ``results``, ``read`` × hits, ``evidence``
+  (new documents), ``retrieval``.
 - A search the trace ends on, with no result block, is a candidate without a decision (never executed).
 - Reasoning text between a result block and the next search is a ``learning`` of that search; text
   before the first search is a ``learning`` with no candidate; the text after the last result block
@@ -56,6 +63,7 @@ from pathlib import Path
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.drgym import (
     KEYPOINT_DIR,
+    Doc,
     QueryKeyPoints,
     W,
     doc_key,
@@ -73,14 +81,36 @@ from branchgate.logs_to_dataset.trace_schema import (
     Decision,
     Evidence,
     FrameOpen,
+    Hit,
     Learning,
     Raw,
+    Read,
     Report,
+    Results,
     Retrieval,
     RunEnd,
     RunStart,
 )
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
+
+SNIPPET_WORDS = 20  # whitespace words of a hit's snippet, after its title line: as a search engine shows them
+
+
+def result_hits(docs: list[Doc], warn) -> list[Hit]:
+    """The hits of one result block: its documents in order, a document id repeated within the block kept once
+    (the first; counted), ranked 0..n-1. Title = the text's first line, snippet = the next ``SNIPPET_WORDS``
+    words."""
+    hits: list[Hit] = []
+    seen: set[str] = set()
+    for doc in docs:
+        if doc.id in seen:
+            warn(W + "document repeated within a result block (one hit, the first)")
+            continue
+        seen.add(doc.id)
+        title, _, rest = doc.text.strip().partition("\n")
+        snippet = " ".join(rest.split()[:SNIPPET_WORDS])
+        hits.append(Hit(hit_id=doc.id, title=title.strip(), snippet=snippet, rank=len(hits), url=doc.url or None))
+    return hits
 
 
 @dataclass
@@ -240,6 +270,10 @@ class SearchO1Reader:
                 expanded += 1
                 yield ev(Decision, candidate_id=cid, action="expand", actor="default")
                 docs = parse_documents(s.result, warn)
+                hits = result_hits(docs, warn)
+                yield ev(Results, candidate_id=cid, query=s.query, hits=hits)
+                for hit in hits:
+                    yield ev(Read, candidate_id=cid, hit_id=hit.hit_id, action="read", actor="agent")
                 if not docs:
                     warn(W + "result block without documents (empty retrieval)")
                     if s.result.strip():
@@ -256,7 +290,9 @@ class SearchO1Reader:
                             labels, by_id = gt.labels(eid, doc_text)
                             kp_counts["labelled_by_id"] += by_id
                             kp_counts["labelled_by_span_only"] += bool(labels) and not by_id
-                        yield ev(Evidence, evidence_id=eid, text=doc_text, source=url, tokens=n, labels=labels)
+                        yield ev(
+                            Evidence, evidence_id=eid, text=doc_text, source=url, tokens=n, labels=labels, hit_id=eid
+                        )
                     if eid not in ids:
                         ids[eid] = None
                         tokens += n
