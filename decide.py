@@ -1,5 +1,9 @@
 """The one keep rule: keep every candidate whose score passes the threshold (at most ``max_keep``, best
-first); when none passes, keep the best one anyway. Core-safe (numpy only).
+first); when none passes, keep the best one anyway (the top-1 fallback). Core-safe (numpy only).
+
+The read gate (a controller of stage ``read``: which search hits to read) decides by the same rule without the
+fallback (``fallback=False``): when no hit passes, none is read and the branch ends; ``Gate.select(...,
+floor="root")`` turns the fallback back on at the root frame (depth 0).
 
 The Gate (``inference.gate``), the teachers' thresholded gate (``models.teachers.base.gate``), the
 reference pipeline's policies and the training metrics all decide through ``decide``; a controller with a root
@@ -32,7 +36,8 @@ def decide(
     scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None, fallback: bool = True
 ) -> Decision:
     """Keep ``scores ≥ threshold`` (``≤`` when lower is better), the best ``max_keep`` of them (ties: lower
-    index first); with ``fallback`` a non-empty input never yields an empty selection (the best is kept)."""
+    index first); with ``fallback`` a non-empty input never yields an empty selection (the best is kept), without
+    it (the read stage) nothing is kept when nothing passes."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     if s.size == 0:
         return Decision([], False)

@@ -10,3 +10,9 @@ def candidate_text(query: str, goal: str = "") -> str:
     """The candidate tower's text: the subquery, then its research goal when there is one."""
     query, goal = (query or "").strip(), (goal or "").strip()
     return f"{query}\n{goal}" if goal else query
+
+
+def hit_text(title: str, snippet: str = "") -> str:
+    """A search hit's text as the read gate sees it (before the page is read): its title, then its snippet."""
+    title, snippet = (title or "").strip(), (snippet or "").strip()
+    return f"{title}\n{snippet}" if title and snippet else title or snippet

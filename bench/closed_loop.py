@@ -23,6 +23,7 @@ from branchgate.bench.sweeps import PolicyPoint
 from branchgate.fileio import atomic_write_json
 
 KEYS = ("nodes", "tokens", "kpr")
+SEARCH_KEYS = ("search_calls", "hits_offered", "hits_read")  # a run's search accounting besides LLM tokens
 
 
 def safe_name(name: str) -> str:
@@ -66,6 +67,7 @@ def run_points(
             "pre": p.pre,
             "post": p.post,
             "synth": p.synth,
+            **({"read": p.read} if p.read != "none" else {}),  # points without a read stage keep their fingerprints
             "queries": upstream["queries"],
             **({"export": upstream["export"]} if "gate:" in p.spec else {}),
             **({"reference": _file_hash(sim["budget_reference"])} if sim.get("budget_reference") else {}),
@@ -124,23 +126,26 @@ def _run_point(env, sim: dict, job, queries_file: str, encoder) -> None:
     from branchgate.pipeline.simulate import simulate
 
     p, folder, fp = job
-    cfg = Config(**sim, pre=p.pre, post=p.post, synth=p.synth)
+    cfg = Config(**sim, pre=p.pre, read=p.read, post=p.post, synth=p.synth)
     simulate(env, cfg, folder, queries_file=queries_file, progress=False, encoder=encoder)
     atomic_write_json(Path(folder) / "point.json", {"fingerprint": fp, "name": p.name, "spec": p.spec})
 
 
 def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], boot: int, seed: int = 0) -> dict:
-    """``{NAME: {"spec", "family", "budget", "runs", "nodes", "tokens", "kpr"}}`` with ``{"mean", "ci95"}`` each."""
+    """``{NAME: {"spec", "stages", "family", "budget", "runs", "nodes", "tokens", "kpr", ...}}`` with ``{"mean",
+    "ci95"}`` each of ``KEYS`` and of the search accounting (``SEARCH_KEYS``) when the runs carry it."""
     out = {}
     for p in pts:
         r = runs[p.name]
         qs = sorted(r)
         out[p.name] = {
             "spec": p.spec,
+            "stages": p.stages,
             "family": p.family,
             "budget": p.budget,
             "runs": len(qs),
             **{k: mean_ci([r[q][k] for q in qs], boot, seed) for k in KEYS},
+            **{k: mean_ci([r[q][k] for q in qs], boot, seed) for k in SEARCH_KEYS if qs and all(k in r[q] for q in qs)},
         }
     return out
 
@@ -180,19 +185,23 @@ def gate_vs(pts: list[PolicyPoint], runs: dict, boot: int, seed: int = 0, family
     for p in pts:
         if "gate:" in p.spec or not curve:
             continue
-        r = runs[p.name]
-        tokens = float(np.mean([t["tokens"] for t in r.values()])) if r else float("nan")
-        g, clamped = interpolate(curve, tokens)
-        qs = sorted(set(g) & set(r))
-        outside = None if not clamped else ("cheaper" if tokens < curve[0][0] else "dearer")
-        out[p.name] = {
-            "tokens": tokens,
-            "kpr_delta": mean_ci([g[q] - r[q]["kpr"] for q in qs], boot, seed),
-            "extrapolated": clamped,
-            "outside": outside,
-            "queries": len(qs),
-        }
+        out[p.name] = paired_at(curve, runs[p.name], boot, seed)
     return out
+
+
+def paired_at(curve, r: dict, boot: int, seed: int = 0) -> dict:
+    """``curve`` (``gate_curve``) at the mean tokens of the runs ``r`` ({query: totals}) minus their KPR, paired
+    by query: ``{"tokens", "kpr_delta", "extrapolated", "outside", "queries"}`` (``gate_vs`` says what they mean)."""
+    tokens = float(np.mean([t["tokens"] for t in r.values()])) if r else float("nan")
+    g, clamped = interpolate(curve, tokens)
+    qs = sorted(set(g) & set(r))
+    return {
+        "tokens": tokens,
+        "kpr_delta": mean_ci([g[q] - r[q]["kpr"] for q in qs], boot, seed),
+        "extrapolated": clamped,
+        "outside": None if not clamped else ("cheaper" if tokens < curve[0][0] else "dearer"),
+        "queries": len(qs),
+    }
 
 
 def average_seeds(by_seed: list[dict[str, dict[str, dict]]]) -> dict[str, dict[str, dict]]:
@@ -200,5 +209,18 @@ def average_seeds(by_seed: list[dict[str, dict[str, dict]]]) -> dict[str, dict[s
     out: dict[str, dict[str, dict]] = {}
     for name in by_seed[0]:
         qs = set.intersection(*(set(s[name]) for s in by_seed))
-        out[name] = {q: {k: float(np.mean([s[name][q][k] for s in by_seed])) for k in KEYS} for q in sorted(qs)}
+        keys = [k for k in (*KEYS, *SEARCH_KEYS) if all(k in s[name][q] for s in by_seed for q in qs)]
+        out[name] = {q: {k: float(np.mean([s[name][q][k] for s in by_seed])) for k in keys} for q in sorted(qs)}
+    return out
+
+
+def curve_vs(pts: list[PolicyPoint], runs: dict, family: str, other: str, boot: int, seed: int = 0) -> dict:
+    """``{POINT: {"tokens", "kpr_delta", "extrapolated", "outside", "queries"}}``: curve ``family``'s KPR at each
+    point of curve ``other``'s mean tokens (interpolated as in ``gate_vs``) minus that point's, paired by query —
+    e.g. both learned stages against the pre-retrieval gate alone at equal tokens."""
+    curve = gate_curve(pts, runs, family)
+    out = {}
+    for p in pts:
+        if p.family == other and curve:
+            out[p.name] = paired_at(curve, runs[p.name], boot, seed)
     return out

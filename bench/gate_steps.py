@@ -10,31 +10,48 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the reposito
 
 from pathlib import Path
 
+import numpy as np
+
 from branchgate.bench import stats
 from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.settings import Run
 from branchgate.bench.steps import keeps_folder
-from branchgate.bench.sweeps import gate_points, variant_taus
+from branchgate.bench.sweeps import gate_points, read_gate_points, variant_taus
 
 
-def source_steps(run: Run, source: str, family: str, traces: list[str], real_sets: dict, eval_set: dict) -> dict:
-    """Every step of ``source``'s gate (curve ``family``) trained on the runs in ``traces``; its report entry
-    (``by_labels``) plus ``points`` and ``runs`` (its closed-loop points and runs) and ``controller`` /
-    ``export_fp`` (its export)."""
-    key = safe_name(source)
+def source_steps(
+    run: Run,
+    source: str,
+    family: str,
+    traces: list[str],
+    real_sets: dict,
+    eval_set: dict,
+    stage: str = "pre",
+    pre_controller: str | None = None,
+) -> dict:
+    """Every step of ``source``'s gate at ``stage`` (curve ``family``) trained on the runs in ``traces``; its
+    report entry (``by_labels``, or ``read`` for the read stage) plus ``points`` and ``runs`` (its closed-loop
+    points and runs) and ``controller`` / ``export_fp`` (its export). A read gate's steps live under
+    OUT/read/<source>/; with ``pre_controller`` (the first label source's pre-retrieval gate) its points include
+    both learned stages (``sweeps.read_gate_points``)."""
+    key = safe_name(source) if stage == "pre" else f"read/{safe_name(source)}"
     fp = run.steps.fingerprints
-    ds = _dataset(run, source, key, traces)
+    ds = _dataset(run, source, key, traces, stage)
     tr = _train(run, key, ds)
     ex = _export(run, key, ds, tr)
-    pts = gate_points(
-        run.cfg["policies"], ex["controller"], family, variants=variant_taus(run.cfg) if family == "gate" else None
-    )
+    if stage == "pre":
+        variants = variant_taus(run.cfg) if family == "gate" else None
+        pts = gate_points(run.cfg["policies"], ex["controller"], family, variants=variants)
+    else:
+        pts = read_gate_points(run.cfg["policies"], ex["controller"], family, pre_controller)
     gl = run.steps.run(
         f"{key}/closed_loop",
         {**run.loop_inputs, "upstream": fp[f"{key}/export"], "points": [(p.name, p.spec) for p in pts]},
         keeps_folder(lambda folder: run.closed_loop(folder, pts, fp[f"{key}/export"])),
     )
-    scores = _scores(run, key, tr["checkpoint"], ds["dataset"], real_sets, eval_set)
+    scores = (_scores if stage == "pre" else _read_scores)(
+        run, key, tr["checkpoint"], ds["dataset"], real_sets, eval_set
+    )
     labels = {
         "source": source,
         "kind": ds.get("label_kind"),
@@ -56,8 +73,8 @@ def source_steps(run: Run, source: str, family: str, traces: list[str], real_set
     }
 
 
-def _dataset(run: Run, source: str, key: str, traces: list[str]) -> dict:
-    """``dataset``: the training runs built into a decision dataset labelled by ``source``."""
+def _dataset(run: Run, source: str, key: str, traces: list[str], stage: str = "pre") -> dict:
+    """``dataset``: the training runs built into a decision dataset of ``stage`` labelled by ``source``."""
     cfg = run.cfg
     split_by = cfg["split_by"]  # the default leaves the step's fingerprint as it was before the setting existed
 
@@ -73,6 +90,7 @@ def _dataset(run: Run, source: str, key: str, traces: list[str]) -> dict:
             label_options=dict(cfg.get("label_options") or {}),
             progress=run.progress,
             split_by=split_by,
+            **({"stage": stage} if stage != "pre" else {}),
         )
         return {
             "dataset": str(folder / "dataset"),
@@ -92,6 +110,7 @@ def _dataset(run: Run, source: str, key: str, traces: list[str]) -> dict:
         "label_options": cfg.get("label_options"),
         "encoder": run.enc_id,
         **({"split_by": split_by} if split_by != "run" else {}),
+        **({"stage": stage} if stage != "pre" else {}),
     }
     return run.steps.run(f"{key}/dataset", inputs, step)
 
@@ -205,3 +224,44 @@ def real_table(table: dict) -> dict:
         }
         for k, m in table.items()
     }
+
+
+def _read_scores(run: Run, key: str, checkpoint: str, dataset: str, real_sets: dict, eval_set: dict) -> dict:
+    """The read gate and every teacher (on the same snippets) scored offline: ``offline`` (its dataset's test
+    split), ``offline_eval`` (the eval queries' unpruned runs' read decisions, ``eval_read_data``), and on each
+    ``--real`` read dataset per hit (``real_read``) and per search (``real_read_search``: does any hit of the
+    search add a key point; a scorer's score of a search is its best hit's), intervals over runs."""
+    boot, fp = run.boot, run.steps.fingerprints
+    trained = {"upstream": fp[f"{key}/train"], "bootstrap": boot}
+
+    def offline_step(folder: Path) -> dict:
+        rows = with_rank(stats.controller_rows(checkpoint, dataset, ("test",)))
+        return {"offline": stats.scorer_metrics(rows, boot, ref="gate")}
+
+    def offline_eval_step(folder: Path) -> dict:
+        rows = with_rank(stats.controller_rows(checkpoint, eval_set["read_dataset"], ("train", "validation", "test")))
+        return {"offline_eval": stats.scorer_metrics(rows, boot, ref="gate")}
+
+    def real_step(folder: Path) -> dict:
+        out = {"real_read": {}, "real_read_search": {}}
+        for name, path in real_sets.get("read_datasets", {}).items():
+            rows = with_rank(stats.controller_rows(checkpoint, path, ("train", "validation", "test")))
+            out["real_read"][name] = real_table(stats.scorer_metrics(rows, boot, ref="gate"))
+            out["real_read_search"][name] = real_table(stats.scorer_metrics(stats.per_decision(rows), boot, ref="gate"))
+        return out
+
+    off = run.steps.run(f"{key}/offline", trained, offline_step)
+    oe = (
+        {"offline_eval": {}}
+        if not eval_set.get("read_dataset")
+        else run.steps.run(f"{key}/offline_eval", {**trained, "eval_data": fp["eval_data"]}, offline_eval_step)
+    )
+    real_inputs = {"upstream": fp[f"{key}/train"], "real": fp["real_data"], "bootstrap": boot}
+    return {**off, **oe, **run.steps.run(f"{key}/real", real_inputs, real_step)}
+
+
+def with_rank(rows: stats.Rows) -> stats.Rows:
+    """Read rows with the hit's rank as one more scorer (``rank``: the top hit scores highest), the search
+    engine's own order that every read gate must beat."""
+    rows.scorers["rank"] = -rows.order.astype(np.float64)
+    return rows

@@ -19,7 +19,17 @@ from branchgate.bench.gate_steps import source_steps
 from branchgate.bench.report import write
 from branchgate.bench.settings import SIM_KEYS, Run, write_ids
 from branchgate.bench.steps import Steps, keeps_folder
-from branchgate.bench.sweeps import VARIANTS, baseline_points, gate_family, variant_family
+from branchgate.bench.sweeps import (
+    BOTH_FAMILY,
+    BOTH_REVERSE_FAMILY,
+    FLOOR_FAMILY,
+    READ_FAMILY,
+    VARIANTS,
+    baseline_points,
+    gate_family,
+    read_family,
+    variant_family,
+)
 from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir, is_output_of, mark_output_dir
 
@@ -46,26 +56,38 @@ def run_bench(
         {**run.loop_inputs, "points": [(p.name, p.spec) for p in baselines]},
         keeps_folder(lambda folder: run.closed_loop(folder, baselines, "")),
     )
+    reads = "read" in run.stages
     real_sets = run.steps.run(
         "real_data",
-        {"real": [str(p) for p in real], "manifests": real_fp, "encoder": run.enc_id},
-        lambda folder: _real_datasets(real, folder, run.enc, progress),
+        {
+            "real": [str(p) for p in real],
+            "manifests": real_fp,
+            "encoder": run.enc_id,
+            **({"read": True} if reads else {}),
+        },
+        lambda folder: _real_datasets(real, folder, run.enc, progress, reads),
     )
     eval_set = run.steps.run(
         "eval_data",
-        {**run.loop_inputs, "point": ("none", "none")},  # the unpruned runs' inputs
-        lambda folder: _eval_dataset(run.steps.out / "closed_loop", run.seeds, folder, run.enc, progress),
+        {**run.loop_inputs, "point": ("none", "none"), **({"read": True} if reads else {})},  # the unpruned runs
+        lambda folder: _eval_dataset(run.steps.out / "closed_loop", run.seeds, folder, run.enc, progress, reads),
     )
     pts, runs = list(baselines), dict(cl["runs"])
-    per_source = {}
+    per_source, per_read = {}, {}
     for i, source in enumerate(run.sources):
         res = source_steps(run, source, gate_family(i, source), sim["traces"], real_sets, eval_set)
         pts += res.pop("points")
         runs.update(res.pop("runs"))
         per_source[source] = res
     first = per_source[run.sources[0]]
+    for i, source in enumerate(run.sources if reads else []):
+        pre = first["controller"] if i == 0 else None
+        res = source_steps(run, source, read_family(i, source), sim["traces"], real_sets, eval_set, "read", pre)
+        pts += res.pop("points")
+        runs.update(res.pop("runs"))
+        per_read[source] = res
     budgets = budget_step(run, first["controller"], first["export_fp"])
-    report = _report(run, pts, runs, per_source, budgets, time.perf_counter() - started)
+    report = _report(run, pts, runs, per_source, budgets, time.perf_counter() - started, per_read)
     if command:
         report["command"] = command
     return report, write(run.steps.out, report), run.steps
@@ -98,6 +120,7 @@ def prepare(
         cfg=cfg,
         steps=Steps(out),
         sources=sources,
+        stages=settings.gate_stages(cfg),
         train_ids=train_ids,
         eval_ids=eval_ids,
         seeds=seeds,
@@ -145,17 +168,24 @@ def _simulate(run: Run) -> dict:
     return run.steps.run("simulate", inputs, step)
 
 
-def _report(run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | None, seconds: float) -> dict:
+def _report(
+    run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | None, seconds: float, per_read: dict
+) -> dict:
     """``report.json`` (keys: docs/bench.md): the first label source's gate as the headline, every source under
-    ``by_labels`` with its variants' comparisons, the policies' summaries, ``budgets`` and the findings."""
+    ``by_labels`` with its variants' comparisons, each source's read gate under ``read`` (with both learned
+    stages' comparisons), the policies' summaries, ``budgets`` and the findings."""
     from branchgate.bench.report import findings
     from branchgate.training.metrics import clean
 
     boot = run.boot
-    for res in per_source.values():
+    for res in [*per_source.values(), *per_read.values()]:
         res.pop("controller", None)
         res.pop("export_fp", None)
         res["gate_vs"] = closed_loop.gate_vs(pts, runs, boot, family=res["family"])
+    for res in per_read.values():
+        if res["family"] == READ_FAMILY:
+            res.update(read_comparisons(pts, runs, boot))
+    for res in per_source.values():
         for variant in VARIANTS:
             curve = variant_family(res["family"], variant)
             if any(p.family == curve for p in pts):
@@ -178,6 +208,11 @@ def _report(run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | N
         "steps_run": list(run.steps.ran),
         "fingerprints": dict(run.steps.fingerprints),
     }
+    if per_read:
+        from branchgate.bench.read_report import targets
+
+        report["read"] = per_read
+        report["read_targets"] = targets(report["policies"])
     if budgets is not None:
         report["budgets"] = budgets
     report = clean(report)
@@ -185,34 +220,68 @@ def _report(run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | N
     return report
 
 
-def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool) -> dict:
+def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
+    """Both learned stages against each single stage at equal tokens (``closed_loop.curve_vs``), and the read gate
+    with the floor against the read gate alone: ``{"both_vs_pre": …, "both_vs_read": …, "reverse_vs_pre": …,
+    "floor_vs_read": …}``, each ``{POINT: {"tokens", "kpr_delta", …}}`` at the other curve's points; plus each
+    of the read gate's other curves against every baseline (``gate_vs`` of ``both``, ``reverse``, ``floor``)."""
+    pairs = {
+        "both_vs_pre": (BOTH_FAMILY, "gate"),
+        "both_vs_read": (BOTH_FAMILY, READ_FAMILY),
+        "reverse_vs_pre": (BOTH_REVERSE_FAMILY, "gate"),
+        "floor_vs_read": (FLOOR_FAMILY, READ_FAMILY),
+    }
+    out = {k: closed_loop.curve_vs(pts, runs, a, b, boot) for k, (a, b) in pairs.items()}
+    for name, family in (("both", BOTH_FAMILY), ("reverse", BOTH_REVERSE_FAMILY), ("floor", FLOOR_FAMILY)):
+        if any(p.family == family for p in pts):
+            out[name] = {"family": family, "gate_vs": closed_loop.gate_vs(pts, runs, boot, family=family)}
+    return out
+
+
+def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool, reads: bool = False) -> dict:
     """``{"datasets": {NAME: decision dataset}}``: each ``--real`` path, trace folders built into datasets
-    (``dataset build --labels auto``) once for every label source."""
+    (``dataset build --labels auto``) once for every label source; with ``reads`` also ``"read_datasets"``: each
+    trace folder's read decisions (``--stage read``), and each read dataset given as such."""
+    from branchgate.data.decision_batches import read_manifest
     from branchgate.logs_to_dataset.build import build
 
     result: dict[str, str] = {}
+    read: dict[str, str] = {}
     for path in real:
         name = Path(path).resolve().name
         name = name if name not in result else f"{name}-{len(result)}"
-        if not (Path(path) / "manifest.json").is_file():  # agent traces: build their decision dataset first
-            dest = folder / safe_name(name) / "dataset"
-            build([path], dest, encoder=enc, labels="auto", progress=progress)
-            path = dest
-        result[name] = str(path)
-    return {"datasets": result}
+        if (Path(path) / "manifest.json").is_file():
+            (read if read_manifest(path).get("stage") == "read" else result)[name] = str(path)
+            continue
+        dest = folder / safe_name(name)  # agent traces: build their decision datasets first
+        build([path], dest / "dataset", encoder=enc, labels="auto", progress=progress)
+        result[name] = str(dest / "dataset")
+        if reads:
+            build([path], dest / "read_dataset", encoder=enc, labels="auto", progress=progress, stage="read")
+            read[name] = str(dest / "read_dataset")
+    return {"datasets": result, **({"read_datasets": read} if reads else {})}
 
 
-def _eval_dataset(loop_folder: Path, seeds: list[int], folder: Path, enc: str, progress: bool) -> dict:
+def _eval_dataset(
+    loop_folder: Path, seeds: list[int], folder: Path, enc: str, progress: bool, reads: bool = False
+) -> dict:
     """``eval_data``: the eval queries' unpruned closed-loop runs (policy ``none``, every seed) as a decision
     dataset labelled by their key points: held-out queries, every branch expanded, so every candidate has a
-    label. ``{"dataset": None}`` when those runs carry no key points (an environment without them)."""
+    label. ``{"dataset": None}`` when those runs carry no key points (an environment without them). With
+    ``reads`` also ``"read_dataset"``: the same runs' read decisions (every hit read, so every new hit labelled)."""
     from branchgate.logs_to_dataset.build import build
 
-    traces = [loop_folder / f"seed{s}" / "none" / "traces" for s in seeds]
-    dest = folder / "dataset"
-    m = build([str(t) for t in traces], dest, encoder=enc, labels="keypoints", progress=progress)
-    labelled = sum(v for s in m["labels"].values() for k, v in s.items() if k in ("0", "1"))
-    return {"dataset": str(dest) if labelled else None, "runs": m["n_runs"]["total"], "labelled": labelled}
+    traces = [str(loop_folder / f"seed{s}" / "none" / "traces") for s in seeds]
+    out = {}
+    for key, stage in (("dataset", "pre"), ("read_dataset", "read"))[: 2 if reads else 1]:
+        dest = folder / key
+        kw = {"stage": stage} if stage != "pre" else {}
+        m = build(traces, dest, encoder=enc, labels="keypoints", progress=progress, **kw)
+        labelled = sum(v for s in m["labels"].values() for k, v in s.items() if k in ("0", "1"))
+        out[key] = str(dest) if labelled else None
+        if stage == "pre":
+            out.update(runs=m["n_runs"]["total"], labelled=labelled)
+    return out
 
 
 def _outside_own_output(real: list[str], out: str | Path) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
+from functools import partial
 from pathlib import Path
 
 from branchgate.bench.sweeps import VARIANTS
@@ -27,10 +28,12 @@ REPORT_KEYS = (
     "labels",
     "by_labels",
     "budgets",
+    "read",
+    "read_targets",
     "findings",
     "encoder",
     "timings",
-)  # "budgets" only when the budgets step ran (policies.budget_fractions)
+)  # "budgets" only when the budgets step ran (policies.budget_fractions); "read", "read_targets" with gate_stages read
 COLLAPSE = 0.10  # a τ sweep whose token range is below this share of the unpruned tokens offers no cost control
 OVERFIT = 0.15  # own-label AUROC this far above the real-decision AUROC: the labels do not transfer
 ROOT_GAP = 0.10  # pooled AUROC this far above depth ≥ 1: the pooled figure mostly measures the root frame
@@ -91,6 +94,10 @@ def markdown(
     lines += closed
     if report.get("budgets"):
         lines += [""] + budget_table(report["budgets"], h)
+    if report.get("read"):
+        from branchgate.bench import read_report
+
+        lines += [""] + read_report.section(report, h)
     lines += [
         "",
         f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
@@ -227,37 +234,15 @@ def findings(report: dict) -> list[str]:
     ties or loses to at their budgets, a τ sweep that collapses, labels the gate fits but that do not transfer
     to real decisions, and a pooled AUROC that mostly measures the root frame."""
     out = []
+    from branchgate.bench import read_report
+
     pol = report["policies"]
-    unpruned = (pol.get("none") or {}).get("tokens", {}).get("mean")
+
+    verdict = partial(curve_verdict, pol)
     for src, res in (report.get("by_labels") or {}).items():
         fam = res["family"]
         for curve, vs in _curves(res):
-            verdict = {1: [], 0: [], -1: []}
-            unfair = []  # the gate cannot spend as little as the baseline, or spends less and does not win
-            for name, g in vs.items():
-                sig = _sig(g["kpr_delta"])
-                if name == "none":
-                    continue
-                if g.get("outside") == "cheaper" or (g.get("outside") == "dearer" and sig <= 0):
-                    unfair.append(name)
-                else:
-                    verdict[sig].append(name)
-            out.append(
-                f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
-                f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
-                f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries)"
-                + (f"; outside its τ sweep, not compared: {', '.join(unfair)}" if unfair else "")
-                + "."
-            )
-            toks = [
-                p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None
-            ]
-            if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
-                out.append(
-                    f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
-                    f"{max(toks):.0f} tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% "
-                    "of unpruned), so τ gives no control over cost."
-                )
+            out += verdict(curve, src, vs)
         own = (res["offline"].get("gate") or {}).get("auroc")
         for ds, table in res["real"].items():
             g = table.get("gate", {}).get("auroc")
@@ -284,6 +269,7 @@ def findings(report: dict) -> list[str]:
                 + ("ahead of every teacher" if ahead else "not ahead of every teacher")
                 + f"; the closest, {k} ({m['auroc']:.3f}): gate − {k} {_mc(m['delta_vs_gate'], '+.3f')}."
             )
+    out += read_report.findings(report, verdict)
     if report.get("budgets"):
         out += budget_findings(report["budgets"])
     gate = report["offline"].get("gate") or {}
@@ -292,6 +278,37 @@ def findings(report: dict) -> list[str]:
         out.append(
             f"The pooled offline AUROC ({gate['auroc']:.3f}) mostly measures the root frame: within depth ≥ 1 "
             f"the gate scores {deep['auroc']:.3f}."
+        )
+    return out
+
+
+def curve_verdict(pol: dict, curve: str, src: str, vs: dict) -> list[str]:
+    """The findings of one learned curve (``gate_vs`` ``vs``): which baselines it beats, ties or loses to at their
+    budgets, and whether its τ sweep collapses (``pol``: the report's policies)."""
+    unpruned = (pol.get("none") or {}).get("tokens", {}).get("mean")
+    verdict = {1: [], 0: [], -1: []}
+    unfair = []  # the gate cannot spend as little as the baseline, or spends less and does not win
+    for name, g in vs.items():
+        sig = _sig(g["kpr_delta"])
+        if name == "none":
+            continue
+        if g.get("outside") == "cheaper" or (g.get("outside") == "dearer" and sig <= 0):
+            unfair.append(name)
+        else:
+            verdict[sig].append(name)
+    out = [
+        f"`{curve}` (labels `{src}`), at each baseline's token budget: beats {len(verdict[1])} "
+        f"({', '.join(verdict[1]) or '–'}), ties {len(verdict[0])} ({', '.join(verdict[0]) or '–'}), "
+        f"loses to {len(verdict[-1])} ({', '.join(verdict[-1]) or '–'}) (95% intervals over queries)"
+        + (f"; outside its τ sweep, not compared: {', '.join(unfair)}" if unfair else "")
+        + "."
+    ]
+    toks = [p["tokens"]["mean"] for p in pol.values() if p["family"] == curve and p["tokens"]["mean"] is not None]
+    if unpruned and len(toks) > 1 and (max(toks) - min(toks)) < COLLAPSE * unpruned:
+        out.append(
+            f"`{curve}`'s τ sweep collapses: its {len(toks)} points all cost {min(toks):.0f}–"
+            f"{max(toks):.0f} tokens ({100 * min(toks) / unpruned:.0f}–{100 * max(toks) / unpruned:.0f}% "
+            "of unpruned), so τ gives no control over cost."
         )
     return out
 
@@ -378,6 +395,11 @@ def _offline_table(table: dict, deltas: bool = False) -> list[str]:
     return rows
 
 
+def _learned(family: str) -> bool:
+    """A curve of a learned gate (pre-retrieval, read, or both): drawn bold in the plot."""
+    return family.startswith(("gate", "read_gate"))
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -387,12 +409,12 @@ def plot(report: dict, path: Path) -> None:
     fams: dict[str, list] = {}
     for _name, p in report["policies"].items():
         fams.setdefault(p["family"], []).append(p)
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(8, 5.5) if len(fams) <= 24 else (12, 8))
     # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
     strong = plt.get_cmap("tab10").colors[:4] + plt.get_cmap("tab10").colors[6:]
     muted = plt.get_cmap("Dark2").colors + plt.get_cmap("tab20").colors[1::2]
-    gates = [f for f in fams if f.startswith("gate")]
-    others = [f for f in fams if f != "none" and not f.startswith("gate")]
+    gates = [f for f in fams if _learned(f)]
+    others = [f for f in fams if f != "none" and not _learned(f)]
     colours = {
         **{f: muted[i % len(muted)] for i, f in enumerate(others)},
         **{f: strong[i % len(strong)] for i, f in enumerate(gates)},
@@ -416,7 +438,7 @@ def plot(report: dict, path: Path) -> None:
                 capsize=3,
             )
             continue
-        gate = fam.startswith("gate")
+        gate = _learned(fam)
         (line,) = ax.plot(
             x,
             y,

@@ -73,6 +73,19 @@ def label_sources(value) -> list[str]:
     return out
 
 
+GATE_STAGES = ("pre", "read")  # the stages a bench trains a learned gate for (``gate_stages``)
+
+
+def gate_stages(cfg: dict) -> list[str]:
+    """The config's ``gate_stages``: ``[pre]`` or ``[pre, read]`` (the pre-retrieval gate is the report's headline
+    and the read gate's partner in the two-stage curves, so it is always trained)."""
+    out = listed(cfg.get("gate_stages") or ["pre"])
+    bad = [s for s in out if s not in GATE_STAGES]
+    if bad or "pre" not in out or len(set(out)) != len(out):
+        raise InputError(f"expected [pre] or [pre, read], got {out}", "gate_stages")
+    return out
+
+
 def train_trees(cfg: dict) -> list[dict]:
     """``experimental.train_trees``: extra tree-shaped training runs, each a mapping of ``breadth``, ``depth`` and
     ``oversample`` that overrides the top-level keys (wider or narrower sibling sets than the eval's), checked."""
@@ -134,6 +147,7 @@ class Run:
     cfg: dict  # split_by checked
     steps: Steps
     sources: list[str]  # label sources, the first one's gate is the report's headline gate
+    stages: list[str]  # gate_stages: pre, and read when the bench trains read gates too
     train_ids: list[str]
     eval_ids: list[str]
     seeds: list[int]

@@ -51,13 +51,14 @@ def _nan(x):
 class Rows:
     """Labelled rows of a dataset with scorer columns, grouped by run for the bootstrap."""
 
-    def __init__(self, labels, utility, runs, frames, depth, scorers: dict[str, np.ndarray]):
+    def __init__(self, labels, utility, runs, frames, depth, scorers: dict[str, np.ndarray], order=None):
         keep = np.asarray(labels) >= 0
         self.labels = np.asarray(labels, np.int64)[keep]
         self.utility = np.asarray(utility, np.float64)[keep]
         self.runs = np.asarray(runs)[keep]
         self.frames = np.asarray(frames)[keep]
         self.depth = np.asarray(depth, np.int64)[keep]
+        self.order = (np.zeros(len(keep), np.int64) if order is None else np.asarray(order, np.int64))[keep]
         self.scorers = {k: np.asarray(v, np.float64)[keep] for k, v in scorers.items()}
         self.by_run = {r: np.flatnonzero(self.runs == r) for r in np.unique(self.runs)}
 
@@ -90,7 +91,33 @@ class Rows:
             self.frames[mask],
             self.depth[mask],
             {k: v[mask] for k, v in self.scorers.items()},
+            self.order[mask],
         )
+
+
+def per_decision(rows: Rows) -> Rows:
+    """One row per decision point (``rows.frames``): labelled 1 when any of its rows is positive, each scorer's
+    score its best row's, utility the rows' sum — e.g. per search: does any hit of this search add a key point."""
+    frames, inverse = np.unique(rows.frames, return_inverse=True)
+    n = len(frames)
+
+    def best(values):
+        out = np.full(n, -np.inf)
+        np.maximum.at(out, inverse, np.nan_to_num(values, nan=-np.inf))
+        return np.where(np.isfinite(out), out, np.nan)
+
+    first = np.zeros(n, np.int64)
+    first[inverse[::-1]] = np.arange(len(inverse))[::-1]
+    utility = np.zeros(n)
+    np.add.at(utility, inverse, np.nan_to_num(rows.utility))
+    return Rows(
+        best(rows.labels.astype(np.float64)).astype(np.int64),
+        utility,
+        rows.runs[first],
+        frames,
+        rows.depth[first],
+        {k: best(v) for k, v in rows.scorers.items()},
+    )
 
 
 def scorer_metrics(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None) -> dict:
@@ -149,7 +176,7 @@ def controller_predictions(checkpoint, dataset, splits=("test",), cache=None):
 
 def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
     """The controller (``gate``, by the training path) and every ``teacher_*`` column on ``splits`` of a dataset."""
-    cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth")}
+    cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth", "order")}
     scorers: dict[str, list] = {}
     for _, part, p in controller_predictions(checkpoint, dataset, splits, cache):
         cols["label"].append(np.asarray(part["label"], np.int64))
@@ -157,6 +184,7 @@ def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
         cols["run"].append(np.asarray(part["run_id"]))
         cols["frame"].append(np.asarray([f"{r}/{f}" for r, f in zip(part["run_id"], part["frame_id"])]))
         cols["depth"].append(np.asarray(part["depth"], np.int64))
+        cols["order"].append(np.asarray(part["rank" if "rank" in part.column_names else "order"], np.int64))
         scorers.setdefault("gate", []).append(p.astype(np.float64))
         for c in part.column_names:
             if c.startswith("teacher_"):
@@ -171,4 +199,5 @@ def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
         cat["frame"],
         cat["depth"],
         {k: np.concatenate(v) for k, v in scorers.items()},
+        cat["order"],
     )

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from branchgate.errors import InputError
 
+STAGES = ("pre", "read", "post", "synth")  # a policy point's stage slots, in the order a search meets them
+
 
 @dataclass(frozen=True)
 class PolicyPoint:
@@ -36,10 +38,22 @@ class PolicyPoint:
     post: str = "none"
     synth: str = "none"
     budget: float | None = None  # the swept value (K, τ, NODES, RATE)
+    read: str = "none"  # the read stage (simulate --read): which hits of a search are read
+
+    @property
+    def stages(self) -> dict[str, str]:
+        """The spec of each stage (``STAGES``), as ``report.json`` records it."""
+        return {s: getattr(self, s) for s in STAGES}
 
     @property
     def spec(self) -> str:
-        return self.pre if self.post == self.synth == "none" else f"{self.pre} | {self.post} | {self.synth}"
+        """The pre-retrieval spec alone when the other stages keep everything, else ``stage=spec`` of each stage
+        that prunes, joined by `` | ``."""
+        if self.read == self.post == self.synth == "none":
+            return self.pre
+        if self.read == "none":
+            return f"{self.pre} | {self.post} | {self.synth}"
+        return " | ".join(f"{s}={v}" for s, v in self.stages.items() if v != "none" or s == "pre")
 
 
 def baseline_points(section: dict) -> list[PolicyPoint]:
@@ -62,7 +76,34 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
     for r in section.get("random_rates") or []:
         out.append(PolicyPoint(f"random@{r:g}", "random", f"random:{r:g}", budget=float(r)))
     out += _stages(section, None, "gate")
+    out += late_teacher_points(section)
     return _unique(out)
+
+
+LATE_STAGES = {"read": "read_max_items", "post": "post_max_items"}  # stage → its keep-top-k sweep in ``policies``
+
+
+def late_teacher_points(section: dict) -> list[PolicyPoint]:
+    """Every teacher of ``late_teachers`` (default: ``teachers``) alone at the read stage (on the hits' snippets)
+    and at post-retrieval (on the full text), each swept over keep-top-k per result list (``NAME:max_items=K``
+    for K in ``read_max_items`` / ``post_max_items``) into its own curve ``NAME@read`` / ``NAME@post``; nothing
+    pruned before retrieval."""
+    from branchgate.models import teachers
+
+    names = section.get("late_teachers") or section.get("teachers") or list(teachers.NAMES)
+    out = []
+    for stage, key in LATE_STAGES.items():
+        for name in names:
+            if name not in teachers.NAMES:
+                raise InputError(
+                    f"unknown teacher {name!r} (known: {', '.join(teachers.NAMES)})", "policies.late_teachers"
+                )
+            for k in section.get(key) or []:
+                spec = f"{name}:max_items={int(k)}"
+                out.append(
+                    PolicyPoint(f"{name}@{stage}{int(k)}", f"{name}@{stage}", "none", budget=float(k), **{stage: spec})
+                )
+    return out
 
 
 VARIANTS = {  # a gate variant: (its τ list, SECTION.KEY of the bench config; the gate spec keys it adds)
@@ -91,9 +132,7 @@ def gate_points(section: dict, gate_path: str, family: str = "gate", variants: d
     the three-stage combinations that name ``gate``; with ``variants`` (``variant_taus``) also each variant's
     points (curve ``<family>+<variant>``). ``family`` names the curve (``gate`` for the first label source,
     ``gate[SOURCE]`` for the others), and prefixes every point's name."""
-    out = [PolicyPoint(family, family, f"gate:{gate_path}")]
-    for tau in section.get("gate_taus") or []:
-        out.append(PolicyPoint(f"{family}@tau={tau:g}", family, f"gate:{gate_path},tau={tau:g}", budget=float(tau)))
+    out = tau_sweep(section.get("gate_taus") or [], gate_path, family)
     for variant, (where, keys) in VARIANTS.items():
         curve = variant_family(family, variant)
         taus = (variants or {}).get(variant) or []
@@ -187,4 +226,45 @@ def budget_points(section: dict, gate_path: str) -> list[PolicyPoint]:
         )
         for b in baselines:
             out.append(PolicyPoint(f"{b}@budget={f:g}", budget_family(b), f"{b}:budget_tokens={pct}", budget=f))
+    return _unique(out)
+
+
+def tau_sweep(
+    taus, gate_path: str, family: str, stage: str = "pre", extra: str = "", **fixed: str
+) -> list[PolicyPoint]:
+    """One learned controller's curve ``family`` at ``stage``: ``gate:PATH`` at its calibrated τ, then
+    ``gate:PATH,tau=T`` for T in ``taus`` (``extra``: spec keys added to every point, e.g. ``floor=root``);
+    ``fixed`` holds the other stages' specs (e.g. ``pre="gate:PRE"`` while the read stage is swept)."""
+    keys = f",{extra}" if extra else ""
+    out = [PolicyPoint(family, family, **{"pre": "none", **fixed, stage: f"gate:{gate_path}{keys}"})]
+    for tau in taus:
+        spec = f"gate:{gate_path},tau={tau:g}{keys}"
+        out.append(
+            PolicyPoint(f"{family}@tau={tau:g}", family, budget=float(tau), **{"pre": "none", **fixed, stage: spec})
+        )
+    return out
+
+
+READ_FAMILY = "read_gate"  # the read gate's curve (``read_gate[SOURCE]`` for a later label source)
+BOTH_FAMILY = "gate+read_gate"  # the pre gate at its calibrated point, the read gate's τ swept
+BOTH_REVERSE_FAMILY = "read_gate+gate"  # the read gate at its calibrated point, the pre gate's τ swept
+FLOOR_FAMILY = "read_gate+floor"  # the read gate keeping the top hit at the root frame when none passes τ
+
+
+def read_family(index: int, source: str) -> str:
+    return READ_FAMILY if index == 0 else f"{READ_FAMILY}[{source}]"
+
+
+def read_gate_points(section: dict, read_path: str, family: str, pre_path: str | None = None) -> list[PolicyPoint]:
+    """The read gate's points (``read_gate_taus``, default ``gate_taus``): alone (curve ``family``); for the
+    first label source also with the floor at the root (``FLOOR_FAMILY``) and, given the pre-retrieval gate
+    ``pre_path``, both learned stages each way (``BOTH_FAMILY``, ``BOTH_REVERSE_FAMILY``)."""
+    taus = section.get("read_gate_taus") or section.get("gate_taus") or []
+    out = tau_sweep(taus, read_path, family, "read")
+    if family == READ_FAMILY:
+        out += tau_sweep(taus, read_path, FLOOR_FAMILY, "read", extra="floor=root")
+        if pre_path is not None:
+            out += tau_sweep(taus, read_path, BOTH_FAMILY, "read", pre=f"gate:{pre_path}")
+            pre_taus = section.get("gate_taus") or []
+            out += tau_sweep(pre_taus, pre_path, BOTH_REVERSE_FAMILY, "pre", read=f"gate:{read_path}")
     return _unique(out)

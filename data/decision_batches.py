@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, DECISION_COLUMNS, REQUIRED_COLUMNS, SPLITS
+from branchgate.data.dataset_schema import (
+    DATASET_SCHEMA_VERSION,
+    DECISION_COLUMNS,
+    SPLITS,
+    dataset_stage,
+    stage_columns,
+)
 from branchgate.errors import InputError, MismatchError
 from branchgate.features import structured_features
 from branchgate.texts import candidate_text
@@ -43,15 +49,18 @@ def read_manifest(path: str | Path) -> dict:
             f"({DATASET_SCHEMA_VERSION}); upgrade branchgate",
             file=str(file),
         )
+    dataset_stage(manifest, str(file))  # "pre" when absent (schema version 1); an unknown stage is refused
     return manifest
 
 
 def load_decision_dataset(path: str | Path):
-    """``(DatasetDict, manifest)`` for a dataset directory, with its columns checked."""
+    """``(DatasetDict, manifest)`` for a dataset directory, with its columns checked (those of its stage:
+    ``dataset_schema.stage_columns``)."""
     import datasets
 
     path = Path(path)
     manifest = read_manifest(path)
+    required = list(stage_columns(dataset_stage(manifest)))
     try:
         dsd = datasets.load_from_disk(str(path))
     except Exception as exc:  # FileNotFoundError or a corrupt save
@@ -59,7 +68,7 @@ def load_decision_dataset(path: str | Path):
     for split in SPLITS:
         if split not in dsd:
             raise InputError(f"decision dataset lacks the split {split!r} (has {list(dsd)})", file=str(path))
-        missing = [c for c in REQUIRED_COLUMNS if c not in dsd[split].column_names]
+        missing = [c for c in required if c not in dsd[split].column_names]
         if missing:
             raise InputError(f"split {split!r} lacks columns {missing}", file=str(path))
     return dsd, manifest
@@ -168,7 +177,9 @@ def build_decisions(split_name: str, split, texts: TextTable) -> DecisionSet:
 
     A decision's candidates are taken in their ``order``; their structured features come from
     ``features.structured_features`` (the Gate's), so ``order`` is the position in that list whatever the
-    stored column holds.
+    stored column holds. The decision's state (root, frame query, goal, retained, depth) is its first row's in
+    that order: a read dataset stores ``retained`` on that row only (``dataset_schema``), and ``n_retained`` is
+    its length.
     """
     cols = split.select_columns(list(DECISION_COLUMNS))[:]
     n = len(cols["run_id"])

@@ -212,6 +212,7 @@ def synthetic_dataset(
     frames = {name: len({(r["run_id"], r["frame_id"]) for r in part}) for name, part in by_split.items()}
     manifest = {
         "schema_version": DATASET_SCHEMA_VERSION,
+        "stage": "pre",
         "n_runs": {**runs, "total": sum(runs.values())},
         "n_decisions": {name: len(part) for name, part in by_split.items()},
         "n_frames": {**frames, "total": sum(frames.values())},

@@ -11,6 +11,40 @@ def _fmt(v) -> str:
     return "n/a" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
 
 
+INTRO = {
+    "pre": (
+        "A learned **pre-retrieval controller** for deep-research agents: given the state of one decision point "
+        "(root\nquery, frame query, parent goal, retained branches, depth) and its candidate subqueries, it predicts "
+        "for each\ncandidate the probability that expanding it is worth it (`p_keep`) and its marginal utility (`ĝ`). "
+        "Keep a\ncandidate when `p_keep ≥ τ`; when none passes, the top-1 is kept."
+    ),
+    "read": (
+        "A learned **read controller** for deep-research agents: after a sub-query's search returns its hits and "
+        "before\nany is read, given the run's question, the sub-query, its goal and the texts already read, it "
+        "predicts for each new\nhit (title and snippet) the probability that reading it is worth it (`p_keep`) and "
+        "its marginal utility (`ĝ`).\nRead a hit when `p_keep ≥ τ`; when none passes, none is read (the branch ends; "
+        '`floor="root"` keeps the top hit\nat the root frame).'
+    ),
+}
+USE = {
+    "pre": (
+        "sel = gate.select(\n"
+        '    {"root_query": "...", "frame_query": "...", "parent_goal": "", "retained": [], "depth": 0},\n'
+        '    [{"query": "...", "goal": "..."}],\n'
+        ")\n"
+        "sel.kept, sel.p_keep, sel.utility, sel.fallback"
+    ),
+    "read": (
+        "sel = gate.select(\n"
+        '    {"root_query": "...", "query": "the sub-query searched", "goal": "", "read": [], "read_ids": [], '
+        '"depth": 1},\n'
+        '    [{"title": "...", "snippet": "...", "id": "https://...", "rank": 0}],\n'
+        ")\n"
+        "sel.kept, sel.p_keep, sel.utility, sel.not_new  # kept may be empty: read nothing"
+    ),
+}
+
+
 def model_card(report: dict, props: dict, meta: dict) -> str:
     """Markdown for one export: the model, its files, the parity figures and how to use it."""
     par = report["parity"]
@@ -52,7 +86,13 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
             + (f", teacher `{meta['teacher']}`" if meta.get("teacher") else "")
             + "\n"
         )
+    stage = props.get("stage", "pre")
     values = {
+        "intro": INTRO[stage],
+        "stage": stage,
+        "use": USE[stage],
+        "items_key": "hits" if stage == "read" else "candidates",
+        "seen": "hit titles and snippets (before the page is read)" if stage == "read" else "pre-retrieval text",
         "model_file": Path(out["fp32"]).name,
         "encoder": props["encoder"],
         "dim": props["dim"],

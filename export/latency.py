@@ -14,6 +14,12 @@ ratio over rounds (rounds resampled with replacement, each keeping all its timin
 moves with the machine's speed from round to round. The ONNX Gates run as they load by default: with
 skippable parts and ≥ 2 threads, a decision's new texts are encoded as two groups at once
 (``onnx_text_groups``), then the head runs.
+
+A read controller (metadata ``stage`` = ``read``) is timed on read decisions (``inputs.as_read_decision``;
+default: ``samples.sample_read_decisions``, 10 new hits each after 3 or 5 texts read): cold, every text is
+encoded; warm (cached), the state texts — the question, the sub-query, its goal and the texts read — are, and
+only the hits are new. The figures add ``stage`` and ``read_texts_per_decision``; ``candidates_per_decision`` is
+then the hits per decision.
 """
 
 from __future__ import annotations
@@ -37,17 +43,13 @@ def run_bench(
     warmup: int = 1,
     progress: bool = False,
 ) -> dict:
-    """The latency figures (module docstring) of torch and the ONNX Gates on ``decisions`` (default: the
-    built-in samples), with each Gate's max |Δp_keep| vs torch on them."""
-    from branchgate.inference.inputs import as_decision
-
-    if decisions is None:
-        from branchgate.export.samples import sample_decisions
-
-        decisions = sample_decisions()
-    decisions = [as_decision(s, cands) for s, cands in decisions]
+    """The latency figures (module docstring) of torch and the ONNX Gates on ``decisions`` (``(state, candidates)``,
+    or ``(read state, hits)`` for a read controller; default: the built-in samples of the model's stage), with each
+    Gate's max |Δp_keep| vs torch on them."""
     int8_model = int8_model or _int8_sibling(model)
     methods, encoder_id = _methods(model, checkpoint, int8_model, threads)
+    stage = methods["onnx_fp32"].stage
+    decisions = predict_inputs(stage, decisions)
     parity = _parity(methods, decisions)
     for _ in range(warmup):
         for s, c in decisions:
@@ -69,9 +71,24 @@ def run_bench(
         "int8_model": int8_model,
         "onnx_text_groups": methods["onnx_fp32"].text_groups,
     }
+    if stage != "pre":
+        out["stage"] = stage
+        out["read_texts_per_decision"] = float(np.mean([len(s.retained) for s, _ in decisions])) if decisions else 0.0
     out.update(_figures(times, list(methods), reps))
     out.update(parity)
     return out
+
+
+def predict_inputs(stage: str, decisions: Sequence | None) -> list:
+    """``(DecisionState, candidate texts)`` of each decision as a Gate of ``stage`` scores it (the Gate's input
+    rules: ``as_decision``; ``as_read_decision``, the hits to score in rank order); default: the stage's samples."""
+    from branchgate.export.samples import sample_decisions, sample_read_decisions
+    from branchgate.inference.inputs import as_decision, as_read_decision
+
+    if stage == "read":
+        reads = [as_read_decision(s, hits) for s, hits in (sample_read_decisions() if decisions is None else decisions)]
+        return [(r.state, r.texts) for r in reads]
+    return [as_decision(s, cands) for s, cands in (sample_decisions() if decisions is None else decisions)]
 
 
 def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) -> tuple[dict, str]:
@@ -79,6 +96,7 @@ def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) 
     and its int8 twin, all with ``threads`` CPU threads."""
     import torch
 
+    from branchgate.errors import MismatchError
     from branchgate.export.controller import load_encoder
     from branchgate.export.torch_ref import TorchController
     from branchgate.inference.gate import Gate
@@ -95,6 +113,11 @@ def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) 
         "torch": TorchController(net, encoder, cache=True),
         "onnx_fp32": Gate.load(model, expected_encoder=meta["encoder"], threads=threads),
     }
+    if (meta.get("stage") or "pre") != methods["onnx_fp32"].stage:
+        raise MismatchError(
+            f"{checkpoint} is a {meta.get('stage') or 'pre'!r}-stage controller but {model} a "
+            f"{methods['onnx_fp32'].stage!r}-stage one: time a model against the checkpoint it was exported from"
+        )
     if int8_model:
         methods["onnx_int8"] = Gate.load(int8_model, expected_encoder=meta["encoder"], threads=threads)
     return methods, meta["encoder"]

@@ -1,4 +1,5 @@
-"""`branchgate bench-gate`: latency of the ONNX Gate (fp32, int8) vs the torch model on identical decisions."""
+"""`branchgate bench-gate`: latency of the ONNX Gate (fp32, int8) vs the torch model on identical decisions (a read
+controller's: read decisions of 10 hits)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--decisions",
         default=None,
-        help="JSON Lines of decisions {state, candidates} (default: 8 built-in decisions, 8 candidates each)",
+        help="JSON Lines of decisions {state, candidates}, for a read controller {state, hits} (default: 8 built-in "
+        "decisions, 8 candidates each; read: 8 of 10 hits each after 3 or 5 texts read)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
@@ -30,10 +32,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from branchgate.export.latency import run_bench
     from branchgate.inference.gate_cli import read_decisions
+    from branchgate.inference.model_file import read_stage
 
     decisions = None
     if args.decisions:
-        decisions = [(d["state"], d["candidates"]) for d in read_decisions(args.decisions)]
+        stage = read_stage(args.model)
+        items = "hits" if stage == "read" else "candidates"
+        decisions = [(d["state"], d[items]) for d in read_decisions(args.decisions, stage=stage)]
     res = run_bench(
         args.model,
         args.checkpoint,
@@ -46,8 +51,14 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
+    what = f"{res['candidates_per_decision']:.1f} candidates each"
+    if res.get("stage") == "read":
+        what = (
+            f"read decisions of {res['candidates_per_decision']:.1f} hits each after "
+            f"{res['read_texts_per_decision']:.1f} texts read (read controller; warm = the state texts cached)"
+        )
     print(
-        f"{res['decisions']} decisions x {res['reps']} reps, {res['candidates_per_decision']:.1f} candidates each, "
+        f"{res['decisions']} decisions x {res['reps']} reps, {what}, "
         f"{res['threads']} threads, encoder {res['encoder']}; machine load (1-min average) "
         f"{res['load_avg_1min_start']:.2f} at the start, {res['load_avg_1min']:.2f} at the end"
     )

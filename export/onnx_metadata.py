@@ -17,8 +17,13 @@ from branchgate.errors import BranchgateError
 from branchgate.export.graph import GRAPH_IO_VERSION
 from branchgate.export.parts import skippable_parts
 from branchgate.features import FEATURE_NAMES
+from branchgate.inference.metadata import controller_stage
 
 OPSET = 17  # the ONNX opset of every exported graph
+DOC_STRINGS = {  # the model's doc_string, by stage
+    "pre": "branchgate pre-retrieval controller: token ids of one decision → p_keep, utility",
+    "read": "branchgate read controller (which search hits to read): token ids of one decision → p_keep, utility",
+}
 
 
 def tokenizer_json(encoder) -> str:
@@ -58,9 +63,17 @@ def metadata(meta: dict, encoder, tau: float, tok_text: str, tok_name: str, net)
         "pad_token_id": str(int(tokenizer.pad_token_id or 0)),
         "net": json.dumps(net.config()) if hasattr(net, "config") else "{}",
         "opset": str(OPSET),
+        "stage": checkpoint_stage(meta),
         **_feature_range(net),
         **_root_tau(meta),
     }
+
+
+def checkpoint_stage(meta: dict) -> str:
+    """Metadata ``stage``: the checkpoint's ``stage`` (``pre`` when it has none: files written before the read
+    gate), held to the Gate's rule (``inference.metadata.controller_stage``)."""
+    stage = meta.get("stage")
+    return controller_stage({} if stage is None else {"stage": stage}, "checkpoint meta")
 
 
 def _root_tau(meta: dict) -> dict[str, str]:
@@ -91,5 +104,5 @@ def write_metadata(src: Path, dst: Path, props: dict[str, str], parts: int = 0) 
         entry.key, entry.value = key, str(value)
     model.producer_name = "branchgate"
     model.producer_version = __version__
-    model.doc_string = "branchgate pre-retrieval controller: token ids of one decision → p_keep, utility"
+    model.doc_string = DOC_STRINGS.get(props.get("stage", "pre"), DOC_STRINGS["pre"])
     onnx.save(model, str(dst))

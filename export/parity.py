@@ -17,8 +17,7 @@ import numpy as np
 
 from branchgate.errors import BranchgateError, InputError
 from branchgate.inference.gate import Gate
-from branchgate.inference.inputs import DecisionState, as_decision, decision_texts
-from branchgate.texts import candidate_text
+from branchgate.inference.inputs import as_decision, decision_texts
 
 
 @dataclass
@@ -64,29 +63,15 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
     missing = [c for c in DECISION_COLUMNS if c not in data.column_names]
     if missing:
         raise InputError(f"dataset lacks columns {missing}", str(path))
+    from branchgate.training.evaluate import dataset_decisions
+
     texts = TextTable()
     dset = build_decisions(str(split), data, texts)
-    cols = data.select_columns(
-        ["root_query", "frame_query", "parent_goal", "retained", "query", "goal", "depth", "label"]
-    )[:]
-    items = []
-    for d in range(min(len(dset), max_decisions)):
-        rows = dset.row[dset.cand_ptr[d] : dset.cand_ptr[d + 1]]
-        r0 = int(rows[0])
-        state = DecisionState(
-            cols["root_query"][r0] or "",
-            cols["frame_query"][r0] or "",
-            cols["parent_goal"][r0] or "",
-            list(cols["retained"][r0] or []),
-            int(cols["depth"][r0] or 0),
-        )
-        items.append(
-            (
-                state,
-                [candidate_text(cols["query"][i], cols["goal"][i]) for i in rows],
-                [int(cols["label"][i]) for i in rows],
-            )
-        )
+    labels = data.select_columns(["label"])[:]["label"]
+    items = [
+        (state, cands, [int(labels[i]) for i in rows])
+        for state, cands, rows in dataset_decisions(data, dset, max_decisions)
+    ]
     return ParityDecisions(items, f"{note}: {len(items)} of {len(dset)} decisions", dset, texts)
 
 

@@ -1,6 +1,8 @@
-"""Realistic sample decisions (8 candidates each) for the export parity fallback and the latency benchmark.
+"""Realistic sample decisions (8 candidates each) for the export parity fallback and the latency benchmark, and
+sample read decisions (10 hits each) for a read controller's latency.
 
-Core-safe: plain data. Each decision is ``(state_dict, candidates)`` in the Gate's JSON shape.
+Core-safe: plain data. Each decision is ``(state_dict, candidates)`` (``(read_state, hits)``) in the Gate's JSON
+shape.
 """
 
 from __future__ import annotations
@@ -104,3 +106,31 @@ def sample_decisions() -> list[tuple[dict, list[dict]]]:
             )
         )
     return out
+
+
+_KINDS = ("systematic review", "field study", "government report", "news analysis", "cohort study")
+HITS_PER_READ = 10
+
+
+def sample_read_decisions() -> list[tuple[dict, list[dict]]]:
+    """Two read decisions per topic, each a search of one sub-query returning ``HITS_PER_READ`` new hits (titles of
+    about 10 words, snippets of about 20, ranked, with ids), after 3 and 5 hits of other searches were read."""
+    out = []
+    for root, cands in _TOPICS:
+        for pick, n_read in ((1, 3), (4, 5)):
+            query, goal = cands[pick]
+            hits = [_hit(query, goal, cands[(pick + r) % len(cands)][0], r) for r in range(HITS_PER_READ)]
+            earlier = [cands[(pick + 1 + j) % len(cands)] for j in range(n_read)]
+            read = [_hit(q, g, q, 0) for q, g in earlier]
+            state = {"root_query": root, "query": query, "goal": goal, "depth": 1}
+            out.append(({**state, "read": read, "read_ids": [h["id"] for h in read]}, hits))
+    return out
+
+
+def _hit(query: str, goal: str, other: str, rank: int) -> dict:
+    """A search hit for ``query``: its title about ``other`` (the query itself for the top ranks)."""
+    subject = query if rank < 3 else other
+    kind = _KINDS[rank % len(_KINDS)]
+    title = f"{' '.join(subject.split()[:7])}: a {kind} ({2015 + rank})"
+    snippet = f"This {kind} examines {' '.join(subject.split()[:6])}; {goal.lower()}, and what remains uncertain."
+    return {"title": title, "snippet": snippet, "id": "https://example.org/" + "-".join(title.split()), "rank": rank}

@@ -1,8 +1,9 @@
 """The core runtime: the torch-free Gate and its plug-ins (numpy, onnxruntime, tokenizers only).
 
-- ``gate``: ``Gate.load(path)`` → ``select(state, candidates)``; ``inputs``: what a decision is and how loose
-  inputs become one; ``metadata``: the ONNX metadata contract; ``schedule``: text groups and length buckets;
-  ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads an ONNX file's metadata without loading it.
+- ``gate``: ``Gate.load(path)`` → ``select(state, candidates)`` (a read controller: ``select(read_state, hits)``);
+  ``inputs``: what a decision is and how loose inputs become one; ``metadata``: the ONNX metadata contract;
+  ``schedule``: text groups and length buckets; ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads
+  an ONNX file's metadata without loading it.
 - ``adapters``: ``gated(fn, gate)`` wraps any sync/async candidate-generating function.
 - ``gpt_researcher``: ``gate_research(researcher, gate, trace)`` for GPT-Researcher (standard and deep mode);
   ``open_deep_research``: ``gate_open_deep_research(gate, trace)`` for LangChain's open_deep_research;

@@ -9,7 +9,8 @@
 ``out_of_range`` names the structured features of a decision outside the train split's range stored in the
 model (metadata ``feature_range``; the graph clamps them to it); warned once per Gate.
 
-A non-empty input never yields an empty selection (the top-1 fallback keeps the best candidate).
+A pre-retrieval controller (``Gate.stage`` = metadata ``stage`` = ``pre``, or absent) never yields an empty
+selection for a non-empty input (the top-1 fallback keeps the best candidate). Read controllers: below.
 Embeddings of texts already seen (root query, frame query, retained branches) are cached per Gate, so
 the work per decision is proportional to the texts it has not seen. On two or more cores the new texts
 of a decision are encoded as two groups at once (two threads, one session), then the head runs on them
@@ -19,8 +20,34 @@ An int8 model quantises activations per run, so a text's embedding depends sligh
 with it (and so on what is cached): p_keep can differ by a few hundredths between a cold and a cached
 call; an fp32 model gives the same p_keep either way.
 
-It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` →
-p_keep), so it plugs into every stage that takes a teacher.
+It also implements the ``ValueModel`` protocol (``name``, ``threshold`` = τ, ``score(x, state)`` → p_keep).
+
+**Read controllers.** A controller of ``stage`` ``read`` decides, after a sub-query's search returns its hits and
+before any is read, which hits to read. Same graph, inputs mapped differently (``inputs.as_read_decision``)::
+
+    gate = Gate.load("read_controller.onnx")       # gate.stage == "read"
+    sel = gate.select(
+        {"root_query": "the run's question", "query": "the sub-query searched", "goal": "its goal",
+         "read": ["texts read so far", {"title": "...", "snippet": "...", "id": "..."}], "read_ids": ["url-1"],
+         "depth": 1},
+        [{"title": "...", "snippet": "...", "id": "url-2", "rank": 0}, ...],
+    )
+    sel.kept, sel.p_keep, sel.not_new      # indices into the hit list as given
+
+- state: ``root_query`` (the run's question: the graph's root text), ``query`` (the sub-query searched: its frame
+  text), ``goal`` (its goal), ``read`` (what the run has read, the retained texts: texts, or hits, which count as
+  ``texts.hit_text(title, snippet)`` and add their ids to ``read_ids``), ``read_ids`` (ids of hits already read),
+  ``depth``; or a ``DecisionState`` (``frame_query`` = the sub-query, ``retained`` = the texts read).
+- hits: mappings or objects with ``title`` and/or ``snippet`` (at least one non-empty; the candidate text is
+  ``hit_text(title, snippet)``), optional ``id`` (else ``url``) and ``rank`` (an integer ≥ 0; every hit or none),
+  scored in rank order (else list order): ``order`` = a hit's position among the hits scored, ``n_candidates``
+  = their number, ``n_retained`` = the number of texts read (``features.structured_features``).
+- A hit whose id is in ``read_ids`` is not scored and never kept: ``Selection.not_new`` lists it (p_keep and
+  utility NaN, null in ``to_json``). ``Selection`` indices always refer to the caller's list.
+- Keep rule: ``decide`` without the top-1 fallback: when no hit passes τ, none is read (``kept`` is empty, the
+  branch ends); ``select(..., floor="root")`` keeps the top hit then at the root frame (depth 0).
+- Candidates given to a read controller, or hits to a pre-retrieval one: an ``InputError`` saying which
+  controller this is. A read controller has no budgeted runs (``Gate.run``).
 
 The text side (cleaning, tokenising, encoding, the embedding cache) is ``gate_texts.py`` (``GateTexts``, a
 mixin of ``Gate``). Imports only numpy, onnxruntime, tokenizers, the standard library and core-safe branchgate
@@ -44,7 +71,16 @@ from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.features import outside_range, structured_features
 from branchgate.fileio import read_bounded
 from branchgate.inference.gate_texts import BUCKET_OVERHEAD_TOKENS, CHARS_PER_TOKEN_LIMIT, GateTexts, padded_tokens  # noqa: F401  (importable from here)
-from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau, as_threads, decision_texts
+from branchgate.inference.inputs import (
+    DecisionState,
+    as_decision,
+    as_floor,
+    as_max_keep,
+    as_read_decision,
+    as_tau,
+    as_threads,
+    decision_texts,
+)
 from branchgate.inference.metadata import (
     FINGERPRINT_PROBES,
     FINGERPRINT_TOL,
@@ -54,8 +90,9 @@ from branchgate.inference.metadata import (
     check_graph,
     check_metadata,
     controller_numbers,
+    controller_stage,
 )
-from branchgate.inference.model_file import read_metadata
+from branchgate.inference.model_file import controller_path, read_metadata
 from branchgate.inference.schedule import group_threads
 from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
 from branchgate.inference.wordpiece import checked_wordpiece
@@ -66,6 +103,7 @@ class Gate(GateTexts):
 
     name = "gate"
     higher_is_better = True
+    stage = "pre"  # the controller's metadata ``stage`` (set at load): "pre" or "read"
 
     def __init__(
         self,
@@ -90,6 +128,7 @@ class Gate(GateTexts):
         self.meta = dict(meta)
         self.path = path
         self.encoder = meta["encoder"]
+        self.stage = controller_stage(meta, str(path))
         numbers = controller_numbers(meta, str(path))
         self.dim, self.max_length, self.tau = numbers.dim, numbers.max_length, numbers.tau
         self.root_tau = numbers.root_tau  # the root frame's own threshold, or None (``thresholds``)
@@ -137,11 +176,7 @@ class Gate(GateTexts):
         from tokenizers import Tokenizer
 
         threads = as_threads(threads)
-        path = Path(path)
-        if path.is_dir():
-            path = path / "controller.onnx"
-        if not path.is_file():
-            raise BranchgateError(f"{path}: no such controller file (export one with `branchgate export`)")
+        path = controller_path(path)
         meta = read_metadata(path)
         check_metadata(meta, str(path), expected_encoder)
         cores = int(threads) if threads else (os.cpu_count() or 1)
@@ -245,6 +280,7 @@ class Gate(GateTexts):
         tau: float | None = None,
         max_keep: int | None = None,
         root_tau: float | None = None,
+        floor: str | None = None,
     ) -> Selection:
         """Gate one decision: keep candidates with p_keep ≥ τ (best ``max_keep`` of them), else the top-1.
         τ is ``root_tau`` at the root frame (depth 0) when there is one (``thresholds``), else ``tau``.
@@ -252,14 +288,36 @@ class Gate(GateTexts):
         ``state``: a ``DecisionState`` or a mapping with ``root_query, frame_query, parent_goal, retained,
         depth`` (missing keys default to empty). ``candidates``: a list of mappings ``{"query", "goal"}``,
         ``(query, goal)`` pairs or plain strings (the one rule: ``inputs.as_candidates``; a string is refused).
+
+        A read controller (``stage`` ``read``) takes a read state and the search's hits instead (module docstring)
+        and keeps no hit when none passes τ, unless ``floor="root"`` (then the top hit at depth 0).
         """
         tau, root_tau = self.thresholds(tau, root_tau)
         max_keep = as_max_keep(max_keep)
+        if self.stage == "read":
+            return self._select_hits(state, candidates, tau, root_tau, max_keep, as_floor(floor))
+        if floor is not None:
+            raise InputError(
+                "applies to a read controller only (a pre-retrieval controller keeps its top-1 when none passes τ)",
+                "floor",
+            )
         state, texts = as_decision(state, candidates)
         tau = threshold_at(state.depth, tau, root_tau)
         p, u = self.predict(state, texts)
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
+
+    def _select_hits(self, state, hits, tau: float, root_tau, max_keep, floor) -> Selection:
+        """A read decision: the new hits scored in rank order, kept by ``decide`` without the top-1 fallback (with
+        it at the root frame when ``floor`` is ``"root"``); every index is the caller's."""
+        read = as_read_decision(state, hits)
+        tau = threshold_at(read.state.depth, tau, root_tau)
+        p, u = self.predict(read.state, read.texts)
+        d = decide(p, tau, max_keep=max_keep, fallback=floor == "root" and read.state.depth == 0)
+        p_all, u_all = np.full((2, read.n_hits), np.nan, np.float32)  # NaN: not scored (read before)
+        p_all[read.scored], u_all[read.scored] = p, u
+        kept, out_of_range = sorted(read.scored[i] for i in d.kept), self.out_of_range(read.state, len(read.texts))
+        return Selection(kept, p_all, u_all, d.fallback, tau, out_of_range, not_new=read.not_new)
 
     def run(
         self,
@@ -275,6 +333,11 @@ class Gate(GateTexts):
         at τ at every depth: the controller's ``root_tau`` does not apply."""
         from branchgate.inference.run_gate import Budget, RunGate
 
+        if self.stage != "pre":
+            raise BranchgateError(
+                f"{self.path}: a budgeted run admits candidate sub-queries: it needs a pre-retrieval controller, and "
+                f"this one is a {self.stage} controller (metadata stage={self.stage})"
+            )
         return RunGate(self, Budget(budget_nodes, budget_tokens), defer=defer, run_id=run_id, **options)
 
     def out_of_range(self, state: DecisionState, k: int) -> list[str]:

@@ -9,6 +9,13 @@ Output: {"kept": [indices], "p_keep": [...], "utility": [...], "fallback": bool,
 With --jsonl, every input line is a decision and every output line its answer. The input (stdin or
 --input) is read whole up to ``fileio.MAX_READ_BYTES`` and must be UTF-8 (``fileio.decode_text``).
 
+A read controller (metadata ``stage`` = ``read``: which hits of a search to read; ``inference/gate.py``) takes
+Input:  {"state": {"root_query", "query", "goal", "read": [texts or hits], "read_ids": [...], "depth"},
+         "hits": [{"title", "snippet", "id", "url", "rank"}, ...] (or "items"), "tau", "root_tau", "max_keep",
+         "floor": optional ("root": keep the top hit at depth 0 when none passes τ; also --floor root)}
+Output: as above plus "stage": "read", and "not_new": [indices of hits already read] when there are any (their
+p_keep and utility are null); "kept" may be empty. A read controller has no budgeted runs (no "run_id").
+
 Budgeted runs (``inference/run_gate.py``): a decision carrying ``"run_id"`` belongs to that run, whose budget
 and deferred candidates are kept across calls in a state file (``--state FILE``, else
 ``<cache>/gate_runs/<hash of run_id>.json``; read-modify-write under a lock, written atomically). Optional
@@ -38,10 +45,21 @@ from pathlib import Path
 
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, read_bounded
+from branchgate.inference.inputs import (
+    READ_STATE_FIELDS,
+    as_decision,
+    as_floor,
+    as_max_keep,
+    as_read_decision,
+    as_tau,
+    as_threads,
+)
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
-from branchgate.inference.inputs import as_decision, as_max_keep, as_tau, as_threads
+from branchgate.inference.model_file import read_stage
 
 NO_ROOT_TAU_IN_RUNS = "root_tau and a budgeted run do not combine (the run admits by its own price)"
+HIT_KEYS = ("hits", "items")  # a read decision's hit list: the first of these keys present
+RUN_KEYS = ("run_id", "revisit", "budget_nodes", "budget_tokens", "defer", "costs", "spend", "end_run")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -63,19 +81,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state", default=None, help="budgeted runs' state file (default: under the cache folder, one file per run_id)"
     )
+    parser.add_argument(
+        "--floor",
+        choices=["root"],
+        default=None,
+        help="read controllers: keep the top hit at the root frame (depth 0) when none passes τ (default: none kept)",
+    )
 
 
-def parse_decision(obj, where: str = "input") -> dict:
-    """Validate one decision object; raises ``InputError`` naming the field."""
+def parse_decision(obj, where: str = "input", stage: str = "pre") -> dict:
+    """Validate one decision object for a controller of ``stage``; raises ``InputError`` naming the field."""
     if not isinstance(obj, Mapping):
         raise InputError(f"a decision must be a JSON object, got {type(obj).__name__}", where)
     if "state" not in obj:
         raise InputError("missing field 'state'", where)
+    if stage == "read":
+        return parse_read_decision(obj, where)
     revisit = obj.get("revisit", False)
     if not isinstance(revisit, bool):
         raise InputError("field 'revisit' must be true or false", where)
     if revisit and obj.get("run_id") is None:
         raise InputError("field 'revisit' needs a 'run_id'", where)
+    if "candidates" not in obj and "hits" in obj and not revisit:
+        raise InputError(
+            "field 'hits': this is a pre-retrieval controller (metadata stage=pre): a decision gives 'candidates' "
+            "(sub-queries {query, goal}); a search's hits go to a read controller (stage=read)",
+            where,
+        )
     if "candidates" not in obj and not revisit:
         raise InputError("missing field 'candidates'", where)
     state = obj["state"]
@@ -121,6 +153,46 @@ def parse_decision(obj, where: str = "input") -> dict:
     }
 
 
+def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
+    """Validate one read decision (the module docstring) by the Gate's own rule (``inputs.as_read_decision``)."""
+    key = next((k for k in HIT_KEYS if k in obj), None)
+    if key is None and "candidates" in obj:
+        raise InputError(
+            "field 'candidates': this is a read controller (metadata stage=read): a decision gives 'hits' (the "
+            "search's hits, each {title, snippet, id, rank}); candidate sub-queries go to a pre-retrieval controller",
+            where,
+        )
+    if key is None:
+        raise InputError("missing field 'hits'", where)
+    run = next((k for k in RUN_KEYS if obj.get(k) not in (None, False)), None)
+    if run is not None:
+        raise InputError(f"field '{run}': budgeted runs need a pre-retrieval controller (this is a read one)", where)
+    state = obj["state"]
+    if not isinstance(state, Mapping):
+        raise InputError(f"field 'state' must be an object, got {type(state).__name__}", where)
+    unknown = sorted(set(state) - set(READ_STATE_FIELDS))
+    if unknown:
+        raise InputError(
+            f"unknown field(s) {', '.join('state.' + k for k in unknown)} (a read controller's state has "
+            f"{', '.join(READ_STATE_FIELDS)})",
+            where,
+        )
+    try:  # the Gate's own rule for the state and the hits
+        as_read_decision(state, obj[key], key)
+    except InputError as exc:
+        raise InputError(f"field '{exc.file}': {exc.reason}", where) from None
+    return {
+        "state": dict(state),
+        "hits": list(obj[key]),
+        "tau": None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'"),
+        "root_tau": None if obj.get("root_tau") is None else as_tau(obj["root_tau"], f"{where}: field 'root_tau'"),
+        "max_keep": as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'"),
+        "floor": as_floor(obj.get("floor"), f"{where}: field 'floor'"),
+        "run_id": None,
+        "where": where,
+    }
+
+
 def _run_fields(obj, k: int, where: str) -> dict:
     """The budgeted-run fields of a decision (see the module docstring), checked."""
     out = {"run_id": obj.get("run_id"), "revisit": bool(obj.get("revisit", False))}
@@ -161,16 +233,22 @@ def _run_fields(obj, k: int, where: str) -> dict:
     return out
 
 
-def read_decisions(path: str, jsonl: bool = True) -> list[dict]:
-    """Decisions from a file (``-``: stdin), read whole but bounded (``fileio.read_bounded``) as UTF-8: one per
-    line with ``jsonl`` (blank lines skipped), else one JSON document; errors name the file and line."""
+def read_decisions(path: str, jsonl: bool = True, stage: str = "pre") -> list[dict]:
+    """Decisions for a controller of ``stage`` from a file (``-``: stdin): ``read_json`` then ``parse_decision``."""
+    return [parse_decision(obj, where, stage) for obj, where in read_json(path, jsonl)]
+
+
+def read_json(path: str, jsonl: bool = True) -> list[tuple[object, str]]:
+    """``(JSON value, where)`` of each decision in a file (``-``: stdin), read whole but bounded
+    (``fileio.read_bounded``) as UTF-8: one per line with ``jsonl`` (blank lines skipped), else one JSON document;
+    errors name the file and line."""
     name = "<stdin>" if path == "-" else path
     source = getattr(sys.stdin, "buffer", sys.stdin) if path == "-" else path
     if source is None:
         raise InputError("no standard input (it is closed)", name)
     text = decode_text(read_bounded(source, name), name)
     lines = [(n, line) for n, line in enumerate(text.split("\n"), 1) if line.strip()] if jsonl else [(None, text)]
-    return [parse_decision(load_json(line, name, n), name if n is None else f"{name}:{n}") for n, line in lines]
+    return [(load_json(line, name, n), name if n is None else f"{name}:{n}") for n, line in lines]
 
 
 def _check_flags(args) -> None:
@@ -187,7 +265,11 @@ def run(args) -> int:
     from branchgate.inference.gate import Gate
 
     _check_flags(args)
-    decisions = read_decisions(args.input, args.jsonl)
+    objects = read_json(args.input, args.jsonl)
+    stage = read_stage(args.model)  # from the file's metadata: which kind of decision the input holds
+    if args.floor is not None and stage != "read":
+        raise InputError("applies to a read controller only (this is a pre-retrieval controller)", "--floor")
+    decisions = [parse_decision(obj, where, stage) for obj, where in objects]
     if args.root_tau is not None and any(d["run_id"] is not None for d in decisions):
         raise InputError(NO_ROOT_TAU_IN_RUNS, "--root-tau")
     gate = Gate.load(args.model, expected_encoder=args.expect_encoder, threads=args.threads)
@@ -195,8 +277,12 @@ def run(args) -> int:
     for d in decisions:
         tau = d["tau"] if d["tau"] is not None else args.tau
         max_keep = d["max_keep"] if d["max_keep"] is not None else args.max_keep
-        if d["run_id"] is None:
-            root_tau = d["root_tau"] if d["root_tau"] is not None else args.root_tau
+        root_tau = d["root_tau"] if d["root_tau"] is not None else args.root_tau
+        if stage == "read":
+            floor = d["floor"] or args.floor
+            sel = gate.select(d["state"], d["hits"], tau=tau, max_keep=max_keep, root_tau=root_tau, floor=floor)
+            answer = {**sel.to_json(), "stage": stage}
+        elif d["run_id"] is None:
             answer = gate.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, root_tau=root_tau).to_json()
         else:
             answer = run_decision(gate, d, tau, max_keep, args.state)

@@ -28,6 +28,10 @@ REQUIRED_METADATA = (
     "tokenizer_file",
     "tokenizer_sha256",
 )
+# Metadata ``stage``: what the controller decides. ``pre`` (pre-retrieval: which candidate sub-queries to expand)
+# or ``read`` (after a search: which of its hits to read); the same graph, its inputs mapped differently
+# (``inference.gate``). Optional: a controller without it (exported before the read gate) is ``pre``.
+STAGES = ("pre", "read")
 PARTS = "tower,head"  # metadata ``parts``: the graph's text tower and head can run alone (export.parts)
 # The graph's inputs and outputs (export.graph, graph_io_version 1); ``D`` is metadata ``dim``.
 GRAPH_INPUTS = {
@@ -109,7 +113,20 @@ def check_metadata(meta: Mapping[str, str], where: str = "controller", expected_
         )
     if expected_encoder is not None and meta["encoder"] != expected_encoder:
         raise MismatchError(f"{where}: metadata encoder={meta['encoder']!r} but {expected_encoder!r} was expected")
+    controller_stage(meta, where)
     controller_numbers(meta, where)
+
+
+def controller_stage(meta: Mapping[str, str], where: str = "controller") -> str:
+    """The controller's ``stage`` (``STAGES``): ``pre`` when the metadata has no ``stage`` key; any other value
+    than ``pre`` or ``read`` is a ``MismatchError`` naming the key."""
+    stage = meta.get("stage", "pre")
+    if stage not in STAGES:
+        raise MismatchError(
+            f"{where}: metadata stage={str(stage)[:80]!r} is not a stage this branchgate runs "
+            f"({' or '.join(repr(s) for s in STAGES)}); upgrade branchgate or re-export the controller"
+        )
+    return stage
 
 
 def check_fingerprint(encoder_id: str, vectors, where: str = "controller", tol: float = FINGERPRINT_TOL) -> None:

@@ -11,9 +11,27 @@ import io
 from pathlib import Path
 
 from branchgate.errors import BranchgateError
+from branchgate.inference.metadata import controller_stage
 
 METADATA_FIELD = 14
 MAX_ENTRY_BYTES = 16 << 20  # one metadata entry; a larger one is a crafted file, not a controller
+
+
+def controller_path(path: str | Path) -> Path:
+    """The controller file ``path`` names: the file itself, or ``controller.onnx`` in a folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "controller.onnx"
+    if not path.is_file():
+        raise BranchgateError(f"{path}: no such controller file (export one with `branchgate export`)")
+    return path
+
+
+def read_stage(path: str | Path) -> str:
+    """The ``stage`` of the controller ``path`` names (``metadata.controller_stage``: ``pre`` or ``read``), read
+    from its metadata without loading the model."""
+    path = controller_path(path)
+    return controller_stage(read_metadata(path), str(path))
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:

@@ -5,6 +5,8 @@
 - ``readers``: one registered reader per log format (canonical JSONL, Search-o1, GPT-Researcher) → runs;
 - ``decisions``: a run's decision points (retained branches, context C_t, E(c)) and ``split_of(run_id)``;
 - ``labels``: rows with realized labels and per-teacher pre-retrieval scores;
+- ``read_points`` / ``read_rows``: a run's read decision points (one per ``results`` event) and their rows, one
+  per new hit (``dataset build --stage read``);
 - ``build`` / ``build_cli``: ``branchgate dataset build``; ``build_report``: its manifest and messages;
   ``row_store``: its rows on disk and the final write.
 """

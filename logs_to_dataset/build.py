@@ -20,8 +20,10 @@ out, counted there and listed in ``skipped`` | same |
 | ``InputError`` (exit 2) for unreadable files |
 | nothing parsed at all | no dataset written; ``OUT/manifest.json`` records what was read and skipped (unless OUT \
 already holds a dataset); the message names the first skipped records; exit 1 | exit 2 at the first bad record |
-| unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model`` \
-| ``InputError`` (exit 2) before reading | same |
+| unknown ``--labels``, ``--labels judge`` without ``--llm-url``/``--llm-model``, ``--labels judge`` or \
+``returns`` with ``--stage read`` | ``InputError`` (exit 2) before reading | same |
+| ``--stage read``: a run without ``results`` events (a version 1 trace) | no rows; counted in manifest \
+``read.runs_without_results`` | same |
 | run without what ``--labels`` needs (no key-point labels / no report citing evidence) \
 | counted in manifest ``label_missing``; all its candidates label −1 (``excluded``) | same |
 
@@ -37,6 +39,10 @@ Label sources (``--labels``; ``logs_to_dataset/label_sources.py`` defines them):
 | ``teacher:NAME`` | the teacher's set gain of its evidence given C_t | ``positive_rate`` (0.1) of the train split's \
 utilities positive |
 | ``judge`` | key points an LLM judge finds new (``logs_to_dataset/judge.py``) | the judge's |
+
+Stages (``--stage``): ``pre`` (default) makes one row per candidate of each frame (``labels.RowBuilder``); ``read``
+one row per new hit of each search's result list (``read_rows.ReadRowBuilder``: the same teachers, label rule,
+embedding path, row store and manifest; its label sources are listed in ``read_rows``).
 
 Output (written atomically): ``datasets.DatasetDict`` (train / validation / test, split by run) saved
 with ``save_to_disk`` plus ``manifest.json``.
@@ -59,13 +65,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from branchgate.data.dataset_schema import SPLITS, features
+from branchgate.data.dataset_schema import SPLITS, check_stage, features
 from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir
 from branchgate.logs_to_dataset.build_report import (
@@ -86,6 +93,7 @@ from branchgate.logs_to_dataset.decision_points import (
 )
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
+from branchgate.logs_to_dataset.read_rows import READ_COUNTS, ReadRowBuilder, check_read_labels, read_run
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
 from branchgate.logs_to_dataset.row_store import OUTPUT_KIND, RowSpill, write_dataset
 from branchgate.logs_to_dataset.traces import ReadReport
@@ -140,6 +148,7 @@ class BuildSettings:
     workers: int | None = None
     runs: object = None
     split_by: str = "run"
+    stage: str = "pre"
 
 
 def build(traces: list[str | Path], out: str | Path, **options) -> dict:
@@ -167,6 +176,10 @@ def build(traces: list[str | Path], out: str | Path, **options) -> dict:
     vectors within 1e-6, else ``TowerParityError``); "torch" through sentence-transformers. An ``encoder_obj``
     is used as it is (and left open: an ``OnnxEncoder``'s workers are the caller's to ``close``). The
     manifest's ``embedder`` says which ran.
+
+    ``stage``: "pre" (default: one row per candidate of each frame) or "read" (one row per new hit of each search's
+    result list: ``read_rows``; ``--labels judge`` and ``returns`` are refused there). The manifest records it
+    (``stage``) and, for "read", counts runs without results events, read points and hits (``read``).
 
     ``split_by``: "run" (default: ``split_of(run_id)``) or "question" (every run of one root question in one
     split: ``decisions.split_key``); recorded in the manifest's ``split_by``.
@@ -202,6 +215,8 @@ def check_settings(s: BuildSettings) -> None:
     from branchgate.models import teachers as T
     from branchgate.models.onnx_encoder import EMBED_MODES
 
+    if check_stage(s.stage) == "read":
+        check_read_labels(s.labels)
     if s.pruned_labels not in PRUNED_LABELS:
         raise InputError(f"--pruned-labels must be one of {', '.join(PRUNED_LABELS)}, got {s.pruned_labels!r}")
     if s.partial_runs not in PARTIAL_RUNS:
@@ -223,7 +238,7 @@ class _Build:
 
         s = self.s = settings
         self.models = {name: T.get(name) for name in T.NAMES}
-        self.builder = RowBuilder(
+        self.builder = (ReadRowBuilder if s.stage == "read" else RowBuilder)(
             self.models,
             s.teacher,
             s.label_threshold,
@@ -236,13 +251,14 @@ class _Build:
         self.report = ReadReport()
         self.rows = LabelRecords(SPLITS)
         self.spill = spill
-        spill.feats = features(list(self.models))
+        spill.feats = features(list(self.models), s.stage)
         self.n_runs, self.n_frames = Counter(), Counter()
         self.seen: dict[str, str] = {}  # run_id → the file it was read from
         self.kinds: Counter = Counter()
         self.problems: Counter = Counter()
         self.deferral: Counter = Counter()  # deferred / dropped-by-budget candidates (``RunDecisions.deferral``)
         self.kp_stats: Counter = Counter()
+        self.read_counts: Counter = Counter()  # the read stage's ``READ_COUNTS``
         self.partial = {"action": s.partial_runs, "runs": 0, "reasons": Counter(), "list": []}
         self.pending: list = []  # runs waiting for embeddings: texts of several runs are encoded in one batch
         self.n_pending = 0
@@ -318,18 +334,30 @@ class _Build:
         rd = self.decisions(run)
         if rd is None or self.left_out(run):
             return
-        self.problems.update(rd.problems)
-        self.deferral.update(rd.deferral)
+        unit = rd if self.s.stage == "pre" else self.read_unit(run, rd)  # what the builder makes rows of
+        self.problems.update(unit.problems)
+        self.deferral.update(unit.deferral)
         _count_keypoints(self.kp_stats, run, rd)
         split = split_of(split_key(rd.run_id, rd.root_query, self.s.split_by))
         self.n_runs[split] += 1
-        self.n_frames[split] += sum(1 for f in rd.frames if f.candidates)
-        if rd.n_decisions:
+        self.n_frames[split] += unit.n_frames
+        if unit.n_decisions:
             info = run_info(run.events)
-            self.pending.append((split, rd, info))
-            self.n_pending += len(self.builder.texts(rd, info))
+            self.pending.append((split, unit, info))
+            self.n_pending += len(self.builder.texts(unit, info))
         if self.n_pending >= self.s.batch_texts:
             self.flush()
+
+    def read_unit(self, run, rd):
+        """The run's ``read_rows.ReadRun``, counted in the manifest's ``read`` section."""
+        rr = read_run(run, rd)
+        c = self.read_counts
+        c["runs_without_results"] += not rr.has_results
+        c["read_points"] += len(rr.points)
+        c["read_points_with_new_hits"] += rr.n_frames
+        c["hits"] += sum(len(p.hits) for p in rr.points)
+        c["new_hits"] += rr.n_decisions
+        return rr
 
     def decisions(self, run):
         """The run's ``RunDecisions``, or None when it is skipped (read twice, no run_start: reported)."""
@@ -379,6 +407,7 @@ class _Build:
             self.rows.add(split, new)
             self.spill.add(split, new)
             self.kinds.update(r["utility_kind"] for r in new)
+            self.read_counts["unlabelled_hits"] += sum(1 for r in new if math.isnan(r["utility"]))
         self.timings["teacher_s"] += time.perf_counter() - t - self.spill.take_time()
         self.pending.clear()
         self.n_pending = 0
@@ -395,7 +424,7 @@ class _Build:
         if sum(self.n_runs.values()) == 0:
             if self.emb_cache is not None:
                 self.emb_cache.close()
-            _nothing_parsed(s.traces, s.out, self.report, files, s.fmt, partial)
+            _nothing_parsed(s.traces, s.out, self.report, files, s.fmt, partial, s.stage)
         emb_cache = self.embeddings()  # loads the encoder now only if no run had decisions: the manifest names it
         builder.fitted = builder.finalize(self.rows)
         source_stats = getattr(builder.source, "stats", None)  # e.g. the judge's calls, cache hits and tokens
@@ -418,6 +447,7 @@ class _Build:
             self.problems,
             s.pruned_labels,
             s.fmt,
+            s.stage,
         )
         if source_stats is not None:
             manifest["label_source_stats"] = source_stats
@@ -427,6 +457,8 @@ class _Build:
         }
         manifest["partial_runs"] = partial
         manifest["split_by"] = s.split_by
+        if s.stage == "read":
+            manifest["read"] = {k: int(self.read_counts[k]) for k in READ_COUNTS}
         manifest["deferral"] = {k: int(self.deferral[k]) for k in DEFERRAL_COUNTS}
         from branchgate.models.onnx_encoder import describe
 

@@ -8,6 +8,8 @@ writes a Hugging Face ``DatasetDict`` (train / validation / test by hash of run_
 Search-o1 evidence gets DeepResearchGym key-point labels from ``--keypoints`` (default: a ``key_point/``
 folder beside the traces' folder), so its utility is the number of new key points covered. ``--labels``
 chooses the label source (keypoints, citations, teacher:NAME, judge; ``logs_to_dataset/label_sources.py``).
+``--stage read`` builds the read gate's dataset instead: one row per new hit of each search's result list
+(``logs_to_dataset/read_rows.py``).
 Bad records are skipped and listed in the manifest (``--strict``: the first one fails, exit 2); exit 1
 if nothing could be parsed.
 """
@@ -19,6 +21,7 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from branchgate.data.dataset_schema import STAGES
     from branchgate.logs_to_dataset.decision_points import SPLIT_BY
     from branchgate.logs_to_dataset.labels import PRUNED_LABELS
     from branchgate.logs_to_dataset.readers import READERS
@@ -27,6 +30,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories (searched recursively)"
     )
     parser.add_argument("--out", required=True, help="output directory (replaced atomically)")
+    parser.add_argument(
+        "--stage",
+        choices=STAGES,
+        default="pre",
+        help="which gate the dataset trains: pre (default): one row per candidate sub-query of each decision "
+        "point; read: one row per new hit of each search's result list (trace schema v2 results events; a run "
+        "without them gives no rows, counted in the manifest's read.runs_without_results), with the hit's "
+        "title, snippet, rank and url; --labels keypoints, citations, teacher:NAME or auto there",
+    )
     parser.add_argument(
         "--labels",
         default="auto",
@@ -170,6 +182,7 @@ def settings_from_args(args: argparse.Namespace):
         embed=args.embed,
         workers=args.workers,
         split_by=args.split_by,
+        stage=args.stage,
         batch_texts=RAY_BATCH_TEXTS if ray else BATCH_TEXTS,
     )
 

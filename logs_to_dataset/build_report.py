@@ -46,7 +46,7 @@ def _partial_warning(section: dict) -> str:
     )
 
 
-def _nothing_parsed(traces, out, report, files, fmt, partial_section) -> None:
+def _nothing_parsed(traces, out, report, files, fmt, partial_section, stage: str = "pre") -> None:
     """Raise ``NothingParsed`` naming the first skipped records; write what was read to ``OUT/manifest.json``
     (never over an existing dataset), so the reasons are not lost."""
     skipped = [s.as_dict() for s in report.skipped]
@@ -54,6 +54,7 @@ def _nothing_parsed(traces, out, report, files, fmt, partial_section) -> None:
         "schema_version": DATASET_SCHEMA_VERSION,
         "created_by": f"branchgate {__version__}",
         "error": "nothing parsed",
+        "stage": stage,
         "n_runs": {s: 0 for s in (*SPLITS, "total")},
         "n_files": len(files),
         "formats": dict(report.formats),
@@ -116,6 +117,7 @@ def _manifest(
     problems,
     pruned_labels,
     fmt,
+    stage: str = "pre",
 ) -> dict:
     def per_split(counter) -> dict:
         d = {s: int(counter.get(s, 0)) for s in SPLITS}
@@ -142,6 +144,7 @@ def _manifest(
 
     return {
         "schema_version": DATASET_SCHEMA_VERSION,
+        "stage": stage,
         "trace_schema_version": SCHEMA_VERSION,
         "created_by": f"branchgate {__version__}",
         "n_runs": per_split(n_runs),
@@ -181,7 +184,7 @@ def _manifest(
         "evidence_max_chars": builder.max_chars,
         "embedding_cache": cache.stats(),
         "source_sha256": source_sha,
-        "columns": columns(list(models)),
+        "columns": columns(list(models), stage),
         "warnings": _label_warnings(rows, thresholds) + _missing_warnings(missing),
     }
 
@@ -243,6 +246,17 @@ def summary_line(manifest: dict, out) -> str:
         f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
         f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
         f"embeddings {c['misses']} new, {c['hits']} cached{_keypoint_line(manifest.get('keypoints') or {})}"
+        f"{_read_line(manifest.get('read'))}"
+    )
+
+
+def _read_line(read: dict | None) -> str:
+    """The read stage's counts (``--stage read``), or "" for a pre-stage build."""
+    if not read:
+        return ""
+    return (
+        f"; read stage: {read['new_hits']} new hits of {read['hits']} at {read['read_points']} read points "
+        f"({read['unlabelled_hits']} unlabelled), {read['runs_without_results']} run(s) without results events"
     )
 
 

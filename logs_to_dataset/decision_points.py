@@ -141,6 +141,11 @@ class RunDecisions:
         return sum(len(f.candidates) for f in self.frames)
 
     @property
+    def n_frames(self) -> int:
+        """Decision points with rows: frames with candidates."""
+        return sum(1 for f in self.frames if f.candidates)
+
+    @property
     def deferral(self) -> dict[str, int]:  # keys: DEFERRAL_COUNTS
         """Candidates deferred (then expanded, or never), and pruned by the budget."""
         cands = [c for f in self.frames for c in f.candidates]

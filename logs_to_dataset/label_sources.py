@@ -29,6 +29,10 @@ positive, lowered at each depth where fewer than that fraction of the depth's tr
 (``labels.depth_thresholds``: a set gain shrinks as the context grows); validation and test are labelled with
 those thresholds, never looked at.
 
+At the read stage (``dataset build --stage read``) ``keypoints``, ``citations``, ``teacher:NAME`` and ``auto`` label
+each new hit of a search instead, with the same kinds and thresholds (``read_rows``: ``read_source``); ``returns``
+and ``judge`` are refused there.
+
 Adding a source is adding a class with ``kind``, ``threshold`` (a number, or None for the rate rule),
 ``higher_is_better``, ``needs_vectors(rd)``, ``missing(rd, info)`` and ``utilities(rd, info, tools)``, and
 an entry in ``SOURCES``.
@@ -119,20 +123,26 @@ class CitationSource(_CountSource):
     kind = "citations"
 
     def missing(self, rd, info) -> str | None:
-        r = info.report
-        if r is None:
-            return "no report event"
-        if r.cited_ids is None:
-            return "the report records no citations (cited_ids)"
-        if not any(i in rd.evidence for i in r.cited_ids):
-            return "the report cites no evidence of the run"
-        return None
+        return citations_missing(info, rd.evidence)
 
     def utilities(self, rd, info, tools) -> dict[str, float]:
         cited = set(info.report.cited_ids)
         return {
             c.candidate_id: float(sum(1 for i in _new_ids(f, c) if i in cited)) for f in rd.frames for c in _known(f)
         }
+
+
+def citations_missing(info, known) -> str | None:
+    """Why a run's report cannot label by citations (None: it can): no report, no ``cited_ids``, or none of
+    them among the run's ``known`` ids (its evidence ids; at the read stage also its hit ids)."""
+    r = info.report
+    if r is None:
+        return "no report event"
+    if r.cited_ids is None:
+        return "the report records no citations (cited_ids)"
+    if not any(i in known for i in r.cited_ids):
+        return "the report cites no evidence of the run"
+    return None
 
 
 class TeacherSource:
@@ -148,25 +158,30 @@ class TeacherSource:
         return None
 
     def utilities(self, rd, info, tools) -> dict[str, float]:
-        from branchgate.models.teachers import State, set_gain
-
         out = {}
         for f in rd.frames:
             known = _known(f)
-            if not known:
-                continue
-            pool = list(dict.fromkeys(f.context_ids + [i for c in known for i in c.evidence_ids]))
-            state = State(
-                tools.q,
-                tools.evidence(f.context_ids),
-                f.frame_query,
-                f.parent_goal,
-                f.depth,
-                {"pool": tools.evidence(pool)},
-            )
-            for c in known:
-                out[c.candidate_id] = float(set_gain(self.model, tools.evidence(c.evidence_ids), state))
+            if known:
+                gains = self.gains(tools, f.context_ids, [c.evidence_ids for c in known], f)
+                out.update((c.candidate_id, g) for c, g in zip(known, gains))
         return out
+
+    def gains(self, tools, context_ids: list[str], evidence_sets: list[list[str]], at) -> list[float]:
+        """``set_gain(teacher, E, state)`` of each evidence set E (lists of evidence ids) given the context C_t
+        (``context_ids``): state = ``State([root query], C_t, at.frame_query, at.parent_goal, at.depth, {"pool":
+        C_t ∪ every E})``; ``at`` is the decision (a frame, or a read point)."""
+        from branchgate.models.teachers import State, set_gain
+
+        pool = list(dict.fromkeys(context_ids + [i for ids in evidence_sets for i in ids]))
+        state = State(
+            tools.q,
+            tools.evidence(context_ids),
+            at.frame_query,
+            at.parent_goal,
+            at.depth,
+            {"pool": tools.evidence(pool)},
+        )
+        return [float(set_gain(self.model, tools.evidence(ids), state)) for ids in evidence_sets]
 
 
 class AutoSource:

@@ -15,7 +15,9 @@ labels, no report citing evidence) is counted in ``RowBuilder.missing`` and all 
 pre-retrieval score on the candidate text, thresholded at its operating point).
 
 Pre-retrieval scores ``teacher_<name>`` for every teacher: x = the frame's candidate texts, state =
-``State(query=[root_query], context=retained texts, frame_query, parent_goal, depth, extra={"pool": x})``.
+``State(query=[root_query], context=retained texts, frame_query, parent_goal, depth, extra={"pool": x})``
+(``RowBuilder.pre_scores``; the read stage's rows, ``read_rows.ReadRowBuilder``, call it with a search's new hits
+and the hits read before it, and label with the same ``row_label`` and ``finalize``).
 """
 
 from __future__ import annotations
@@ -56,14 +58,19 @@ def run_texts(rd: RunDecisions, max_chars: int, evidence: bool | None = None) ->
     """
     if evidence is None:
         evidence = not rd.has_labels
-    towers = [rd.root_query]
+    towers = []
     for f in rd.frames:
         if f.candidates:  # the towers' texts of a decision
             towers += [f.frame_query, f.parent_goal, *f.retained, *(c.text for c in f.candidates)]
-    # each as the teachers here read it and, stripped, as training reads it (data/decision_batches.TextTable)
-    texts = [rd.root_query] + [v for t in towers if t and t.strip() for v in (t, t.strip())]
-    if evidence:
-        texts += [evidence_text(e.text, max_chars) for e in rd.evidence.values()]
+    return tower_texts(rd.root_query, towers, rd.evidence.values() if evidence else (), max_chars)
+
+
+def tower_texts(root_query: str, towers: list[str], evidence=(), max_chars: int = EVIDENCE_MAX_CHARS) -> list[str]:
+    """The distinct texts to embed for a run: the root query, each tower text as the teachers read it and,
+    stripped, as training reads it (``data/decision_batches.TextTable``), then the ``evidence`` events' texts as
+    embedded (``evidence_text``)."""
+    texts = [root_query] + [v for t in [root_query, *towers] if t and t.strip() for v in (t, t.strip())]
+    texts += [evidence_text(e.text, max_chars) for e in evidence]
     return list(dict.fromkeys(texts))
 
 
@@ -90,6 +97,8 @@ class _Tools:
 
 class RowBuilder:
     """Turns a run's decision points into rows, given embeddings for ``texts``; ``finalize`` labels them."""
+
+    stage = "pre"  # the dataset stage its rows belong to (``read_rows.ReadRowBuilder``: "read")
 
     def __init__(
         self,
@@ -138,43 +147,23 @@ class RowBuilder:
         self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None
     ) -> list[dict]:
         """Rows of one run; realized rows carry ``label = None`` until ``finalize``."""
-        from branchgate.models.teachers import State
-
         info = info or RunInfo()
         src, missing = self.resolve(rd, info)
         if missing is not None:
             self.missing[(src.kind, missing)] += 1
         tools = _Tools(rd, vectors, dim, self.max_chars)
         g_of = {} if missing is not None else src.utilities(rd, info, tools)
-        q = tools.q
         out: list[dict] = []
         for f in rd.frames:
             if not f.candidates:
                 continue
-            x = tools.items([c.text for c in f.candidates])
-            pre_state = State(q, tools.items(f.retained), f.frame_query, f.parent_goal, f.depth, {"pool": x})
-            pre = {name: np.asarray(m.score(x, pre_state), dtype=np.float64) for name, m in self.teachers.items()}
-            label_pre = (
-                pre[self.label_name] if self.label_name in pre else np.asarray(self.label_model.score(x, pre_state))
+            pre, label_pre = self.pre_scores(
+                tools, [c.text for c in f.candidates], f.retained, f.frame_query, f.parent_goal, f.depth
             )
             feats = structured_features(f.depth, len(f.candidates), len(f.retained)).astype(int)
             for k, c in enumerate(f.candidates):
                 g = g_of.get(c.candidate_id, math.nan)
-                if missing is not None:
-                    label, source = -1, "excluded"
-                elif c.candidate_id in g_of and not math.isnan(g):
-                    label, source = None, "realized"
-                elif c.candidate_id not in g_of and self.pruned_labels == "teacher_pre":
-                    label = int(
-                        _keep(
-                            float(label_pre[k]),
-                            float(self.label_model.threshold),
-                            getattr(self.label_model, "higher_is_better", True),
-                        )
-                    )
-                    source = "teacher_pre"
-                else:
-                    label, source = -1, "excluded"
+                label, source = self.row_label(missing, c.candidate_id in g_of, g, label_pre[k])
                 row = {
                     "run_id": rd.run_id,
                     "frame_id": f.frame_id,
@@ -191,11 +180,40 @@ class RowBuilder:
                     "label": label,
                     "label_source": source,
                     "utility_kind": src.kind,
+                    **self.teacher_columns(pre, k),
                 }
-                for name in self.teachers:
-                    row[f"teacher_{name}"] = float(pre[name][k])
                 out.append(row)
         return out
+
+    def pre_scores(self, tools, texts, retained, frame_query, parent_goal, depth):
+        """Every teacher's pre-retrieval score of a decision's candidate ``texts`` (name → array), and the label
+        teacher's: x = the texts, state = ``State([root query], retained texts, frame_query, parent_goal, depth,
+        {"pool": x})``. The read stage calls it with the new hits' texts and the read hits' texts."""
+        from branchgate.models.teachers import State
+
+        x = tools.items(list(texts))
+        state = State(tools.q, tools.items(list(retained)), frame_query, parent_goal, depth, {"pool": x})
+        pre = {name: np.asarray(m.score(x, state), dtype=np.float64) for name, m in self.teachers.items()}
+        label_pre = pre[self.label_name] if self.label_name in pre else np.asarray(self.label_model.score(x, state))
+        return pre, label_pre
+
+    def teacher_columns(self, pre: dict, k: int) -> dict[str, float]:
+        """Row ``k``'s ``teacher_<name>`` columns from ``pre_scores``."""
+        return {f"teacher_{name}": float(pre[name][k]) for name in self.teachers}
+
+    def row_label(self, missing: str | None, scored: bool, g: float, pre_score: float) -> tuple[int | None, str]:
+        """A row's ``(label, label_source)`` before ``finalize``: excluded (−1) when the run lacks what its source
+        needs; realized (None until ``finalize``) when the source ``scored`` the row with a known g; else, with
+        ``pruned_labels`` teacher_pre and no score, the label teacher's ``pre_score`` at its operating point;
+        else excluded."""
+        if missing is not None:
+            return -1, "excluded"
+        if scored and not math.isnan(g):
+            return None, "realized"
+        if not scored and self.pruned_labels == "teacher_pre":
+            higher = getattr(self.label_model, "higher_is_better", True)
+            return int(_keep(float(pre_score), float(self.label_model.threshold), higher)), "teacher_pre"
+        return -1, "excluded"
 
     def finalize(self, records: LabelRecords) -> dict[str, dict]:
         """Label every realized row of ``records`` (``LabelRecords``: the rows' compact label fields, per split);

@@ -16,7 +16,8 @@ exactly as for ``--engine local``. ``RayEngine`` replaces only the two per-batch
 Ray is the ``ray`` extra (``pip install 'branchgate[ray]'``), imported only here and only when used.
 ``ray.init()`` connects to ``RAY_ADDRESS`` when set (a cluster), else starts a local Ray; an already
 initialised Ray is used as it is. On a cluster, ``work_dir`` must be storage every node sees.
-``--labels judge`` is refused: its LLM calls and their statistics belong to the driver.
+``--labels judge`` is refused: its LLM calls and their statistics belong to the driver. Both stages (``--stage``)
+run here: the builder (``RowBuilder`` or ``read_rows.ReadRowBuilder``) names its rows' columns (``builder.stage``).
 """
 
 from __future__ import annotations
@@ -198,13 +199,13 @@ class RayEngine:
         ds = ray.data.from_items(items, override_num_blocks=blocks)
         ds = ds.map_batches(
             _rows_batch,
-            fn_kwargs={"builder": builder, "dim": dim, "schema": _row_schema(list(builder.teachers))},
+            fn_kwargs={"builder": builder, "dim": dim, "schema": _row_schema(list(builder.teachers), builder.stage)},
             batch_format="numpy",
             batch_size=None,
             num_cpus=1,
         )
         ds.write_parquet(path)
-        table = pq.read_table(path, schema=_run_schema(_row_schema(list(builder.teachers))))
+        table = pq.read_table(path, schema=_run_schema(_row_schema(list(builder.teachers), builder.stage)))
         made: list = [None] * len(pending)
         for rec in table.to_pylist():
             made[rec["run"]] = rec["rows"]
@@ -295,7 +296,7 @@ def _rows_batch(batch, builder, dim: int, schema):
     return pa.table(out, schema=_run_schema(schema))
 
 
-def _row_schema(teacher_names):
+def _row_schema(teacher_names, stage: str = "pre"):
     """The dataset's columns as Arrow types, floats kept at float64 (rows are labelled on the driver from
     these utilities, as in a local build) and ``label`` nullable (set by ``RowBuilder.finalize``)."""
     import pyarrow as pa
@@ -303,7 +304,7 @@ def _row_schema(teacher_names):
     from branchgate.data.dataset_schema import features
 
     fields = []
-    for f in features(teacher_names).arrow_schema:
+    for f in features(teacher_names, stage).arrow_schema:
         fields.append(pa.field(f.name, pa.float64()) if pa.types.is_floating(f.type) else f)
     return pa.schema(fields)
 

@@ -13,10 +13,15 @@ hits read so far as it goes, and gives one ``ReadPoint`` per ``results`` event (
   are kept (``decision_points.MAX_CONTEXT``);
 - ``read_ids``: the hit ids read earlier in the run (``read`` events with action "read" before the results
   event), in the order first read; the newest ``MAX_READ_IDS`` are kept;
+- ``retained``: the texts of those read hits as the read gate sees them, ``texts.hit_text(title, snippet)`` of
+  each from the first results event that showed its id, oldest first; the newest ``MAX_RETAINED``
+  (``decision_points.MAX_RETAINED``) are kept; a read hit no earlier results event showed has no text and is
+  left out (its read counts as ``read_without_results``);
 - ``hits``, in rank order, each a dict: ``hit_id``, ``title``, ``snippet``, ``rank``, ``url``; ``is_new`` = its
   id is neither among the hits read earlier nor in the context (``is_new`` is decided on the whole sets, not on
   the kept lists); ``action`` = its ``read`` event's action ("read" / "skip" / "defer"; None when the trace has
-  no read event for it; a deferred hit decided later takes that outcome, with ``deferred`` True); ``evidence_id`` and
+  no read event for it; a deferred hit decided later takes that outcome, with ``deferred`` True) and ``actor`` (the
+  ``actor`` of the read event that set ``action``); ``evidence_id`` and
   ``text`` = the evidence whose ``hit_id`` is the hit's id, or else whose ``evidence_id`` is (the first such
   event of the run, wherever it lies: a writer may emit the text of a hit it skipped), None when the run has
   no such evidence.
@@ -32,12 +37,13 @@ Problems are counted, never guessed (``problems``, a dict of counts; keys below)
 candidate was not declared before it (or was declared in an unknown frame) is skipped
 (``results_without_candidate``); hits past the first ``MAX_HITS`` of a list (by rank) are left out, each
 counted (``hits_over_cap``); a hit id repeated within one list keeps its first (``duplicate_hits``, per
-repeat); a read point whose context or read ids went over their cap counts once (``context_over_cap``,
-``read_ids_over_cap``); a ``retrieval`` of an undeclared candidate is ignored (``retrieval_without_candidate``);
-a ``read`` event naming no hit of an earlier results event of its candidate sets no action
-(``read_without_results``; a "read" still counts as read), and a second decision for a hit that was not
-deferred (or a second defer) is ignored (``read_repeated``). The caps bound the work per point, so that a build
-grows linearly with its logs: contexts and read sets are kept incrementally over one pass, sets for membership.
+repeat); a read point whose context, read ids or retained texts went over their cap counts once
+(``context_over_cap``, ``read_ids_over_cap``, ``retained_over_cap``); a ``retrieval`` of an undeclared candidate
+is ignored (``retrieval_without_candidate``); a ``read`` event naming no hit of an earlier results event of its
+candidate sets no action (``read_without_results``; a "read" still counts as read), and a second decision for a
+hit that was not deferred (or a second defer) is ignored (``read_repeated``). The caps bound the work per point,
+so that a build grows linearly with its logs: contexts and read sets are kept incrementally over one pass, sets
+for membership.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.decision_points import MAX_CONTEXT
+from branchgate.logs_to_dataset.decision_points import MAX_CONTEXT, MAX_RETAINED
+from branchgate.texts import hit_text
 
 MAX_HITS = 64  # hits per results event (the first, by rank)
 MAX_READ_IDS = MAX_CONTEXT  # read hit ids a read point keeps (the newest)
@@ -60,6 +67,7 @@ HITS_OVER_CAP = "hits_over_cap"
 DUPLICATE_HITS = "duplicate_hits"
 CONTEXT_OVER_CAP = "context_over_cap"
 READ_IDS_OVER_CAP = "read_ids_over_cap"
+RETAINED_OVER_CAP = "retained_over_cap"
 RETRIEVAL_WITHOUT_CANDIDATE = "retrieval_without_candidate"
 READ_WITHOUT_RESULTS = "read_without_results"
 READ_REPEATED = "read_repeated"
@@ -80,6 +88,7 @@ class ReadPoint:
     read_ids: list[str]
     hits: list[dict]
     seq: int
+    retained: list[str] = field(default_factory=list)
 
 
 def _get(obj, name: str, default=None):
@@ -120,6 +129,7 @@ class _ReadWalk:
     context: dict[str, None] = field(default_factory=dict)  # evidence ids in context, oldest first
     read: dict[str, None] = field(default_factory=dict)  # hit ids read so far, in the order first read
     pending: dict[tuple[str, str], dict] = field(default_factory=dict)  # (candidate_id, hit_id) → newest hit dict
+    shown: dict[str, str] = field(default_factory=dict)  # hit id → its hit_text, from the first results showing it
     texts: dict[str, tuple[str, str]] = field(default_factory=dict)  # hit id or evidence id → (evidence_id, text)
     by_hit: set[str] = field(default_factory=set)  # keys of ``texts`` set from an evidence's hit_id
     points: list[ReadPoint] = field(default_factory=list)
@@ -158,9 +168,11 @@ class _ReadWalk:
             self.problems[CONTEXT_OVER_CAP] += 1
         if len(self.read) > MAX_READ_IDS:
             self.problems[READ_IDS_OVER_CAP] += 1
+        retained = self.retained()
         hits = self.hit_dicts(_get(e, "hits", None) or [])
         for h in hits:
             self.pending[(cid, h["hit_id"])] = h
+            self.shown.setdefault(h["hit_id"], hit_text(h["title"], h["snippet"]))
         self.points.append(
             ReadPoint(
                 run_id=self.run_id,
@@ -174,8 +186,18 @@ class _ReadWalk:
                 read_ids=_newest(self.read, MAX_READ_IDS),
                 hits=hits,
                 seq=_get(e, "seq"),
+                retained=retained,
             )
         )
+
+    def retained(self) -> list[str]:
+        """The texts of the hits read so far that a results event showed, the newest ``MAX_RETAINED``, oldest
+        first (one over the cap is counted: ``retained_over_cap``)."""
+        shown = (self.shown[h] for h in reversed(self.read) if h in self.shown)
+        newest = list(islice(shown, MAX_RETAINED + 1))
+        if len(newest) > MAX_RETAINED:
+            self.problems[RETAINED_OVER_CAP] += 1
+        return newest[:MAX_RETAINED][::-1]
 
     def hit_dicts(self, raw_hits: list) -> list[dict]:
         """One results event's hits as dicts, in rank order: repeats dropped, capped at ``MAX_HITS``."""
@@ -200,6 +222,7 @@ class _ReadWalk:
                     "url": _get(h, "url"),
                     "is_new": hid not in self.read and hid not in self.context,
                     "action": None,
+                    "actor": None,
                     "deferred": False,
                     "evidence_id": None,
                     "text": None,
@@ -215,10 +238,10 @@ class _ReadWalk:
         if hit is None:
             self.problems[READ_WITHOUT_RESULTS] += 1
         elif hit["action"] is None:
-            hit["action"] = action
+            hit["action"], hit["actor"] = action, _get(e, "actor")
             hit["deferred"] = action == "defer"
         elif hit["action"] == "defer" and action != "defer":
-            hit["action"] = action  # a deferred hit decided later: its outcome (``deferred`` stays True)
+            hit["action"], hit["actor"] = action, _get(e, "actor")  # decided later: its outcome (still ``deferred``)
         else:
             self.problems[READ_REPEATED] += 1
 

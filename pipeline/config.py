@@ -21,6 +21,7 @@ class Config:
     top_k: int = 10
     seed: int = 0
     pre: str = "none"
+    read: str = "none"  # the read stage: which new hits of a search's result list are read (policy_spec.py)
     post: str = "none"
     synth: str = "none"
     generator: str = "offline"
@@ -29,6 +30,7 @@ class Config:
     budget_reference: str = ""  # JSON {query id: {"nodes", "tokens"}}: the reference runs of ``budget_*=P%`` specs
     protect: str = "none"  # "plan": the root's plan-search passages join C_0 as protected context (never pruned)
     shape: str = "tree"  # "chain": one candidate per decision, each search's follow-up the next (a sequential agent)
+    snippet_words: int = 20  # a hit's snippet at the read stage: the first N whitespace words of its passage
 
     def breadths(self) -> list[int]:
         """GPT-Researcher's breadth per level: halves per level, floor 2 (4, 2, 2 for breadth 4); 1 per level in
@@ -66,9 +68,15 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
-LATER_DEFAULTS = {"budget_reference": "", "protect": "none", "shape": "tree"}
+LATER_DEFAULTS = {"budget_reference": "", "protect": "none", "shape": "tree", "read": "none", "snippet_words": 20}
 PROTECT = ("none", "plan")
 SHAPES = ("tree", "chain")
+
+
+def check_snippet_words(n) -> None:
+    """``Config.snippet_words`` must be an integer ≥ 1 (``BranchgateError`` naming ``--snippet-words`` otherwise)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BranchgateError(f"--snippet-words must be an integer ≥ 1 (words of a hit's snippet), got {n!r}")
 
 
 def _reference(path: str) -> dict:

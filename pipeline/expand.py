@@ -1,8 +1,12 @@
 """Expansions in the reference pipeline: ``Expansion``, one run's state ``_Run``, and ``Runner``'s steps on them.
 
 ``Expander`` (a mixin of ``run.Runner``) computes a candidate's expansion completely (``_expansion``: retrieval,
-post-retrieval pruning, learnings, follow-ups), checks it against the run budget (``_admit``), writes it
-(``_commit``), admits protected context (``_protect``) and revisits deferred candidates (``_revisit``).
+the read stage, post-retrieval pruning, learnings, follow-ups), checks it against the run budget (``_admit``),
+writes it (``_commit``), admits protected context (``_protect``) and revisits deferred candidates (``_revisit``).
+
+The read stage's steps (``_read_stage``, ``_write_reads``) are ``pipeline/read_stage.py``'s (``ReadStage``, which
+``Expander`` extends); ``_commit`` writes the search's ``results`` and ``read`` events before the evidence and the
+``retrieval`` event, which lists the retrieved hits minus the skipped ones.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from dataclasses import dataclass, field
 
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points
 from branchgate.pipeline.exact_costs import RunBudget, SynthBound
+from branchgate.pipeline.read_stage import ReadStage
+from branchgate.pipeline.stage_policies import Choice
 from branchgate.texts import candidate_text
 
 
@@ -23,9 +29,9 @@ class Expansion:
     cid: str
     cand: object
     text: str
-    hits: list
+    hits: list  # the passages retrieved, in rank order
     hit_tokens: list
-    new: list
+    new: list  # the offered hits the read stage read, in rank order: the post-retrieval stage's candidates
     new_tokens: list
     keep_new: list
     learned: list
@@ -36,6 +42,20 @@ class Expansion:
     followups: int  # tokens of the follow-ups call
     growth: int  # growth of the synthesis bound
     leaf: bool = False
+    offered: list = field(default_factory=list)  # the hits new to the run, in rank order: the read stage's input
+    read_choice: Choice | None = None  # the read stage's choice among ``offered`` (kept = the hits read)
+
+    @property
+    def skipped(self) -> list:
+        """The offered hits the read stage did not read."""
+        read = set(self.new)
+        return [pi for pi in self.offered if pi not in read]
+
+    @property
+    def listed(self) -> list:
+        """The retrieved hits minus the skipped ones (the ``retrieval`` event's evidence), in rank order."""
+        skipped = set(self.skipped)
+        return [pi for pi in self.hits if pi not in skipped]
 
     @property
     def cost(self) -> int:
@@ -46,7 +66,7 @@ class Expansion:
         return self.process + self.growth
 
 
-class Expander:
+class Expander(ReadStage):
     """``Runner``'s steps on one expansion and on deferred candidates (a mixin: ``run.Runner`` is the class)."""
 
     # -- one expansion -------------------------------------------------------------------------------
@@ -63,15 +83,19 @@ class Expander:
         context: list,
         synth: SynthBound,
         children: bool = True,
+        reads: list | None = None,
     ) -> Expansion:
-        """Candidate ``c``'s expansion against ``seen``/``context`` (nothing written, no state changed)."""
+        """Candidate ``c``'s expansion against ``seen``/``context`` and the hits read so far, ``reads`` ((hit id,
+        hit text) pairs, oldest first; default: the run's) — nothing written, no state changed."""
         from branchgate.models.teachers import State
 
         env, led = self.env, r.led
         with led.timed("retrieve"):
             hits = self.retrieve(c.query)
         hit_tokens = self.passage_tokens(hits)
-        new = [pi for pi in hits if pi not in seen]  # post-retrieval: only passages new to the run are candidates
+        offered = [pi for pi in hits if pi not in seen]  # the read stage: only passages new to the run are offered
+        read_choice = self._read_stage(r, fr, cid, c, hits, offered, r.reads if reads is None else reads)
+        new = [offered[j] for j in read_choice.kept]  # post-retrieval: only the hits read are candidates
         new_tokens = self.passage_tokens(new)
         with led.timed("post"):
             free = [pi for pi in new if pi not in r.protected]  # protected passages are never pruned
@@ -132,6 +156,8 @@ class Expander:
             process,
             follow,
             growth,
+            offered=offered,
+            read_choice=read_choice,
         )
 
     def _commit(self, r: _Run, fr: dict, e: Expansion, next_frames: list, covered_open: set) -> None:
@@ -142,7 +168,8 @@ class Expander:
         r.budget.commit(e.cost, e.growth)
         r.retained_branches.append(e.text)
         stats["retrieval_calls"] += 1
-        for pi, tok in zip(e.hits, e.hit_tokens):
+        self._write_reads(r, e)
+        for pi, tok in zip(e.hits, e.hit_tokens):  # every hit retrieved, the skipped ones too (their labels)
             if pi not in r.emitted:
                 r.emitted.add(pi)
                 w(
@@ -153,15 +180,17 @@ class Expander:
                     tokens=tok,
                     labels=[k for k in env.labels[pi] if k in r.kp_set],
                     doc=env.docs[pi],
+                    hit_id=env.ids[pi],
                 )
+        listed = set(e.listed)
         w(
             "retrieval",
             candidate_id=e.cid,
             query=e.cand.query,
-            evidence_ids=[env.ids[pi] for pi in e.hits],
-            tokens=int(sum(e.hit_tokens)),
+            evidence_ids=[env.ids[pi] for pi in e.listed],
+            tokens=int(sum(tok for pi, tok in zip(e.hits, e.hit_tokens) if pi in listed)),
         )
-        gain = covered_key_points((env.labels[pi] for pi in e.hits), r.kp_ids) - covered_open
+        gain = covered_key_points((env.labels[pi] for pi in e.listed), r.kp_ids) - covered_open
         stats["expansions_with_gain"] += bool(gain)
         o = r.by_origin.setdefault(e.cand.origin, [0, 0])
         o[0] += 1
@@ -357,12 +386,16 @@ class _Run:
             "n_pruned_pre": 0,
             "expansions_with_gain": 0,
             "n_frames": 0,
+            "search_calls": 0,  # the expansions' searches (one results event each; the plan's search is not one)
+            "hits_offered": 0,  # hits shown to the read stage (new to the run)
+            "hits_read": 0,
         }
     )
     by_origin: dict = field(default_factory=dict)
     retained_branches: list = field(default_factory=list)
     context: list = field(default_factory=list)  # retained evidence, in admission order
-    seen: set = field(default_factory=set)  # every passage admitted or pruned in this run
+    seen: set = field(default_factory=set)  # every passage admitted or pruned in this run (read-skipped ones are not)
+    reads: list = field(default_factory=list)  # (hit id, hit text) of the hits read, oldest first (newest READ_CONTEXT)
     pruned: set = field(default_factory=set)
     emitted: set = field(default_factory=set)
     protected: set = field(default_factory=set)  # never removed by post-retrieval or pre-synthesis pruning

@@ -1,17 +1,26 @@
 """The stage-policy spec syntax and its generic parsing: ``key=value`` splitting, numeric options and run
 budgets (``BudgetSpec``); ``policies.parse`` builds a stage's policy from a spec with these.
 
-Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
+Spec syntax (one per stage: ``--pre``, ``--read``, ``--post``, ``--synth``):
 
 - ``none``                      keep everything (actor ``default``)
 - ``<teacher>[:k=v,...]``       a teacher from ``branchgate.models.teachers`` (``NAMES``) with constructor
                                 parameters (e.g. ``mmr:threshold=0.4,lam=0.5``) and the selection keys
                                 ``max_items``, ``max_tokens``, ``mode`` (``select`` = greedy budgeted selection,
                                 the default at pre-retrieval and pre-synthesis; ``gate`` = each item scored
-                                independently against the context, the default at post-retrieval).
+                                independently against the context, the default at the read stage and at
+                                post-retrieval).
                                 At pre-retrieval a teacher picks the level's breadth (4, 2, 2, ...) out of the
                                 frame's oversampled candidates, greedily; its threshold applies there only
                                 when the spec sets ``threshold`` explicitly.
+                                At the read stage a teacher scores each hit's text (``texts.hit_text`` of its
+                                title and snippet) against the texts of the hits read before in the run;
+                                ``threshold`` (its own knob) and ``max_items=K`` (the best K of each result
+                                list) each sweep it into a curve: with ``max_items`` and no ``threshold`` it
+                                keeps the top K whatever their scores, with both the best K of those passing the
+                                threshold, with neither the hits passing its default threshold. The same two
+                                knobs hold at post-retrieval, where the teacher scores each new passage's full
+                                text against the run's context.
 - ``random:RATE``               keep each item with probability RATE (seeded per run and decision)
 - ``gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root]`` the learned controller
                                 ``branchgate.inference.gate.Gate.load(PATH)`` (loaded on first use),
@@ -25,6 +34,11 @@ Spec syntax (one per stage: ``--pre``, ``--post``, ``--synth``):
                                 so it may need a higher bar than the deeper ones); with neither ``tau`` nor
                                 ``root_tau`` the controller's own thresholds apply (its τ, and its root τ when
                                 exported with one: ``Gate.thresholds``), ``tau=T`` alone applies T at every depth
+- ``gate:PATH[,tau=T][,floor=root]`` at the read stage (``--read``): the learned read controller (``Gate.load``;
+                                its ``stage`` must be "read", and a read controller is refused at the other
+                                stages), ``Gate.select(state, hits, tau=T, floor=...)`` on each result list:
+                                reads the hits with p_keep ≥ τ, none when none passes; ``floor=root`` reads the
+                                top hit of a root-frame list (depth 0) when none passes
 - ``shallow:NODES``             pre-retrieval only: equal-budget shallow search — breadth/depth cut so the
                                 whole tree (root included) has at most NODES nodes; the first candidates of
                                 each frame, in order, are expanded (actor ``budget``); ``NODES`` may be left out
@@ -40,8 +54,15 @@ p_keep and ĝ); ``defer=1`` turns its deferral on (gate only). A baseline given 
 cannot afford (decision ``prune``, actor ``budget``). The run (``pipeline/run.py``) checks every expansion's
 exact cost before committing it, so a budget is never exceeded.
 
-At pre-retrieval and pre-synthesis a non-empty input never yields an empty selection; at post-retrieval it
-may (a branch whose new evidence is all pruned spawns no follow-ups — how late pruning saves nodes).
+At pre-retrieval and pre-synthesis a non-empty input never yields an empty selection; at the read stage and at
+post-retrieval it may (``ITEM_STAGES``: a branch that reads nothing, or whose new evidence is all pruned, makes no
+process call and spawns no follow-ups — how late pruning saves nodes).
+
+The read stage (``--read``, default ``none`` = read every hit offered) decides, once a sub-query's search has
+returned its result list and before any hit is read, which of the hits new to the run to read. Each hit is shown
+as a search engine shows it: title "" (the reference pipeline has none) and snippet = the first
+``Config.snippet_words`` words of its passage. A skipped hit is neither processed nor seen: a later search may
+offer it again. The hits read go on to the post-retrieval stage (on their full text) as before.
 """
 
 from __future__ import annotations
@@ -53,6 +74,7 @@ from branchgate.errors import BranchgateError
 
 SELECTION_KEYS = ("max_items", "max_tokens", "mode")
 BUDGET_KEYS = ("budget_nodes", "budget_tokens", "defer")
+ITEM_STAGES = ("read", "post_retrieval")  # each item decided alone against the context; may keep none of a list
 RUN_GATE_KEYS = ("price_start", "price_end", "price_exponent", "defer_margin", "revisit_floor")  # RunGate parameters
 
 

@@ -1,26 +1,29 @@
-"""One query through Algorithm 1 (deep research with three pruning stages) → one canonical trace.
+"""One query through Algorithm 1 (deep research with three pruning stages, and a read stage) → one canonical trace.
 
     plan:  retrieve(Q) → generator proposes the root frame's candidates
     for each level (breadth first), for each frame:
         frame_open, candidate events
         pre-retrieval stage: policy(candidates | retained branch texts, Q) → decision events
         for each expanded candidate c:
-            retrieve(c) → evidence events (ids new to the run) → retrieval event
-            post-retrieval stage: policy(new items | retained evidence C_t, Q) → prune event
+            retrieve(c) → results event (the hits as snippets)
+            read stage: policy(hits new to the run | hits read so far, Q) → read events (read / skip)
+            evidence events (ids new to the run) → retrieval event (the hits retrieved minus the skipped ones)
+            post-retrieval stage: policy(new items read | retained evidence C_t, Q) → prune event
             learnings (extractive) and, below the depth limit, follow-up candidates → a child frame
     pre-synthesis stage: policy(C_T | Q) → prune event → extractive report → run_end with totals
 
 A passage is admitted to a run once: re-retrieving a retained passage adds nothing, and a pruned one
 stays pruned (as GPT-Researcher skips visited URLs), so ``C_t`` = retrieved minus pruned under any
-reading of the trace. Follow-ups are spawned from a branch's newly retained evidence only; a branch that
-brings nothing new is a dead end.
+reading of the trace. A hit the read stage skips is not seen: a later search may offer it again. Follow-ups
+are spawned from a branch's newly retained evidence only; a branch that brings (or reads) nothing new is a dead
+end.
 
 ``Runner.run`` calls these steps in order: ``_start`` (run_start), ``_plan``, ``_level`` per level and
 ``_frame`` per frame (``_choose_pre``, ``_schedule``, ``_decisions``, then ``_commit`` per expansion),
 ``_revisit``, ``_synthesis``, ``_report`` and ``_totals`` (run_end).
 
-Each expansion is computed completely (``Runner._expansion``: retrieval, post-retrieval pruning, learnings,
-follow-ups) before it is written (``Runner._commit``), so a run budget (``--pre SPEC,budget_tokens=T``) knows
+Each expansion is computed completely (``Runner._expansion``: retrieval, the read stage, post-retrieval pruning,
+learnings, follow-ups) before it is written (``Runner._commit``), so a run budget (``--pre SPEC,budget_tokens=T``) knows
 its exact cost and is never exceeded (``pipeline/exact_costs.py``); a frame's decisions are written once its
 expansions are costed. With ``defer=1`` the run-scoped gate's deferred candidates are revisited when the tree
 is done (``Runner._revisit``); ``Config.protect`` adds protected context. The settings are in
@@ -42,10 +45,11 @@ from branchgate import __version__
 from branchgate.errors import BranchgateError
 from branchgate.pipeline import accounting, stage_policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
-from branchgate.pipeline.config import PROTECT, SHAPES, Config, _reference
+from branchgate.pipeline.config import PROTECT, SHAPES, Config, _reference, check_snippet_words
 from branchgate.pipeline.exact_costs import REPORT_SENTENCES, REPORT_WORDS, RunBudget, SynthBound
 from branchgate.pipeline.expand import Expander, Expansion, _Run, call_tokens
 from branchgate.pipeline.generate import cited_learnings
+from branchgate.pipeline.read_stage import add_reads
 from branchgate.texts import candidate_text
 
 SYSTEM = f"branchgate-reference {__version__}"
@@ -62,6 +66,7 @@ class Runner(Expander):
     def __init__(self, env, cfg: Config, generator, embedder=None, encoder_id: str | None = None):
         self.env, self.cfg, self.gen = env, cfg, generator
         self.pre = stage_policies.parse(cfg.pre, "pre_retrieval")
+        self.read = stage_policies.parse(cfg.read, "read")
         self.post = stage_policies.parse(cfg.post, "post_retrieval")
         self.synth = stage_policies.parse(cfg.synth, "pre_synthesis")
         self.embedder, self.encoder_id = embedder, encoder_id
@@ -70,13 +75,14 @@ class Runner(Expander):
         self.depth_limit = cfg.depth
         if isinstance(self.pre, stage_policies.ShallowPolicy):
             self.depth_limit = len(self.pre.plan(self.levels))
-        self.embed_any = any(p.needs_embeddings for p in (self.pre, self.post, self.synth))
+        self.embed_any = any(p.needs_embeddings for p in (self.pre, self.read, self.post, self.synth))
         self._embedded: set[str] = set()
         self.score_log: list[tuple[str, float]] | None = None  # (stage, score) of every scored item, when a list
         if cfg.protect not in PROTECT:
             raise BranchgateError(f"protect must be one of {', '.join(PROTECT)}, got {cfg.protect!r}")
         if cfg.shape not in SHAPES:
             raise BranchgateError(f"shape must be one of {', '.join(SHAPES)}, got {cfg.shape!r}")
+        check_snippet_words(cfg.snippet_words)
         self.reference = (
             _reference(cfg.budget_reference) if self.pre.budget is not None and self.pre.budget.relative else {}
         )
@@ -311,12 +317,12 @@ class Runner(Expander):
         those the budget cannot afford are None (dropped, actor "budget")."""
         cands, budget = fr["cands"], r.budget
         plan: dict[int, Expansion | None] = {}
-        seen, context, synth = set(r.seen), list(r.context), r.synth.copy()
+        seen, context, synth, reads = set(r.seen), list(r.context), r.synth.copy(), list(r.reads)
         committed, expanded, changed = budget.committed(), budget.expanded, False
         for i in sorted(choice.kept):
             e = alone.get(i) if not changed else None
             if e is None:
-                e = self._expansion(r, fr, level, i, cids[i], cands[i], texts[i], seen, context, synth)
+                e = self._expansion(r, fr, level, i, cids[i], cands[i], texts[i], seen, context, synth, reads=reads)
             if budget.limited and not self._admit(e, committed, expanded):
                 plan[i] = None
                 continue
@@ -325,6 +331,7 @@ class Runner(Expander):
             seen.update(e.new)
             context.extend(e.keep_new)
             synth.add(e.keep_new, self.passage_tokens(e.keep_new))
+            add_reads(reads, self.hits_read(e))
         return plan
 
     def _decisions(self, r: _Run, choice, cids: list[str], plan: dict[int, Expansion | None]) -> None:
@@ -427,6 +434,9 @@ class Runner(Expander):
         totals = {
             "nodes": stats["nodes"],
             "retrieval_calls": stats["retrieval_calls"],
+            "search_calls": stats["search_calls"],
+            "hits_offered": stats["hits_offered"],
+            "hits_read": stats["hits_read"],
             "tokens": led.llm_tokens(),
             "kpr": round(final_kpr, 6),
             "wall_s": round(time.perf_counter() - t_start, 4),

@@ -30,6 +30,9 @@ OUTPUT_KIND = "simulate"  # the command named in the output folder's mark (``fil
 SUMMARY_KEYS = (
     "nodes",
     "retrieval_calls",
+    "search_calls",
+    "hits_offered",
+    "hits_read",
     "tokens",
     "kpr",
     "wall_s",
@@ -164,14 +167,22 @@ def simulate(
 
     from branchgate.pipeline import env as envmod
     from branchgate.pipeline import stage_policies
+    from branchgate.pipeline.config import check_snippet_words
 
     gen_kw = gen_kw or {}
-    gates = []  # controller files the policies read: inputs, like the environment and the query file
-    for spec, stage in ((cfg.pre, "pre_retrieval"), (cfg.post, "post_retrieval"), (cfg.synth, "pre_synthesis")):
-        policy = stage_policies.parse(spec, stage)  # fail fast on a bad spec, before loading anything heavy
-        gates.append(getattr(policy, "path", None))
+    stages = (
+        (cfg.pre, "pre_retrieval"),
+        (cfg.read, "read"),
+        (cfg.post, "post_retrieval"),
+        (cfg.synth, "pre_synthesis"),
+    )
+    policies = [stage_policies.parse(spec, stage) for spec, stage in stages]  # fail fast on a bad spec
+    gates = [getattr(p, "path", None) for p in policies]  # controller files: inputs, like the env and query file
     if cfg.breadth < 1 or cfg.depth < 1 or cfg.top_k < 1 or cfg.oversample < 1:
         raise BranchgateError("--breadth, --depth and --top-k must be ≥ 1 and --oversample ≥ 1")
+    check_snippet_words(cfg.snippet_words)
+    for policy in policies:
+        policy.check()  # a controller is loaded once here: one given to the wrong stage fails before any run
     if cfg.retriever not in ("bm25", "dense"):
         raise BranchgateError(f"unknown retriever {cfg.retriever!r}: bm25 | dense")
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)  # a path or a loaded Env

@@ -31,6 +31,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pre", default="none", metavar="SPEC", help=f"pre-retrieval policy: {POLICY_HELP}")
     parser.add_argument(
+        "--read",
+        default="none",
+        metavar="SPEC",
+        help="read stage: which hits new to the run of each search's result list to read, seen as snippets "
+        "before any is read (skipped hits are not processed and may be offered again); none (default: read "
+        "all) | <teacher>[:threshold=X,max_items=K,...] (each hit scored against the hits read before; "
+        "max_items=K alone keeps the top K of each list) | random:RATE | gate:PATH[,tau=T][,floor=root] "
+        "(a read controller); a list may be read not at all: the branch then ends",
+    )
+    parser.add_argument(
+        "--snippet-words",
+        type=int,
+        default=20,
+        metavar="N",
+        help="a hit's snippet at the read stage: the first N words of its passage (default 20)",
+    )
+    parser.add_argument(
         "--post", default="none", metavar="SPEC", help="post-retrieval policy (same syntax, no shallow)"
     )
     parser.add_argument(
@@ -101,6 +118,7 @@ def run(args) -> int:
         top_k=args.top_k,
         seed=args.seed,
         pre=args.pre,
+        read=args.read,
         post=args.post,
         synth=args.synth,
         generator=args.generator,
@@ -109,6 +127,7 @@ def run(args) -> int:
         budget_reference=args.budget_reference,
         protect=args.protect,
         shape=args.shape,
+        snippet_words=args.snippet_words,
     )
     gen_kw = (
         {"base_url": args.llm_url, "model": args.llm_model, "api_key": os.environ.get("OPENAI_API_KEY")}
@@ -129,9 +148,14 @@ def run(args) -> int:
         print("no run finished", file=sys.stderr)
         return 1
     m = lambda k: s[k]["mean"]  # noqa: E731
+    reads = (  # runs written before the read stage have no read counts
+        f"hits read {m('hits_read'):.1f} of {m('hits_offered'):.1f} offered in {m('search_calls'):.1f} searches, "
+        if "hits_read" in s
+        else ""
+    )
     print(
         f"{s['n_runs']} runs in {args.out}: nodes {m('nodes'):.2f}, retrieval calls {m('retrieval_calls'):.2f}, "
         f"tokens {m('tokens') / 1000:.1f}k, KPR {m('kpr'):.3f} (before synthesis {m('kpr_before_synthesis'):.3f}), "
-        f"wall {m('wall_s'):.2f}s/run; expansions adding ≥1 key point: {s['frac_expansions_with_gain'] or 0:.1%}"
+        f"{reads}wall {m('wall_s'):.2f}s/run; expansions adding ≥1 key point: {s['frac_expansions_with_gain'] or 0:.1%}"
     )
     return 0

@@ -1,12 +1,18 @@
-"""Stage policies (none, a teacher, random, the learned gate, shallow) and ``parse``, which builds one from its spec.
+"""Stage policies (none, a teacher, random, the learned gate, the learned read gate, shallow) and ``parse``, which
+builds one from its spec.
 
 Spec syntax: ``pipeline/policy_spec.py``, which also holds the spec's key, number and run-budget parsing.
+
+Over 400 lines: every stage's policies and ``parse``, which checks each spec's keys against its policy and stage,
+in one file, so that what a spec may say at each stage reads in one place.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -14,6 +20,7 @@ from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError
 from branchgate.pipeline.policy_spec import (
     BUDGET_KEYS,
+    ITEM_STAGES,
     RUN_GATE_KEYS,
     SELECTION_KEYS,
     BudgetSpec,
@@ -23,7 +30,9 @@ from branchgate.pipeline.policy_spec import (
     _split_keys,
 )
 
-STAGES = ("pre_retrieval", "post_retrieval", "pre_synthesis")
+STAGES = ("pre_retrieval", "read", "post_retrieval", "pre_synthesis")
+FLAGS = {"pre_retrieval": "--pre", "read": "--read", "post_retrieval": "--post", "pre_synthesis": "--synth"}
+READ_CONTROLLER = "read"  # ``Gate.stage`` of a read controller ("pre", or no ``stage``: a pre-retrieval one)
 
 
 @dataclass
@@ -50,6 +59,10 @@ class Policy:
         run with that run's budget limits. Returns the run-scoped gate for policies that have one, else None."""
         return None
 
+    def check(self) -> None:
+        """Load what the policy reads from a file (a controller) and check it fits the policy's stage; raises
+        ``BranchgateError`` naming the option otherwise. Nothing to do for policies without a file."""
+
     def choose(self, x, state, stage: str, rng: random.Random) -> Choice:
         n = len(x)
         return Choice(list(range(n)), [None] * n, [None] * n)
@@ -75,6 +88,18 @@ class TeacherPolicy(Policy):
     def actor(self) -> str:
         return f"teacher:{self.model.name}"
 
+    @property
+    def higher_is_better(self) -> bool:
+        return getattr(self.model, "higher_is_better", True)
+
+    def gate_threshold(self, stage: str) -> float:
+        """The threshold of mode ``gate``: the teacher's own, except at the read and post-retrieval stages with
+        ``max_items`` and no ``threshold`` in the spec, where every score passes (``max_items=K`` alone keeps the
+        top K of each list: a teacher's second knob, so that the bench can sweep it into a curve)."""
+        if stage in ITEM_STAGES and self.max_items is not None and not self.explicit_threshold:
+            return -math.inf if self.higher_is_better else math.inf
+        return self.model.threshold
+
     def choose(self, x, state, stage, rng) -> Choice:
         from branchgate.models.teachers import select
 
@@ -82,14 +107,14 @@ class TeacherPolicy(Policy):
         if n == 0:
             return Choice([], [], [])
         scores = np.asarray(self.model.score(x, state), dtype=np.float64)
-        mode = self.mode or ("gate" if stage == "post_retrieval" else "select")
+        mode = self.mode or ("gate" if stage in ITEM_STAGES else "select")
         if mode == "gate":
             kept = decide(
                 scores,
-                self.model.threshold,
-                higher_is_better=getattr(self.model, "higher_is_better", True),
+                self.gate_threshold(stage),
+                higher_is_better=self.higher_is_better,
                 max_keep=self.max_items,
-                fallback=stage != "post_retrieval",
+                fallback=stage not in ITEM_STAGES,
             ).kept
         elif stage == "pre_retrieval":
             # choose the frame's breadth out of the (oversampled) candidates; the threshold applies only
@@ -121,32 +146,44 @@ class RandomPolicy(Policy):
         n = len(x)
         draws = [rng.random() for _ in range(n)]
         kept = [i for i in range(n) if draws[i] < self.rate]
-        if not kept and n and stage != "post_retrieval":
+        if not kept and n and stage not in ITEM_STAGES:
             kept = [rng.randrange(n)]
         return Choice(kept, [float(1 - d) for d in draws], [self.rate] * n)
 
 
 @dataclass
-class GatePolicy(Policy):
+class ControllerPolicy(Policy):
+    """A learned controller file at one stage, loaded once on first use (``model``); ``check`` refuses a controller
+    of the other stage (a read controller at ``--pre``/``--post``, a pre-retrieval one at ``--read``)."""
+
     path: str = ""
     spec: str = ""
-    tau: float | None = None  # overrides the controller's τ (at every depth, unless root_tau is given too)
-    greedy: bool = False  # set-aware selection (see ``policy_spec``'s docstring)
-    fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
-    root_tau: float | None = (
-        None  # root_tau=R: the root frame's τ (neither given: the controller's own, Gate.thresholds)
-    )
+    tau: float | None = None  # overrides the controller's τ
     actor: str = "controller:gate"
     prunes: bool = True
+    flag: str = "--pre"  # the option that gave the spec (error messages)
     _gate: object = field(default=None, repr=False)
-
-    run_options: dict = field(default_factory=dict)  # RunGate parameters from the spec (price_*, defer_margin)
+    reads: ClassVar[bool] = False  # decides result lists (a read controller)
 
     @property
     def model(self):
-        if self._gate is None:
-            self._gate = _shared_gate(self.path)
+        self.check()
         return self._gate
+
+    def check(self) -> None:
+        if self._gate is None:
+            self._gate = _controller(self.path, self.spec, self.flag, read=self.reads)
+
+
+@dataclass
+class GatePolicy(ControllerPolicy):
+    """The learned pre-retrieval controller (``gate:PATH[,...]``); ``tau`` applies at every depth unless
+    ``root_tau`` is given too."""
+
+    greedy: bool = False  # set-aware selection (see ``policy_spec``'s docstring)
+    fallback_root_only: bool = False  # fallback=root: below the root a frame may keep none
+    root_tau: float | None = None  # root_tau=R: the root frame's τ (neither given: the controller's own)
+    run_options: dict = field(default_factory=dict)  # RunGate parameters from the spec (price_*, defer_margin)
 
     def start_run(self, run_id: str, nodes: int | None = None, tokens: int | None = None):
         """With a run budget: this run's ``RunGate`` (``Gate.run``), which ``choose_run`` then asks. It charges
@@ -184,7 +221,7 @@ class GatePolicy(Policy):
         p = np.asarray(model.score(x, state), dtype=np.float64)
         depth = int(state.depth or 0)
         tau = threshold_at(depth, *model.thresholds(self.tau, self.root_tau))
-        fallback = stage != "post_retrieval" and not (self.fallback_root_only and depth > 0)
+        fallback = stage not in ITEM_STAGES and not (self.fallback_root_only and depth > 0)
         if self.greedy:
             kept = self._greedy(model, x, state, p, tau, fallback=fallback)
         else:
@@ -214,6 +251,28 @@ class GatePolicy(Policy):
         return sorted(kept)
 
 
+@dataclass
+class ReadGatePolicy(ControllerPolicy):
+    """The learned read controller at the read stage (``gate:PATH[,tau=T][,floor=root]`` given to ``--read``):
+    ``Gate.select(state, hits, tau=, floor=)`` on each result list; reads the hits it keeps (possibly none)."""
+
+    floor: str | None = None  # "root": read the top hit of a root-frame list when none passes τ
+    flag: str = "--read"
+    reads: ClassVar[bool] = True
+
+    def choose_hits(self, state: dict, hits: list[dict]) -> Choice:
+        """One result list: ``state`` = {root_query, query, goal, read, read_ids, depth}, ``hits`` = [{id, title,
+        snippet, rank}]; kept = the indices of the hits to read, scores = p_keep."""
+        if not hits:
+            return Choice([], [], [])
+        sel = self.model.select(state, hits, tau=self.tau, floor=self.floor)
+        p = [float(v) if math.isfinite(v) else None for v in np.asarray(sel.p_keep, dtype=np.float64).reshape(-1)]
+        return Choice(sorted(int(i) for i in sel.kept), p, list(p))  # None: not scored (the Gate's not_new)
+
+    def choose(self, x, state, stage, rng) -> Choice:
+        raise BranchgateError(f"--read {self.spec}: a read controller decides result lists only (choose_hits)")
+
+
 _GATES: dict[str, object] = {}  # one Gate per controller file and process: the τ points of a sweep share its embeddings
 GATE_CACHE = 50_000  # texts whose embeddings a pipeline Gate keeps (a sweep re-scores the same queries' texts)
 
@@ -230,6 +289,24 @@ def _shared_gate(path: str):
     if key not in _GATES:
         _GATES[key] = Gate.load(path, cache_size=GATE_CACHE)
     return _GATES[key]
+
+
+def _controller(path: str, spec: str, flag: str, read: bool):
+    """The shared Gate of ``path``, checked to be the kind ``flag`` takes: a read controller (``Gate.stage`` "read")
+    for ``--read`` (``read``), a pre-retrieval one (any other stage; a Gate without ``stage`` is one) elsewhere."""
+    gate = _shared_gate(path)
+    stage = getattr(gate, "stage", None)
+    if read and stage != READ_CONTROLLER:
+        raise BranchgateError(
+            f"{flag} {spec}: {path} is a pre-retrieval controller (Gate.stage {stage!r}), not a read controller; "
+            "--read takes a controller trained on read decisions (stage 'read')"
+        )
+    if not read and stage == READ_CONTROLLER:
+        raise BranchgateError(
+            f"{flag} {spec}: {path} is a read controller (Gate.stage 'read'): it decides which hits to read; "
+            "give it to --read"
+        )
+    return gate
 
 
 SHALLOW_UNLIMITED = 1 << 30  # ``shallow:budget_tokens=T`` without NODES: the widest tree, cut by the run budget
@@ -287,12 +364,13 @@ def parse(spec: str | None, stage: str) -> Policy:
     spec = (spec or "none").strip()
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
-    flag = {"pre_retrieval": "--pre", "post_retrieval": "--post", "pre_synthesis": "--synth"}[stage]
+    flag = FLAGS[stage]
     trailing_only = name == "gate"  # a controller path may hold commas: only its trailing key=value pieces count
     try:
         arg, opts = _split_keys(
             arg,
-            BUDGET_KEYS + (("tau", "root_tau", "greedy", "fallback", *RUN_GATE_KEYS) if name == "gate" else ()),
+            BUDGET_KEYS
+            + (("tau", "root_tau", "greedy", "fallback", "floor", *RUN_GATE_KEYS) if name == "gate" else ()),
             trailing_only,
         )
     except BranchgateError as exc:
@@ -316,8 +394,12 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         if not 0 <= rate <= 1:
             raise BranchgateError(f"{flag} {spec}: RATE must be in [0, 1]")
         return RandomPolicy(rate=rate, spec=spec)
+    if name == "gate" and stage == "read":
+        return _read_gate(arg, opts, spec)
     if name == "gate":
         path = arg
+        if "floor" in opts:
+            raise BranchgateError(f"{flag} {spec}: floor=root is a read-stage setting (--read gate:PATH,floor=root)")
         if not path:
             raise BranchgateError(
                 f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root]"
@@ -356,6 +438,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         return GatePolicy(
             path=path,
             spec=spec,
+            flag=flag,
             tau=tau,
             root_tau=root_tau,
             greedy=opts.get("greedy") == "1",
@@ -379,7 +462,7 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     if name not in teachers.NAMES:
         raise BranchgateError(
             f"{flag} {spec}: unknown policy {name!r}; use none, random:RATE, gate:PATH, "
-            f"shallow:NODES or a teacher: {', '.join(teachers.NAMES)}"
+            f"{'' if stage == 'read' else 'shallow:NODES '}or a teacher: {', '.join(teachers.NAMES)}"
         )
     params = _params(arg, flag, spec)
     sel = {k: params.pop(k) for k in SELECTION_KEYS if k in params}
@@ -400,3 +483,22 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         max_items=None if max_items is None else int(max_items),
         max_tokens=sel.get("max_tokens"),
     )
+
+
+def _read_gate(path: str, opts: dict, spec: str) -> ReadGatePolicy:
+    """``--read gate:PATH[,tau=T][,floor=root]``: the read controller's policy (loaded on first use)."""
+    if not path:
+        raise BranchgateError(
+            f"--read {spec}: expected gate:PATH[,tau=T][,floor=root] (a read controller's controller.onnx "
+            "or its folder)"
+        )
+    other = [k for k in opts if k not in ("tau", "floor")]
+    if other:
+        raise BranchgateError(
+            f"--read {spec}: {', '.join(other)}: not a read-stage setting (the read controller takes tau=T "
+            "and floor=root)"
+        )
+    if opts.get("floor", "root") != "root":
+        raise BranchgateError(f"--read {spec}: floor must be root, got {opts['floor']!r}")
+    tau = _number_option(opts, "tau", "--read", spec) if opts.get("tau") else None
+    return ReadGatePolicy(path=path, spec=spec, tau=tau, floor=opts.get("floor"))

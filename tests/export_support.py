@@ -185,3 +185,18 @@ def relabelled(model, folder, props: dict[str, str]) -> Path:
     tokenizer = Path(model).with_name("controller.tokenizer.json")
     out.with_name(tokenizer.name).write_bytes(tokenizer.read_bytes())
     return out
+
+
+@functools.cache
+def exported_read(encoder) -> dict:
+    """The same small controller exported as a read controller: its checkpoint rewritten with metadata ``stage`` =
+    ``read`` (the graph is the same; only the Gate maps its inputs differently), exported fp32 only."""
+    from branchgate.export.controller import export_controller
+    from branchgate.training.checkpoint import load_controller, save_controller
+
+    net, meta = load_controller(exported(encoder)["checkpoint"])
+    root = tmp_root() / "exported_read"
+    ckpt = save_controller(root / "controller.safetensors", net, {**meta, "stage": "read"})
+    report = export_controller(ckpt, root / "out" / "controller.onnx", int8=False, encoder=encoder, max_decisions=4)
+    report["checkpoint"] = str(ckpt)
+    return report

@@ -16,7 +16,21 @@ from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
 
 SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real", "real_by_depth")
-STEPS = ("simulate", "closed_loop", "real_data", "eval_data", *(f"keypoints/{s}" for s in SOURCE_STEPS), "budgets")
+READ_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real")
+STEPS = (
+    "simulate",
+    "closed_loop",
+    "real_data",
+    "eval_data",
+    *(f"keypoints/{s}" for s in SOURCE_STEPS),
+    *(f"read/keypoints/{s}" for s in READ_STEPS),
+    "budgets",
+)
+READ_POINTS = {
+    f"{fam}{tau}"
+    for fam in ("read_gate", "read_gate+floor", "gate+read_gate", "read_gate+gate")
+    for tau in ("", "@tau=0.1", "@tau=0.5")
+}
 TINY = """breadth: 2
 depth: 2
 encoder: packaged
@@ -29,6 +43,10 @@ policies:
   gate_taus: [0.1, 0.5]
   shallow_nodes: [3]
   random_rates: [RATES]
+  stages: []
+  late_teachers: [mmr]
+  read_max_items: [1]
+  post_max_items: [1]
   budget_fractions: [0.3]
 bootstrap: 50
 """
@@ -136,16 +154,29 @@ def test_report_has_every_policy_and_plausible_values(bench):
     } <= set(rep)
     assert list(rep["by_labels"]) == ["keypoints"] and rep["by_labels"]["keypoints"]["gate_vs"] == rep["gate_vs"]
     pol = rep["policies"]
-    expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5"} | {f"{t}@1" for t in NAMES}
-    assert set(pol) == expected
+    expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5", "mmr@read1", "mmr@post1"}
+    expected |= {f"{t}@1" for t in NAMES}
+    assert set(pol) == expected | READ_POINTS
     for name, p in pol.items():
         assert p["runs"] == 4, name
         assert 0.0 <= p["kpr"]["mean"] <= 1.0, name
         for k in ("nodes", "tokens", "kpr"):
             assert _contains(p[k]), (name, k, p[k])
-    assert max(pol, key=lambda n: pol[n]["tokens"]["mean"]) == "none"  # no pruning spends the most
+    assert pol["none"]["tokens"]["mean"] >= max(p["tokens"]["mean"] for p in pol.values()) - 1e-6  # spends the most
+    assert pol["mmr@read1"]["hits_read"]["mean"] < pol["none"]["hits_read"]["mean"]  # one hit of each list read
+    assert pol["read_gate@tau=0.1"]["stages"]["read"].endswith("tau=0.1") and pol["gate"]["stages"]["read"] == "none"
+    read = rep["read"]["keypoints"]  # the read gate: trained on the same runs' read decisions, judged on the same runs
+    assert read["family"] == "read_gate" and set(read["gate_vs"]) == set(rep["gate_vs"])
+    assert {"gate", "rank", *NAMES} <= set(read["offline"]) and set(read["real_read"]) == {"traces"}
+    assert {"both_vs_pre", "both_vs_read", "floor_vs_read"} <= set(read) and set(read["both_vs_pre"]) == {
+        "gate",
+        "gate@tau=0.1",
+        "gate@tau=0.5",
+    }
+    assert read["real_read_search"]["traces"]["gate"]["n_rows"] < read["real_read"]["traces"]["gate"]["n_rows"]
+    assert rep["read_targets"]["token_share"] == 0.3 and "gate+read_gate" in rep["read_targets"]
     assert pol["gate@tau=0.5"]["tokens"]["mean"] < pol["gate@tau=0.1"]["tokens"]["mean"]  # higher τ prunes more
-    assert set(rep["gate_vs"]) == expected - {"gate", "gate@tau=0.1", "gate@tau=0.5"}
+    assert set(rep["gate_vs"]) == expected - {"gate", "gate@tau=0.1", "gate@tau=0.5"}  # every baseline
     for g in rep["gate_vs"].values():
         assert _contains(g["kpr_delta"]) and -1 <= g["kpr_delta"]["mean"] <= 1
     assert set(rep["offline"]) == {"gate", *NAMES}
@@ -236,7 +267,9 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert main(argv) == 0
     rep = json.loads((out / "report.json").read_text())
     # simulation and baselines reused; the first gate only adds its variants' points (root, and the experimental ones)
-    assert rep["steps_run"] == ["keypoints/closed_loop"] + [f"citations/{s}" for s in SOURCE_STEPS]
+    assert rep["steps_run"] == ["keypoints/closed_loop"] + [f"citations/{s}" for s in SOURCE_STEPS] + [
+        f"read/citations/{s}" for s in READ_STEPS
+    ]
     assert "gate+stop@tau=0.5" in set(rep["policies"]) and not any("]+" in k for k in rep["policies"])
     assert rep["by_labels"]["keypoints"]["stop"]["family"] == "gate+stop"
     assert set(rep["by_labels"]["keypoints"]["stop"]["gate_vs"]) == set(rep["gate_vs"])
@@ -251,7 +284,10 @@ def test_a_second_label_source_adds_its_own_gate_and_reuses_everything_else(benc
     assert {"gate[citations]", "gate[citations]@tau=0.1", "gate[citations]@tau=0.5"} <= set(rep["policies"])
     assert rep["policies"]["gate[citations]"]["runs"] == 4  # ran in the worker pool, read back like any point
     assert set(cit["gate_vs"]) == set(rep["gate_vs"])  # both gates against the same baselines
-    assert not any(k.startswith("gate") for k in rep["gate_vs"])
+    assert not any(k.startswith(("gate", "read_gate")) for k in rep["gate_vs"])
+    assert (
+        rep["read"]["citations"]["family"] == "read_gate[citations]" and "both_vs_pre" not in rep["read"]["citations"]
+    )
     assert rep["labels"]["source"] == "keypoints"  # the first source stays the report's headline gate
     assert set(cit["real"]["dataset"]) == {"gate", *NAMES}
     md = (out / "report.md").read_text()

@@ -71,17 +71,20 @@ MARKERS = [
 
 
 def read_dir(files: dict[str, bytes], strict: bool = False):
-    """Write ``files`` into a fresh folder and read it: (runs, report, folder)."""
-    d = Path(tempfile.mkdtemp(prefix="bg-fuzz-"))
-    for name, data in files.items():
-        (d / name).parent.mkdir(parents=True, exist_ok=True)
-        (d / name).write_bytes(data)
-    report = ReadReport()
-    try:
-        runs = list(read_runs([str(d)], strict=strict, report=report))
-    except SchemaVersionError:  # a newer "v" is fatal by contract (ARCHITECTURE.md), never skipped
-        hypothesis.reject()
-    return runs, report, d
+    """Write ``files`` into a temporary folder, read it and check what was read (``check_runs``): (runs, report).
+    The folder is removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bg-fuzz-") as tmp:
+        d = Path(tmp)
+        for name, data in files.items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_bytes(data)
+        report = ReadReport()
+        try:
+            runs = list(read_runs([str(d)], strict=strict, report=report))
+        except SchemaVersionError:  # a newer "v" is fatal by contract (ARCHITECTURE.md), never skipped
+            hypothesis.reject()
+        check_runs(runs, report, d)
+        return runs, report
 
 
 def check_runs(runs, report, folder: Path) -> None:
@@ -118,16 +121,14 @@ def strict_read(files) -> None:
 # -- canonical traces -------------------------------------------------------------------------------------
 @given(st.binary(max_size=300))
 def test_canonical_arbitrary_bytes(data):
-    runs, report, d = read_dir({"good.jsonl": GOOD, "bad.jsonl": data})
-    check_runs(runs, report, d)
+    runs, report = read_dir({"good.jsonl": GOOD, "bad.jsonl": data})
     assert_good_kept(runs)
     strict_read({"bad.jsonl": data})
 
 
 @given(st.lists(json_texts, max_size=6))
 def test_canonical_arbitrary_json_lines(lines):
-    runs, report, d = read_dir({"good.jsonl": GOOD, "bad.jsonl": ("\n".join(lines) + "\n").encode()})
-    check_runs(runs, report, d)
+    runs, report = read_dir({"good.jsonl": GOOD, "bad.jsonl": ("\n".join(lines) + "\n").encode()})
     assert_good_kept(runs)
     bad = [s for s in report.skipped if s.file.endswith("bad.jsonl")]
     events = sum(len(r.events) for r in runs if r.file.endswith("bad.jsonl"))
@@ -160,8 +161,7 @@ def test_canonical_valid_events_with_a_mutated_field(i, key, value):
     events = [json.loads(x) for x in run_lines("bad")]
     events[i][key] = value
     text = "\n".join(json.dumps(e) for e in events) + "\n"
-    runs, report, d = read_dir({"good.jsonl": GOOD, "bad.jsonl": text.encode()})
-    check_runs(runs, report, d)
+    runs, report = read_dir({"good.jsonl": GOOD, "bad.jsonl": text.encode()})
     assert_good_kept(runs)
     events_read = sum(len(r.events) for r in runs if r.file.endswith("bad.jsonl"))
     assert events_read + sum(1 for s in report.skipped if s.file.endswith("bad.jsonl")) == 8
@@ -198,8 +198,7 @@ gptr_docs = json_values | st.builds(
 @given(gptr_docs | st.binary(max_size=200) | json_texts)
 def test_gptr_arbitrary_documents(doc):
     data = doc if isinstance(doc, bytes) else doc.encode() if isinstance(doc, str) else json.dumps(doc).encode()
-    runs, report, d = read_dir({"task_good.json": json.dumps(gptr_doc()).encode(), "task_bad.json": data})
-    check_runs(runs, report, d)
+    runs, report = read_dir({"task_good.json": json.dumps(gptr_doc()).encode(), "task_bad.json": data})
     assert [r.run_id for r in runs].count("task_good") == 1
     assert "task_bad" in [r.run_id for r in runs] or any(s.file.endswith("task_bad.json") for s in report.skipped)
     strict_read({"task_bad.json": data})
@@ -221,8 +220,7 @@ def test_searcho1_arbitrary_traces_and_key_point_files(pieces, question, per_doc
         "key_point/9.json": json.dumps(per_doc).encode(),
         "key_point/9_aggregated.json": json.dumps(aggregated).encode(),
     }
-    runs, report, d = read_dir(files)
-    check_runs(runs, report, d)
+    runs, report = read_dir(files)
     assert [r.run_id for r in runs].count("good") == 1
     assert "9" in [r.run_id for r in runs] or any(Path(s.file).stem == "9" for s in report.skipped)
     strict_read(files)

@@ -121,6 +121,31 @@ def test_ray_embeddings_in_the_cache_equal_local_ones(both):
     assert worst <= 1e-6, worst
 
 
+def test_ray_read_stage_build_equals_local(ray_local, tmp_path):
+    """``--stage read --engine ray``: the read stage's rows (its own columns, key-point and teacher labels) come
+    back from Ray as the local build makes them."""
+    from pathlib import Path
+
+    from datasets import load_from_disk
+
+    from branchgate.logs_to_dataset.build import build
+    from branchgate.logs_to_dataset.ray_build import build_ray
+
+    traces = Path(__file__).parent / "fixtures" / "searcho1_kp"
+    opts = {"encoder": "packaged", "progress": False, "stage": "read"}
+    m_local = build([traces], tmp_path / "local", cache=tmp_path / "l.sqlite", **opts)
+    m_ray = build_ray([traces], tmp_path / "ray", cache=tmp_path / "r.sqlite", **opts)
+    assert m_ray["stage"] == "read" and m_ray["read"] == m_local["read"] and m_ray["labels"] == m_local["labels"]
+    assert m_local["label_kinds"] == {"keypoints": 4, "teacher:sc": 1}
+    local, on_ray = load_from_disk(str(tmp_path / "local")), load_from_disk(str(tmp_path / "ray"))
+    for split in local:
+        assert local[split].features == on_ray[split].features and "rank" in local[split].features, split
+        assert local[split].num_rows == on_ray[split].num_rows, split
+        for i, (a, b) in enumerate(zip(local[split], on_ray[split])):
+            for col in a:
+                _same(a[col], b[col], f"{split}[{i}].{col}")
+
+
 def test_engine_ray_without_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError, as in an install without the extra
     monkeypatch.setitem(sys.modules, "ray.data", None)

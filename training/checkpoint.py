@@ -4,7 +4,11 @@
 under its own names (weights plus the standardisation and keep-calibration buffers). Header metadata: one
 entry ``branchgate`` holding JSON ::
 
-    {"format": "branchgate-controller", "net": ValueNet.config(), "meta": {...META_KEYS..., "standardisation": ...}}
+    {"format": "branchgate-controller", "net": ValueNet.config(), "meta": {...META_KEYS..., "standardisation": ...,
+     "stage": "pre" | "read", ...}}
+
+``meta.stage`` is the gate the controller was trained for, its dataset's stage (``dataset_schema.STAGES``);
+``load_controller`` gives "pre" for a file written before it existed, and refuses an unknown one.
 
 Weights and config live in one file, so they cannot be separated. Reading it uses ``safetensors`` only: no
 pickle, nothing in the file can run code.
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 from branchgate import __version__
+from branchgate.data.dataset_schema import STAGES, check_stage
 from branchgate.errors import InputError, MismatchError
 from branchgate.fileio import atomic_path, load_json
 from branchgate.inference.metadata import MAX_DIM, MAX_LENGTH
@@ -63,17 +68,25 @@ _META_TYPES = {
     "calibration": (dict, type(None)),
     "standardisation": dict,
     "feature_range": (dict, type(None)),
+    "stage": str,
 }
 # Buffers a controller file may lack (written before they existed): their defaults mean "no effect".
 OPTIONAL_BUFFERS = ("feature_min", "feature_max")
 
 
 def make_meta(
-    encoder, tau: float | None = None, data_sha256: str | None = None, feature_range: dict | None = None, **extra
+    encoder,
+    tau: float | None = None,
+    data_sha256: str | None = None,
+    feature_range: dict | None = None,
+    stage: str = "pre",
+    **extra,
 ) -> dict:
     """Checkpoint metadata for a controller trained on ``encoder`` (an ``Encoder`` or ``EncoderSpec`` plus dim).
     ``feature_range``: the train split's ``{feature: [min, max]}`` (``train_feature_range``); the file stores the
-    ValueNet's own range buffers (``checkpoint_entry``), which the net clamps its structured features to."""
+    ValueNet's own range buffers (``checkpoint_entry``), which the net clamps its structured features to.
+    ``stage``: the gate it was trained for, its dataset's (``dataset_schema.dataset_stage``): "pre" (candidate
+    sub-queries) or "read" (a search's hits)."""
     spec = getattr(encoder, "spec", encoder)
     meta = {
         "encoder": spec.id,
@@ -86,6 +99,7 @@ def make_meta(
         "data_sha256": data_sha256,
         "branchgate_version": __version__,
         "feature_range": feature_range,
+        "stage": check_stage(stage, "stage"),
     }
     meta.update(extra)
     return meta
@@ -234,6 +248,10 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
         raise MismatchError(
             f"{where}: checkpoint features (meta.feature_names) {meta['feature_names']} != {FEATURE_NAMES}"
         )
+    if meta.get("stage", "pre") not in STAGES:
+        raise InputError(
+            f"'{METADATA_KEY}.meta.stage' must be one of {', '.join(STAGES)}, got {meta['stage']!r}", file=where
+        )
     if meta["dim"] and meta["dim"] != net_cfg["dim"]:
         raise MismatchError(f"{where}: meta.dim {meta['dim']} != net.dim {net_cfg['dim']}")
     bad = sorted(k for k, v in state.items() if not isinstance(v, torch.Tensor) or not v.is_floating_point())
@@ -246,6 +264,7 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
     net.eval()
     meta["standardisation"] = net.standardisation()  # from the buffers just loaded: one source of truth
     meta["feature_range"] = net.feature_range()  # the train split's structured-feature range (None: older file)
+    meta["stage"] = meta.get("stage", "pre")  # files written before the read gate are pre-retrieval controllers
     return net, meta
 
 

@@ -1,5 +1,5 @@
-"""``branchgate evaluate``: metrics of a trained controller (controller.safetensors) on a dataset's test split,
-with baselines."""
+"""``branchgate evaluate``: metrics of a trained controller (controller.safetensors) or of an exported one
+(controller.onnx, fp32 or int8: scored through the Gate, as deployed) on a dataset's test split, with baselines."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ import argparse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--checkpoint", required=True, help="trained controller: OUT/controller.safetensors from branchgate train"
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--checkpoint", default=None, help="trained controller: OUT/controller.safetensors from branchgate train"
+    )
+    which.add_argument(
+        "--model",
+        default=None,
+        help="exported controller: controller.onnx or controller.int8.onnx from branchgate export (scored by the Gate)",
     )
     parser.add_argument("--dataset", required=True, help="decision dataset directory (branchgate dataset build)")
     parser.add_argument(
@@ -17,7 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="output directory for metrics.json and plots (default: eval/ next to the controller file)",
     )
     parser.add_argument(
-        "--cache", default=None, help="embedding cache file (default $BRANCHGATE_CACHE/embeddings.sqlite)"
+        "--cache",
+        default=None,
+        help="embedding cache file (default $BRANCHGATE_CACHE/embeddings.sqlite; not used with --model)",
     )
     parser.add_argument(
         "--recalibrate",
@@ -27,7 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep-rate", type=float, default=None, help="target keep rate for --recalibrate keep_rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads, or the Gate's with --model (0 = the default)"
+    )
 
 
 def run(args) -> int:
@@ -35,21 +45,20 @@ def run(args) -> int:
 
     import torch
 
-    from branchgate.training.evaluate import evaluate_checkpoint, format_table
+    from branchgate.inference.inputs import as_threads
+    from branchgate.inference.model_file import controller_path
+    from branchgate.training.evaluate import evaluate_checkpoint, evaluate_model, format_table
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    out = args.out or str(Path(args.checkpoint).resolve().parent / "eval")
-    metrics = evaluate_checkpoint(
-        args.checkpoint,
-        args.dataset,
-        out,
-        cache=args.cache,
-        recalibrate=args.recalibrate,
-        keep_rate=args.keep_rate,
-        seed=args.seed,
-    )
+    controller = controller_path(args.model) if args.model else Path(args.checkpoint)
+    out = args.out or str(controller.resolve().parent / "eval")
+    options = {"recalibrate": args.recalibrate, "keep_rate": args.keep_rate, "seed": args.seed}
+    if args.model:
+        threads = as_threads(args.threads or None, "--threads")
+        metrics = evaluate_model(controller, args.dataset, out, threads=threads, **options)
+    else:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        metrics = evaluate_checkpoint(args.checkpoint, args.dataset, out, cache=args.cache, **options)
     print(format_table(metrics))
     print(f"wrote {Path(out) / 'metrics.json'} and plots in {out}")
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from branchgate.data.dataset_schema import dataset_stage
 from branchgate.models.value_model import ValueNet
 from branchgate.training.checkpoint import checkpoint_entry, make_meta, train_feature_range
 
@@ -97,6 +98,7 @@ class ControllerModule(L.LightningModule):
             tau=self.tau,
             data_sha256=dm.data_sha256(),
             feature_range=self.net.feature_range(),
+            stage=dataset_stage(dm.manifest),
             dataset_encoder=dm.manifest.get("encoder"),
             label_kind=dm.manifest.get("label_kind"),
             label_threshold=dm.manifest.get("label_threshold"),
