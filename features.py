@@ -11,7 +11,7 @@ own ``order`` field only sorts the candidates when decisions are built; it is re
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import numpy as np

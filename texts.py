@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 
@@ -10,6 +10,19 @@ def candidate_text(query: str, goal: str = "") -> str:
     """The candidate tower's text: the subquery, then its research goal when there is one."""
     query, goal = (query or "").strip(), (goal or "").strip()
     return f"{query}\n{goal}" if goal else query
+
+
+TITLE_WORDS = 40  # a document's title (its first line) is cut to this many words
+
+
+def title_of(text: str) -> str:
+    """A document's title as a search engine lists it: its first line, at most ``TITLE_WORDS`` words."""
+    return " ".join(text.strip().partition("\n")[0].split()[:TITLE_WORDS])
+
+
+def snippet(text: str, n_words: int) -> str:
+    """A search hit's snippet: the opening ``n_words`` whitespace words of ``text``, joined by single spaces."""
+    return " ".join(text.split()[:n_words])
 
 
 def hit_text(title: str, snippet: str = "") -> str:

@@ -8,5 +8,5 @@ a decision dataset), ``sweeps.py`` (the closed-loop policy families and their sw
 (running them and pairing by query), ``report.py`` (report.json, report.md, the PNG).
 """
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")

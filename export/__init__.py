@@ -8,5 +8,5 @@
 - ``bench``: latency of torch vs ONNX fp32/int8 on identical decisions (``branchgate bench-gate``).
 """
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__"):  # the repository root is the package
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")

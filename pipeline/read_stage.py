@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 from branchgate.pipeline.accounting import token_counts
 from branchgate.pipeline.stage_policies import Choice, ReadGatePolicy
-from branchgate.pipeline.textutil import snippet
-from branchgate.texts import hit_text
+from branchgate.texts import hit_text, snippet
 
 if TYPE_CHECKING:
     from branchgate.pipeline.expand import Expansion, _Run

@@ -65,9 +65,3 @@ def sentences(text: str) -> list[str]:
 
 def word_count(text: str) -> int:
     return len(text.split())
-
-
-def snippet(text: str, n_words: int) -> str:
-    """The first ``n_words`` whitespace words of ``text``, joined by single spaces (a search hit's snippet, as the
-    read stage sees a passage before reading it)."""
-    return " ".join(text.split()[:n_words])

@@ -71,6 +71,14 @@ def test_no_module_imports_under_a_second_name(name):
     assert f"import branchgate.{name.split('.')[0]} (the repository root is the branchgate package)" in proc.stderr
 
 
+def test_a_module_run_with_dash_m_imports_again_in_spawned_workers():
+    """`python3 -m branchgate.cli ... --workers 2`: a spawned worker imports the main module again as
+    ``__mp_main__``, which the guard above must let through (it refused it: every worker died)."""
+    import runpy
+
+    runpy.run_module("branchgate.cli", run_name="__mp_main__")  # raised ImportError before
+
+
 @pytest.mark.parametrize("path", [c[0] for c in COMMANDS], ids=lambda p: " ".join(p))
 def test_every_command_has_help(path, capsys):
     with pytest.raises(SystemExit) as exc:

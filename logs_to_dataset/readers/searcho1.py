@@ -16,11 +16,11 @@ How a trace becomes a run (run_id = qid, root_query = the ``.q`` text, system "s
 - A search with a result block is expanded (decision ``expand``, actor ``default``). Its documents, in order,
   are then the hits of a ``results`` event (trace schema v2), as a search engine shows them: ``hit_id`` = the
   document's id (ClueWebID, else URL; a document repeated within the block is one hit, the first, counted),
-  ``title`` = the first line of its text, ``snippet`` = the next ``SNIPPET_WORDS`` whitespace words, ``rank``
-  = 0..n-1, ``url`` = its URL. Search-o1 reads every result it gets: each hit has a ``read`` event, action
-  ``read``, actor ``agent``, no score. Each document is an ``evidence`` event the first time its id appears
-  in the run (``hit_id`` = that id; source = URL; tokens = whitespace word count): a hit read again in a
-  later search gets its ``read`` event, pointing at the same id, and no new evidence. The search gets a
+  ``title`` = the first line of its text (``texts.title_of``), ``snippet`` = the next ``SNIPPET_WORDS``
+  whitespace words, ``rank`` = 0..n-1, ``url`` = its URL. Search-o1 reads every result it gets: each hit has a
+  ``read`` event, action ``read``, actor ``agent``, no score. Each document is an ``evidence`` event the first time
+  its id appears in the run (``hit_id`` = that id; source = URL; tokens = whitespace word count): a hit read again in
+  a later search gets its ``read`` event, pointing at the same id, and no new evidence. The search gets a
   ``retrieval`` listing its documents' ids. Order: ``decision``, ``results``, ``read`` × hits, ``evidence``
   (new documents), ``retrieval``.
 - A search the trace ends on, with no result block, is a candidate without a decision (never executed).
@@ -92,6 +92,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     RunStart,
 )
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
+from branchgate.texts import snippet, title_of
 
 SNIPPET_WORDS = 20  # whitespace words of a hit's snippet, after its title line: as a search engine shows them
 
@@ -107,9 +108,8 @@ def result_hits(docs: list[Doc], warn) -> list[Hit]:
             warn(W + "document repeated within a result block (one hit, the first)")
             continue
         seen.add(doc.id)
-        title, _, rest = doc.text.strip().partition("\n")
-        snippet = " ".join(rest.split()[:SNIPPET_WORDS])
-        hits.append(Hit(hit_id=doc.id, title=title.strip(), snippet=snippet, rank=len(hits), url=doc.url or None))
+        rest = snippet(doc.text.strip().partition("\n")[2], SNIPPET_WORDS)
+        hits.append(Hit(hit_id=doc.id, title=title_of(doc.text), snippet=rest, rank=len(hits), url=doc.url or None))
     return hits
 
 
