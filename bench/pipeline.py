@@ -221,11 +221,13 @@ def _report(
 
 
 def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
-    """Both learned stages against each single stage at equal tokens (``closed_loop.curve_vs``), and the read gate
-    with the floor against the read gate alone: ``{"both_vs_pre": …, "both_vs_read": …, "reverse_vs_pre": …,
-    "floor_vs_read": …}``, each ``{POINT: {"tokens", "kpr_delta", …}}`` at the other curve's points; plus each
-    of the read gate's other curves against every baseline (``gate_vs`` of ``both``, ``reverse``, ``floor``)."""
+    """The read gate alone and both learned stages against each single stage at equal tokens
+    (``closed_loop.curve_vs``), and the read gate with the floor against the read gate alone: ``{"read_vs_pre": …,
+    "both_vs_pre": …, "both_vs_read": …, "reverse_vs_pre": …, "floor_vs_read": …}``, each ``{POINT: {"tokens",
+    "kpr_delta", …}}`` at the other curve's points; plus each of the read gate's other curves against every
+    baseline (``gate_vs`` of ``both``, ``reverse``, ``floor``)."""
     pairs = {
+        "read_vs_pre": (READ_FAMILY, "gate"),
         "both_vs_pre": (BOTH_FAMILY, "gate"),
         "both_vs_read": (BOTH_FAMILY, READ_FAMILY),
         "reverse_vs_pre": (BOTH_REVERSE_FAMILY, "gate"),

@@ -15,6 +15,7 @@ from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMI
 TOKEN_SHARE = 0.30  # the two-stage target: KPR (as a share of unpruned) at this share of unpruned tokens
 CURVES = ("gate", READ_FAMILY, FLOOR_FAMILY, BOTH_FAMILY, BOTH_REVERSE_FAMILY)
 COMPARISONS = {
+    "read_vs_pre": "the read gate alone − the pre gate alone, at each pre-gate point's tokens",
     "both_vs_pre": "both stages − the pre gate alone, at each pre-gate point's tokens",
     "both_vs_read": "both stages − the read gate alone, at each read-gate point's tokens",
     "reverse_vs_pre": "both stages (pre τ swept) − the pre gate alone",
@@ -147,11 +148,11 @@ def findings(report: dict, verdict) -> list[str]:
                 f"(gate − {k} {_mc(m.get('delta_vs_gate'), '+.3f')}, 95% CI over runs)."
             )
     t = report.get("read_targets") or {}
-    both = t.get(BOTH_FAMILY) or {}
-    if both:
-        pre = (t.get("gate") or {}).get("kpr_share_at")
+    best = [(fam, t[fam]["best_within"]) for fam in CURVES if (t.get(fam) or {}).get("best_within")]
+    if best:
+        parts = [f"`{b['point']}` {b['kpr_share']:.3f} at {100 * b['token_share']:.0f}%" for _, b in best]
         out.append(
-            f"At {100 * t['token_share']:.0f}% of unpruned tokens, both learned stages keep "
-            f"{_f(both.get('kpr_share_at'))} of unpruned KPR (the pre-retrieval gate alone {_f(pre)})."
+            f"Within {100 * t['token_share']:.0f}% of unpruned tokens, each learned curve's best point keeps, as a "
+            f"share of unpruned KPR: {'; '.join(parts)}."
         )
     return out

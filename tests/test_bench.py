@@ -41,6 +41,7 @@ train:
 policies:
   teacher_max_items: [1]
   gate_taus: [0.1, 0.5]
+  read_gate_taus: [0.1, 0.5]
   shallow_nodes: [3]
   random_rates: [RATES]
   stages: []
@@ -168,11 +169,9 @@ def test_report_has_every_policy_and_plausible_values(bench):
     read = rep["read"]["keypoints"]  # the read gate: trained on the same runs' read decisions, judged on the same runs
     assert read["family"] == "read_gate" and set(read["gate_vs"]) == set(rep["gate_vs"])
     assert {"gate", "rank", *NAMES} <= set(read["offline"]) and set(read["real_read"]) == {"traces"}
-    assert {"both_vs_pre", "both_vs_read", "floor_vs_read"} <= set(read) and set(read["both_vs_pre"]) == {
-        "gate",
-        "gate@tau=0.1",
-        "gate@tau=0.5",
-    }
+    assert {"read_vs_pre", "both_vs_pre", "both_vs_read", "floor_vs_read"} <= set(read)
+    pre_points = {"gate", "gate@tau=0.1", "gate@tau=0.5"}
+    assert set(read["read_vs_pre"]) == set(read["both_vs_pre"]) == pre_points
     assert read["real_read_search"]["traces"]["gate"]["n_rows"] < read["real_read"]["traces"]["gate"]["n_rows"]
     assert rep["read_targets"]["token_share"] == 0.3 and "gate+read_gate" in rep["read_targets"]
     assert pol["gate@tau=0.5"]["tokens"]["mean"] < pol["gate@tau=0.1"]["tokens"]["mean"]  # higher τ prunes more
