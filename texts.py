@@ -13,6 +13,8 @@ def candidate_text(query: str, goal: str = "") -> str:
 
 
 TITLE_WORDS = 40  # a document's title (its first line) is cut to this many words
+SNIPPET_WORDS = 20  # a search hit's snippet, in whitespace words: about what a search engine shows (the default
+# everywhere a snippet is made from a text: the Search-o1 reader, the simulator, the agent hooks)
 
 
 def title_of(text: str) -> str:
@@ -23,6 +25,17 @@ def title_of(text: str) -> str:
 def snippet(text: str, n_words: int) -> str:
     """A search hit's snippet: the opening ``n_words`` whitespace words of ``text``, joined by single spaces."""
     return " ".join(text.split()[:n_words])
+
+
+def hit_of(text: str, title: str = "") -> tuple[str, str]:
+    """A document as a search engine lists it: ``(title, snippet)``. The title is ``title`` when given, else the
+    text's first line (``title_of``); the snippet is the opening ``SNIPPET_WORDS`` words of the text (after that
+    first line when it gave the title)."""
+    title = " ".join((title or "").split())
+    if title:
+        return title, snippet(text or "", SNIPPET_WORDS)
+    text = (text or "").strip()
+    return title_of(text), snippet(text.partition("\n")[2], SNIPPET_WORDS)
 
 
 def hit_text(title: str, snippet: str = "") -> str:

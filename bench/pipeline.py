@@ -17,7 +17,7 @@ from branchgate.bench.budget_step import budget_step
 from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.gate_steps import source_steps
 from branchgate.bench.report import write
-from branchgate.bench.settings import SIM_KEYS, Run, write_ids
+from branchgate.bench.settings import Run, sim_settings, write_ids
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.bench.sweeps import (
     BOTH_FAMILY,
@@ -27,6 +27,7 @@ from branchgate.bench.sweeps import (
     VARIANTS,
     baseline_points,
     gate_family,
+    is_both_family,
     read_family,
     variant_family,
 )
@@ -102,6 +103,8 @@ def prepare(
     from branchgate.models.encoder import resolve
     from branchgate.pipeline import env as envmod
 
+    out = Path(out).resolve()  # the steps' cached results name files by path: absolute, so any cwd can reuse them
+    env_path = str(Path(env_path).resolve()) if Path(env_path).exists() else env_path  # (or the name "sample")
     sources = settings.label_sources(cfg["labels"])
     trees = settings.train_trees(cfg)
     seeds, train_seeds = settings.seed_lists(cfg)
@@ -160,7 +163,7 @@ def _simulate(run: Run) -> dict:
 
     inputs = {
         **run.base,
-        "sim": {k: run.cfg[k] for k in SIM_KEYS},
+        "sim": sim_settings(run.cfg),
         "seeds": run.train_seeds,
         "queries": run.train_ids,
         **({"trees": run.trees} if run.trees else {}),
@@ -237,6 +240,16 @@ def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
     for name, family in (("both", BOTH_FAMILY), ("reverse", BOTH_REVERSE_FAMILY), ("floor", FLOOR_FAMILY)):
         if any(p.family == family for p in pts):
             out[name] = {"family": family, "gate_vs": closed_loop.gate_vs(pts, runs, boot, family=family)}
+    looser = sorted({p.family for p in pts if is_both_family(p.family) and p.family != BOTH_FAMILY})
+    if looser:  # policies.both_pre_taus: the pre gate at a looser τ, the read τ swept
+        out["both_pre"] = {
+            family: {
+                "vs_pre": closed_loop.curve_vs(pts, runs, family, "gate", boot),
+                "vs_read": closed_loop.curve_vs(pts, runs, family, READ_FAMILY, boot),
+                "gate_vs": closed_loop.gate_vs(pts, runs, boot, family=family),
+            }
+            for family in looser
+        }
     return out
 
 

@@ -10,7 +10,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 import numpy as np
 
 from branchgate.bench.report import _f, _mc
-from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMILY, READ_FAMILY
+from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMILY, READ_FAMILY, is_both_family
 
 TOKEN_SHARE = 0.30  # the two-stage target: KPR (as a share of unpruned) at this share of unpruned tokens
 CURVES = ("gate", READ_FAMILY, FLOOR_FAMILY, BOTH_FAMILY, BOTH_REVERSE_FAMILY)
@@ -23,8 +23,14 @@ COMPARISONS = {
 }
 
 
+def curves(policies: dict) -> list[str]:
+    """The learned curves of a report's ``policies``: ``CURVES``, then both stages at each looser pre τ."""
+    looser = sorted({p["family"] for p in policies.values() if is_both_family(p["family"])} - {BOTH_FAMILY})
+    return [*CURVES, *looser]
+
+
 def targets(policies: dict, share: float = TOKEN_SHARE) -> dict:
-    """Per learned curve (``CURVES``): KPR as a share of unpruned KPR at ``share`` of unpruned tokens (linear
+    """Per learned curve (``curves``): KPR as a share of unpruned KPR at ``share`` of unpruned tokens (linear
     between the curve's points; None outside it) and its best point within that many tokens (None: none that
     cheap). ``{"token_share", "unpruned": {"tokens", "kpr"}, CURVE: {"kpr_share_at", "best_within"}}``."""
     none = policies.get("none")
@@ -32,7 +38,7 @@ def targets(policies: dict, share: float = TOKEN_SHARE) -> dict:
         return {}
     tok0, kpr0 = none["tokens"]["mean"], none["kpr"]["mean"]
     out = {"token_share": share, "unpruned": {"tokens": tok0, "kpr": kpr0}}
-    for fam in CURVES:
+    for fam in curves(policies):
         pts = sorted(
             (
                 (p["tokens"]["mean"] / tok0, p["kpr"]["mean"] / kpr0, name)
@@ -69,7 +75,7 @@ def section(report: dict, h: str = "##") -> list[str]:
             "| curve | KPR share at that budget | best point within it | its tokens share | its KPR share |",
             "|---|---|---|---|---|",
         ]
-        for fam in CURVES:
+        for fam in [k for k in t if k not in ("token_share", "unpruned")]:
             if fam in t:
                 b = t[fam]["best_within"] or {}
                 lines.append(
@@ -104,9 +110,21 @@ def section(report: dict, h: str = "##") -> list[str]:
                     "| at point | tokens | Δ KPR [95% CI] |",
                     "|---|---|---|",
                 ]
-                lines += [f"| {p} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} |" for p, g in res[key].items()]
-                lines.append("")
+                lines += _delta_rows(res[key])
+        for family, cmp in (res.get("both_pre") or {}).items():
+            lines += [
+                f"`{family}` − the pre gate alone and − the read gate alone, at each of their points' tokens "
+                "(paired over queries):",
+                "",
+                "| at point | tokens | Δ KPR [95% CI] |",
+                "|---|---|---|",
+                *_delta_rows({**cmp["vs_pre"], **cmp["vs_read"]}),
+            ]
     return lines
+
+
+def _delta_rows(table: dict) -> list[str]:
+    return [f"| {p} | {g['tokens']:.0f} | {_mc(g['kpr_delta'], '+.3f')} |" for p, g in table.items()] + [""]
 
 
 def _scorer_table(title: str, table: dict | None, real: bool = False) -> list[str]:
@@ -135,6 +153,7 @@ def findings(report: dict, verdict) -> list[str]:
     for src, res in (report.get("read") or {}).items():
         curves = [(res["family"], res["gate_vs"])]
         curves += [(res[k]["family"], res[k]["gate_vs"]) for k in ("both", "reverse", "floor") if res.get(k)]
+        curves += [(family, cmp["gate_vs"]) for family, cmp in (res.get("both_pre") or {}).items()]
         for curve, vs in curves:
             out += verdict(curve, src, vs)
         for ds, table in (res.get("real_read") or {}).items():
@@ -148,7 +167,7 @@ def findings(report: dict, verdict) -> list[str]:
                 f"(gate − {k} {_mc(m.get('delta_vs_gate'), '+.3f')}, 95% CI over runs)."
             )
     t = report.get("read_targets") or {}
-    best = [(fam, t[fam]["best_within"]) for fam in CURVES if (t.get(fam) or {}).get("best_within")]
+    best = [(fam, t[fam]["best_within"]) for fam in t if isinstance(t[fam], dict) and t[fam].get("best_within")]
     if best:
         parts = [f"`{b['point']}` {b['kpr_share']:.3f} at {100 * b['token_share']:.0f}%" for _, b in best]
         out.append(

@@ -400,7 +400,8 @@ def _learned(family: str) -> bool:
     return family.startswith(("gate", "read_gate"))
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path, families: list[str] | None = None) -> None:
+    """KPR against tokens, every policy family a curve (``families``: only these, and the unpruned point)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -408,7 +409,8 @@ def plot(report: dict, path: Path) -> None:
 
     fams: dict[str, list] = {}
     for _name, p in report["policies"].items():
-        fams.setdefault(p["family"], []).append(p)
+        if families is None or p["family"] in families or p["family"] == "none":
+            fams.setdefault(p["family"], []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5) if len(fams) <= 24 else (12, 8))
     # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
     strong = plt.get_cmap("tab10").colors[:4] + plt.get_cmap("tab10").colors[6:]

@@ -15,9 +15,23 @@ from pathlib import Path
 from branchgate.bench.steps import Steps
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_text
+from branchgate.texts import SNIPPET_WORDS
 
 SECTIONS = ("train", "policies", "experimental")  # the config's mappings, each merged key by key over the defaults
 SIM_KEYS = ("breadth", "depth", "oversample", "top_k")
+LATER_SIM_KEYS = {
+    "snippet_words": SNIPPET_WORDS
+}  # simulation keys added later, with their defaults: in the steps' inputs only
+# when set to something else, so that outputs cached before the key existed stay valid
+
+
+def sim_settings(cfg: dict) -> dict:
+    """The bench config's simulation settings (``pipeline.config.Config`` keys) as the steps' inputs record them."""
+    out = {k: cfg[k] for k in SIM_KEYS}
+    out.update({k: cfg[k] for k, default in LATER_SIM_KEYS.items() if cfg.get(k, default) != default})
+    return out
+
+
 TREE_KEYS = ("breadth", "depth", "oversample")
 MOVED = "options measured without a gain are under experimental: or were removed (docs/bench.md#experimental)"
 
@@ -177,11 +191,11 @@ class Run:
     @property
     def loop_inputs(self) -> dict:
         """The inputs of every closed-loop step: the simulation settings, seeds and eval queries."""
-        return {**self.base, "sim": {k: self.cfg[k] for k in SIM_KEYS}, "seeds": self.seeds, "queries": self.eval_ids}
+        return {**self.base, "sim": sim_settings(self.cfg), "seeds": self.seeds, "queries": self.eval_ids}
 
     def sim(self, seed: int) -> dict:
         """One seed's simulation settings (``pipeline.config.Config`` keys)."""
-        return {**{k: self.cfg[k] for k in SIM_KEYS}, "seed": int(seed), "encoder": self.enc}
+        return {**sim_settings(self.cfg), "seed": int(seed), "encoder": self.enc}
 
     def closed_loop(self, folder: Path, pts, upstream: str) -> dict:
         """``pts`` on the eval queries for every seed, averaged over seeds (``upstream``: the export they use)."""

@@ -158,15 +158,10 @@ def by_depth(rows: Rows, boot: int = 1000, seed: int = 0, ref: str | None = None
 def controller_predictions(checkpoint, dataset, splits=("test",), cache=None):
     """``(split, rows, p_keep)`` for each of ``splits`` of a dataset: the controller's keep probabilities by the
     training path, in the split's row order."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.models.encoder import recorded_spec
-    from branchgate.training.checkpoint import load_controller
-    from branchgate.training.evaluate import predict
+    from branchgate.training.evaluate import checkpoint_data, predict
 
-    net, meta = load_controller(checkpoint)
-    dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
-    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
-    dm.setup("predict")  # labels are needed where scored: an eval-only dataset may leave a split empty
+    # labels are needed where scored: an eval-only dataset may leave a split empty
+    net, _, dm = checkpoint_data(checkpoint, dataset, cache, "predict")
     if not any((dm.sets[split].label >= 0).any() for split in splits):
         dm.require_labels(*splits)  # names the first split without a labelled row
     for split in splits:

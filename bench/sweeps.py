@@ -81,18 +81,21 @@ def baseline_points(section: dict) -> list[PolicyPoint]:
 
 
 LATE_STAGES = {"read": "read_max_items", "post": "post_max_items"}  # stage → its keep-top-k sweep in ``policies``
+LATE_THRESHOLDS = {"read": "read_thresholds", "post": "post_thresholds"}  # stage → its threshold sweeps
 
 
 def late_teacher_points(section: dict) -> list[PolicyPoint]:
     """Every teacher of ``late_teachers`` (default: ``teachers``) alone at the read stage (on the hits' snippets)
-    and at post-retrieval (on the full text), each swept over keep-top-k per result list (``NAME:max_items=K``
-    for K in ``read_max_items`` / ``post_max_items``) into its own curve ``NAME@read`` / ``NAME@post``; nothing
-    pruned before retrieval."""
+    and at post-retrieval (on the full text), each swept over its two knobs, nothing pruned before retrieval:
+    keep-top-k per result list (``NAME:max_items=K`` for K in ``read_max_items`` / ``post_max_items``), curve
+    ``NAME@read`` / ``NAME@post``; and its threshold (``NAME:threshold=T`` for T in ``read_thresholds[NAME]`` /
+    ``post_thresholds[NAME]``), curve ``NAME@read_threshold`` / ``NAME@post_threshold``."""
     from branchgate.models import teachers
 
     names = section.get("late_teachers") or section.get("teachers") or list(teachers.NAMES)
     out = []
     for stage, key in LATE_STAGES.items():
+        thresholds = _late_thresholds(section, LATE_THRESHOLDS[stage])
         for name in names:
             if name not in teachers.NAMES:
                 raise InputError(
@@ -103,7 +106,26 @@ def late_teacher_points(section: dict) -> list[PolicyPoint]:
                 out.append(
                     PolicyPoint(f"{name}@{stage}{int(k)}", f"{name}@{stage}", "none", budget=float(k), **{stage: spec})
                 )
+            curve = f"{name}@{stage}_threshold"
+            for t in thresholds.get(name) or []:
+                point = {stage: f"{name}:threshold={t:g}"}
+                out.append(PolicyPoint(f"{curve}={t:g}", curve, "none", budget=float(t), **point))
     return out
+
+
+def _late_thresholds(section: dict, key: str) -> dict[str, list[float]]:
+    """``policies.KEY``: ``{TEACHER: [threshold, ...]}`` (empty: no threshold curves at that stage)."""
+    from branchgate.models import teachers
+
+    value = section.get(key) or {}
+    if not isinstance(value, dict):
+        raise InputError(f"expected {{TEACHER: [threshold, ...]}}, got {value!r}", f"policies.{key}")
+    for name, ts in value.items():
+        if name not in teachers.NAMES:
+            raise InputError(f"unknown teacher {name!r} (known: {', '.join(teachers.NAMES)})", f"policies.{key}")
+        if not isinstance(ts, list) or not all(isinstance(t, (int, float)) for t in ts):
+            raise InputError(f"{name}: expected a list of numbers, got {ts!r}", f"policies.{key}")
+    return {k: [float(t) for t in v] for k, v in value.items()}
 
 
 VARIANTS = {  # a gate variant: (its τ list, SECTION.KEY of the bench config; the gate spec keys it adds)
@@ -248,6 +270,17 @@ def tau_sweep(
 READ_FAMILY = "read_gate"  # the read gate's curve (``read_gate[SOURCE]`` for a later label source)
 BOTH_FAMILY = "gate+read_gate"  # the pre gate at its calibrated point, the read gate's τ swept
 BOTH_REVERSE_FAMILY = "read_gate+gate"  # the read gate at its calibrated point, the pre gate's τ swept
+
+
+def both_family(pre_tau: float) -> str:
+    """Both learned stages with the pre gate at a fixed ``pre_tau`` (``policies.both_pre_taus``), the read τ swept."""
+    return f"{BOTH_FAMILY}[pre={pre_tau:g}]"
+
+
+def is_both_family(family: str) -> bool:
+    return family == BOTH_FAMILY or family.startswith(f"{BOTH_FAMILY}[pre=")
+
+
 FLOOR_FAMILY = "read_gate+floor"  # the read gate keeping the top hit at the root frame when none passes τ
 
 
@@ -258,13 +291,17 @@ def read_family(index: int, source: str) -> str:
 def read_gate_points(section: dict, read_path: str, family: str, pre_path: str | None = None) -> list[PolicyPoint]:
     """The read gate's points (``read_gate_taus``, default ``gate_taus``): alone (curve ``family``); for the
     first label source also with the floor at the root (``FLOOR_FAMILY``) and, given the pre-retrieval gate
-    ``pre_path``, both learned stages each way (``BOTH_FAMILY``, ``BOTH_REVERSE_FAMILY``)."""
+    ``pre_path``, both learned stages each way (``BOTH_FAMILY``, ``BOTH_REVERSE_FAMILY``) and with the pre gate at
+    each looser τ of ``both_pre_taus`` (``both_family``), the read τ swept."""
     taus = section.get("read_gate_taus") or section.get("gate_taus") or []
     out = tau_sweep(taus, read_path, family, "read")
     if family == READ_FAMILY:
         out += tau_sweep(taus, read_path, FLOOR_FAMILY, "read", extra="floor=root")
         if pre_path is not None:
             out += tau_sweep(taus, read_path, BOTH_FAMILY, "read", pre=f"gate:{pre_path}")
+            for pre_tau in section.get("both_pre_taus") or []:
+                pre = f"gate:{pre_path},tau={pre_tau:g}"
+                out += tau_sweep(taus, read_path, both_family(pre_tau), "read", pre=pre)
             pre_taus = section.get("gate_taus") or []
             out += tau_sweep(pre_taus, pre_path, BOTH_REVERSE_FAMILY, "pre", read=f"gate:{read_path}")
     return _unique(out)

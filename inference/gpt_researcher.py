@@ -49,8 +49,18 @@ context appended to ``researcher.context`` (their ``expand`` names the defer in 
 candidates of deep mode and of nested researchers stay deferred (never expanded). ``hook.counts`` adds
 ``deferred``, ``revisited``, ``dropped_by_budget``, ``exhausted``.
 
-Events: run_start, frame_open, candidate, decision, evidence + retrieval, learning, followup, raw, run_end,
-and ``report`` when ``record_report(text)`` is called (the report's cited URLs, mapped to the evidence
+**The read gate** (``gate_research(..., read=READ_CONTROLLER, read_tau=None, read_floor=None)``;
+``read_hook.py``). In 0.15.1 ``ResearchConductor._search_relevant_source_urls`` gets each retriever's results
+(``{href, body}``; a body over 100 characters is taken as already fetched content, the other URLs are
+deduplicated, shuffled and scraped by ``_scrape_data_by_urls``). The hook routes that method through the read
+stage (``gptr_patches``): every result list is decided there, before either path, so a skipped URL is never
+fetched and a skipped prefetched page never reaches the context compressor. The search is matched to its
+branch: a kept candidate of the conductor's gated plan with that query, else the plan's own search (the query
+GPT-Researcher appends: a ``results`` event naming its ``frame_id``). ``read=None`` records every result list
+and passes everything on.
+
+Events: run_start, frame_open, candidate, decision, results + read, evidence + retrieval, learning, followup,
+raw, run_end, and ``report`` when ``record_report(text)`` is called (the report's cited URLs, mapped to the evidence
 recorded with that ``source`` URL: the ``citations`` label). ``gate=None`` only records.
 
 Import-safe without gpt-researcher: it is duck-typed and never imported here. (What the hook patches and the
@@ -66,6 +76,7 @@ from dataclasses import dataclass, field
 
 from branchgate.inference.gptr_patches import ResearchPatches
 from branchgate.inference.inputs import DecisionState
+from branchgate.inference.read_hook import ReadStage, Search
 from branchgate.inference.recorder import TraceRecorder, sha256
 from branchgate.texts import candidate_text
 
@@ -89,9 +100,10 @@ class _Frame:
     children: int = 0
     batches: int = 0  # candidate lists gated in this frame; each is a decision point of its own
     evidence_ids: list[str] = field(default_factory=list)  # a plan frame's: all its research found
+    own_searches: int = 0  # a plan frame's searches of no candidate (the query GPT-Researcher adds)
 
 
-class ResearchHook(ResearchPatches, TraceRecorder):
+class ResearchHook(ResearchPatches, ReadStage, TraceRecorder):
     """Gating + recording for one GPTResearcher (either mode) or one ``DeepResearchSkill`` (see the module
     docstring; what it patches and the wrappers it installs: ``gptr_patches.ResearchPatches``)."""
 
@@ -110,6 +122,9 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         budget_tokens: int | None = None,
         defer: bool = False,
         budget_options: dict | None = None,
+        read=None,
+        read_tau: float | None = None,
+        read_floor: str | None = None,
     ):
         skill = getattr(target, "deep_researcher", None)
         conductor = getattr(target, "research_conductor", None)
@@ -148,6 +163,7 @@ class ResearchHook(ResearchPatches, TraceRecorder):
             f"branchgate_frame_{id(self)}", default=None
         )
         self._plans: dict[int, _Frame] = {}  # id(conductor) → the frame of its plan
+        self._init_read(read, read_tau, read_floor)
         self._orig = {}
         self.install()
 
@@ -184,6 +200,23 @@ class ResearchHook(ResearchPatches, TraceRecorder):
         if cand is not None:
             cand["done"] = True
             self._retrieval(cand["id"], q, ids)
+
+    def _search_of(self, conductor, query: str) -> Search:
+        """The branch one search call of ``conductor`` belongs to: the kept candidate of its gated plan with this
+        query (the first not searched yet), else the plan's own search (the query GPT-Researcher adds to every
+        plan), else a search outside any gated plan (its results are recorded, no read point is built)."""
+        q = query.strip()
+        frame = self._plans.get(id(conductor))
+        with self._lock:
+            if frame is None:
+                return Search(f"unplanned:{sha256(q)[:10]}", q)
+            same = [c for c in frame.candidates if c["kept"] and c["query"] == q]
+            cand = next((c for c in same if not c.get("searched")), same[-1] if same else None)
+            if cand is not None:
+                cand["searched"] = True
+                return Search(cand["id"], q, cand["goal"], frame.depth)
+            frame.own_searches += 1
+            return Search(f"{frame.frame_id}.own{frame.own_searches}", q, "", frame.depth, frame.frame_id)
 
     # -- frames and decisions ----------------------------------------------------------------------------
     def _open(self, query: str, branch: str | None = None) -> _Frame:
@@ -348,7 +381,8 @@ def gate_research(target, gate=None, trace=None, **options) -> ResearchHook:
     record. ``trace``: a JSONL path or a ``TraceWriter``, or None to only gate. Options: ``tau``,
     ``max_keep``, ``run_id``, ``system``, ``root_query``; a run budget ``budget_nodes``, ``budget_tokens``,
     ``defer`` and ``budget_options`` (``RunGate`` parameters: price_start, price_end, price_exponent,
-    defer_margin, revisit_floor, tokens_per_node, max_share); see the module docstring.
+    defer_margin, revisit_floor, tokens_per_node, max_share); the read gate ``read`` (a read controller, or
+    None to record the result lists only), ``read_tau``, ``read_floor``; see the module docstring.
     """
     return ResearchHook(target, gate, trace, **options)
 

@@ -3,7 +3,12 @@
 ``conduct_research``, and wraps them (a whole run between run_start and run_end, deep frames, gated query
 lists, recorded research results, deferred sub-queries researched at the end); ``_patch_conductor`` routes
 the research conductor class's ``plan_research`` and ``_process_sub_query`` through the active hook, once
-per process.
+per process, and ``_search_relevant_source_urls`` through the read stage: each retriever class of the
+researcher is swapped for a subclass of itself (``read_gated``, once per class) whose ``search`` hands its
+results to the hook's read gate (``read_hook.ReadStage.read_results``) before GPT-Researcher splits them into
+pages to scrape and content already fetched. The subclass keeps the class's name (GPT-Researcher tells MCP
+retrievers apart by it) and is inert outside a hooked search (a context variable, which ``asyncio.to_thread``
+carries into the retriever's thread).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from branchgate.texts import candidate_text
 log = logging.getLogger("branchgate.inference.gpt_researcher")  # one logger name for the hook's messages
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_hook", default=None)
-_PATCHED: dict[type, dict] = {}  # research conductor class → its own plan_research / _process_sub_query
+_SEARCH: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_search", default=None)  # (hook, Search)
+_PATCHED: dict[type, dict] = {}  # research conductor class → its own plan_research / _process_sub_query / search
+_GATED: dict[type, type] = {}  # retriever class → its read-gated subclass
 
 
 class ResearchPatches:
@@ -134,7 +141,11 @@ def _patch_conductor(cls) -> None:
     per class; outside a hooked ``conduct_research`` they behave exactly as GPT-Researcher's own."""
     if cls in _PATCHED:
         return
-    orig = _PATCHED[cls] = {"plan": cls.plan_research, "sub": cls._process_sub_query}
+    orig = _PATCHED[cls] = {
+        "plan": cls.plan_research,
+        "sub": cls._process_sub_query,
+        "search": getattr(cls, "_search_relevant_source_urls", None),
+    }
 
     async def plan_research(self, query, *args, **kwargs):
         outline = await orig["plan"](self, query, *args, **kwargs)
@@ -151,4 +162,44 @@ def _patch_conductor(cls) -> None:
                 log.exception("branchgate: could not record sub-query %r", sub_query)
         return context
 
+    async def _search_relevant_source_urls(self, query, *args, **kwargs):
+        hook = _ACTIVE.get()
+        researcher = getattr(self, "researcher", None)
+        if hook is None or researcher is None:
+            return await orig["search"](self, query, *args, **kwargs)
+        researcher.retrievers = [read_gated(r) for r in getattr(researcher, "retrievers", None) or []]
+        token = _SEARCH.set((hook, hook._search_of(self, str(query or ""))))
+        try:
+            return await orig["search"](self, query, *args, **kwargs)
+        finally:
+            _SEARCH.reset(token)
+
     cls.plan_research, cls._process_sub_query = plan_research, _process_sub_query
+    if orig["search"] is not None:
+        cls._search_relevant_source_urls = _search_relevant_source_urls
+
+
+def read_gated(retriever):
+    """``retriever`` (a GPT-Researcher retriever class) as a subclass whose ``search`` passes its results through
+    the active hook's read gate; the same subclass every time (a gated class, or anything but a class, is
+    returned as it is)."""
+    if not isinstance(retriever, type) or getattr(retriever, "_branchgate_read", False):
+        return retriever
+    if retriever not in _GATED:
+
+        def search(self, *args, **kwargs):
+            results = super(gated, self).search(*args, **kwargs)
+            active = _SEARCH.get()
+            if active is None or not isinstance(results, list) or not results:
+                return results
+            hook, where = active
+            return hook.read_results(where, results)
+
+        names = {
+            "__module__": retriever.__module__,
+            "__qualname__": retriever.__qualname__,
+            "__doc__": retriever.__doc__,
+        }
+        gated = type(retriever.__name__, (retriever,), {"search": search, "_branchgate_read": True, **names})
+        _GATED[retriever] = gated
+    return _GATED[retriever]

@@ -44,6 +44,13 @@ What the hook patches (module attributes of the imported package, restored by ``
   When a researcher run ends, its ``ConductResearch`` call gets a ``retrieval`` of everything its searches
   found and a ``learning`` with the compressed research.
 
+The read gate (``gate_open_deep_research(..., read=READ_CONTROLLER, read_tau=None, read_floor=None)``;
+``read_hook.py``): the same ``tavily_search_async`` wrapper decides which results of each query are read, before
+``tavily_search`` deduplicates them by URL and summarises each page (``summarize_webpage``, an LLM call): a
+skipped result is removed from the response, so it gets no summary and never reaches the researcher's messages.
+Tavily has fetched its raw content already (``include_raw_content=True`` is the package's): the gate saves the
+summaries, not the fetch. Evidence is recorded for the results read only; ``read=None`` reads everything.
+
 ``gate=None`` only records: the messages are left as they are and the package's own rule (the first
 ``max_concurrent_research_units`` calls) is recorded with actor ``default``. One graph run at a time per hook
 (one ``run_id``); install the hook after any other patch of these three attributes (the tests replace the
@@ -66,7 +73,8 @@ from dataclasses import dataclass, field
 from branchgate.inference.inputs import DecisionState
 from branchgate.inference.odr_messages import _edited, _first_human, _package_version, _queries, _setting
 from branchgate.inference.odr_proxies import _ModelProxy, _SubgraphProxy
-from branchgate.inference.recorder import TraceRecorder
+from branchgate.inference.read_hook import ReadStage, Search
+from branchgate.inference.recorder import TraceRecorder, sha256
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)
@@ -102,7 +110,7 @@ class _Branch:
     evidence: list[tuple[str, int]] = field(default_factory=list)  # (evidence id, tokens) its searches found
 
 
-class OpenDeepResearchHook(TraceRecorder):
+class OpenDeepResearchHook(ReadStage, TraceRecorder):
     """Gating + recording for open_deep_research runs (see the module docstring)."""
 
     def __init__(
@@ -119,6 +127,9 @@ class OpenDeepResearchHook(TraceRecorder):
         budget_tokens: int | None = None,
         defer: bool = False,
         budget_options: dict | None = None,
+        read=None,
+        read_tau: float | None = None,
+        read_floor: str | None = None,
     ):
         super().__init__(
             gate,
@@ -139,6 +150,7 @@ class OpenDeepResearchHook(TraceRecorder):
             f"branchgate_odr_{id(self)}", default=None
         )
         self._supervisor: _Frame | None = None  # the latest supervisor frame
+        self._init_read(read, read_tau, read_floor)
         self._orig: list[tuple[object, str, object]] = []
         self.install()
 
@@ -367,7 +379,7 @@ class OpenDeepResearchHook(TraceRecorder):
         async def recorded(search_queries, *args, **kwargs):
             results = await search(search_queries, *args, **kwargs)
             try:
-                self._record_search(list(search_queries), results)
+                return self._record_search(list(search_queries), results)
             except Exception as exc:  # recording must never break the research
                 self.write_errors += 1
                 log.warning("branchgate: could not record a search of run %s (%s)", self.run_id, exc)
@@ -376,34 +388,47 @@ class OpenDeepResearchHook(TraceRecorder):
         recorded._branchgate_hook = self
         return recorded
 
-    def _record_search(self, queries: list, results) -> None:
+    def _record_search(self, queries: list, results) -> list:
+        """Record each query's response and pass on only the results the read stage reads (``read_hook``)."""
         branch = self._branch.get()
         frames = branch.searches if branch is not None else [f for f in self.frames if f.depth <= 1]
+        out = []
         for query, response in zip(queries, results or []):
-            entry = next(
+            found = next(
                 (
-                    c
+                    (f, c)
                     for f in frames
                     for c in f.candidates
                     if c["kept"] and not c["retrieved"] and c["query"] == str(query)
                 ),
                 None,
             )
-            if entry is None:
+            if found is None:
                 self.counts["unmatched_queries"] += 1
+                search = Search(f"unmatched:{sha256(str(query))[:10]}", str(query))
+            else:
+                found[1]["retrieved"] = True
+                search = Search(found[1]["id"], str(query), "", found[0].depth)
+            if isinstance(response, dict) and isinstance(response.get("results"), list):
+                response = {**response, "results": self.read_results(search, response["results"])}
+            out.append(response)
+            if found is not None:
+                self._record_response(found[1], str(query), response, branch)
+        return out + list(results or [])[len(out) :]
+
+    def _record_response(self, entry: dict, query: str, response, branch) -> None:
+        """The evidence (each read result's ``content``, source its URL) and the retrieval of one query."""
+        ids = []
+        for hit in (response.get("results") or []) if isinstance(response, dict) else []:
+            text = str(hit.get("content") or "") if isinstance(hit, dict) else ""
+            if not text.strip():
                 continue
-            entry["retrieved"] = True
-            ids = []
-            for hit in (response.get("results") or []) if isinstance(response, dict) else []:
-                text = str(hit.get("content") or "") if isinstance(hit, dict) else ""
-                if not text.strip():
-                    continue
-                eid = self._evidence_id(text, str(hit.get("url") or ""))
-                if eid not in ids:
-                    ids.append(eid)
-                    if branch is not None:
-                        branch.evidence.append((eid, self._evidence[eid]))
-            self._retrieval(entry["id"], str(query), ids)
+            eid = self._evidence_id(text, str(hit.get("url") or ""))
+            if eid not in ids:
+                ids.append(eid)
+                if branch is not None:
+                    branch.evidence.append((eid, self._evidence[eid]))
+        self._retrieval(entry["id"], query, ids)
 
     def record_report(self, text, path: str | None = None) -> list[str]:
         """Record the final report (``TraceRecorder.record_report``): its cited URLs and the evidence recorded
@@ -442,6 +467,7 @@ def gate_open_deep_research(gate=None, trace=None, **options) -> OpenDeepResearc
     delegations and search queries of the run share it; once it is spent the ConductResearch calls (the
     supervisor then ends research) and search calls (the researcher then compresses what it has) are removed,
     their candidates pruned with actor ``budget``. Deferred candidates are recorded (``defer``) but never
-    revisited here (the graph gives the hook no point to add work at the end).
+    revisited here (the graph gives the hook no point to add work at the end). The read gate: ``read`` (a read
+    controller, or None to record every result list), ``read_tau``, ``read_floor``.
     """
     return OpenDeepResearchHook(gate, trace, **options)

@@ -15,6 +15,9 @@ later ``expand`` of a deferred candidate names the seq of its ``defer`` decision
 first decision that finds the budget exhausted writes a ``raw`` event ``budget:exhausted``. A kept branch's
 retrieval reports its tokens (the evidence it brought in that no earlier retrieval did, in the recorder's
 token measure: words) to the budget.
+
+The read stage (which results of a search to read) is ``read_hook.ReadStage``, a mixin beside this class; a piece
+of evidence from a URL the read stage read carries that hit's id (``hit_id``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -88,6 +92,7 @@ class TraceRecorder:
             self.counts.update(deferred=0, revisited=0, dropped_by_budget=0, exhausted=0)
         self._defer_seq: dict[str, int | None] = {}  # candidate id → seq of its defer decision
         self._charged: set[str] = set()  # evidence ids already reported to the budget
+        self._lock = threading.RLock()  # one event at a time (the read gate writes from retriever threads)
 
     @property
     def run_gate(self):
@@ -138,7 +143,8 @@ class TraceRecorder:
         eid = f"e{sha256(text)[:16]}"
         if eid not in self._evidence:
             self._evidence[eid] = len(text.split())
-            self._write("evidence", evidence_id=eid, text=text, source=source, tokens=self._evidence[eid])
+            hit = {"hit_id": source} if source and source in getattr(self, "read_urls", ()) else {}
+            self._write("evidence", evidence_id=eid, text=text, source=source, tokens=self._evidence[eid], **hit)
             if source:
                 self._by_url.setdefault(source, []).append(eid)
         return eid
@@ -256,7 +262,8 @@ class TraceRecorder:
         if self.writer is None:
             return None
         try:
-            return self.writer.write(type=type_, run_id=self.run_id, **fields)
+            with self._lock:
+                return self.writer.write(type=type_, run_id=self.run_id, **fields)
         except Exception as exc:  # recording must never break the research; say so once, count the rest
             self.write_errors += 1
             if self.write_errors == 1:

@@ -6,7 +6,8 @@ hits read so far as it goes, and gives one ``ReadPoint`` per ``results`` event (
 
 - the search's state: ``root_query`` (``run_start``), ``frame_query`` = the searched candidate's query,
   ``parent_goal`` = its goal ("" when none), ``depth`` = the depth of the frame it belongs to, ``frame_id`` and
-  ``candidate_id`` (the candidate: declared by a ``candidate`` event before the results event);
+  ``candidate_id`` (the candidate: declared by a ``candidate`` event before the results event; for the agent's
+  own search, a results event naming a ``frame_id`` opened before it: the results' query, no goal);
 - ``context_ids``: the evidence ids in the run's context just before the results event: every id listed by an
   earlier ``retrieval`` (of a declared candidate), minus the ids removed by earlier ``prune`` events of stage
   ``post_retrieval`` or ``pre_synthesis``, in the order they entered (newest last). The newest ``MAX_CONTEXT``
@@ -159,7 +160,9 @@ class _ReadWalk:
             self.evidence(e)
 
     def results(self, e) -> None:
-        cid = _get(e, "candidate_id")
+        cid, own_frame = _get(e, "candidate_id"), _get(e, "frame_id")
+        if cid not in self.cands and own_frame in self.depths:  # the agent's own search in a known frame
+            self.cands[cid] = (own_frame, _get(e, "query", ""), "")
         if cid not in self.cands:
             self.problems[RESULTS_WITHOUT_CANDIDATE] += 1
             return

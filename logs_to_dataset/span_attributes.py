@@ -108,7 +108,9 @@ def tool_args(attrs: dict):
     return _json_args(attrs.get("gen_ai.tool.call.arguments", attrs.get("input.value")))
 
 
-def documents(attrs: dict) -> list[tuple[str, str, str]]:
+def documents(attrs: dict) -> list[tuple[str, str, str, str]]:
+    """A retriever span's documents, in order: ``(id, content, source URL, title)`` (the source and title from
+    the document's metadata: ``url`` / ``source`` / ``href`` and ``title``; "" when absent)."""
     docs: dict[int, dict] = {}
     for key, value in attrs.items():
         m = DOC_KEY.match(key)
@@ -117,13 +119,40 @@ def documents(attrs: dict) -> list[tuple[str, str, str]]:
     out = []
     for _, d in sorted(docs.items()):
         meta = parse_json(d.get("metadata")) if isinstance(d.get("metadata"), str) else d.get("metadata")
-        source = next((str(meta[k]) for k in ("url", "source", "href") if isinstance(meta, dict) and meta.get(k)), "")
-        out.append((str(d.get("id") or ""), str(d.get("content") or ""), source))
+        meta = meta if isinstance(meta, dict) else {}
+        out.append((str(d.get("id") or ""), str(d.get("content") or ""), _source(meta), str(meta.get("title") or "")))
     genai = attrs.get("gen_ai.retrieval.documents")
     for d in (parse_json(genai) if isinstance(genai, str) else genai) or []:
         if isinstance(d, dict):
-            out.append((str(d.get("id") or ""), str(d.get("content") or d.get("text") or ""), str(d.get("url") or "")))
+            text = str(d.get("content") or d.get("text") or "")
+            out.append((str(d.get("id") or ""), text, str(d.get("url") or ""), str(d.get("title") or "")))
     return [d for d in out if d[1].strip() or d[0]]
+
+
+RESULT_TEXT = ("raw_content", "content", "body", "snippet")  # a search result's text, fullest first
+
+
+def result_list(value) -> list[tuple[str, str, str, str]]:
+    """A search tool's output when it is a result list (JSON: a list of results, or an object with a ``results``
+    list, each result an object with ``url`` or ``href`` and some text), as ``documents`` gives them; [] for any
+    other output. A result's text is its fullest (``raw_content``, else ``content`` / ``body`` / ``snippet``)."""
+    got = parse_json(value) if isinstance(value, str) else value
+    if isinstance(got, dict):
+        got = got.get("results")
+    if not isinstance(got, list):
+        return []
+    out = []
+    for r in got:
+        if not isinstance(r, dict):
+            continue
+        text = next((str(r[k]) for k in RESULT_TEXT if r.get(k)), "")
+        if text.strip() and _source(r):
+            out.append((_source(r), text, _source(r), str(r.get("title") or "")))
+    return out
+
+
+def _source(obj: dict) -> str:
+    return next((str(obj[k]) for k in ("url", "source", "href") if obj.get(k)), "")
 
 
 def tool_output(attrs: dict) -> str:

@@ -119,12 +119,15 @@ class Hit(BaseModel):
 
 class Results(Event):
     """(v2) The result list an expanded candidate's search call returned, before any hit is read. Written after
-    the candidate's ``decision`` and before its ``retrieval``; each hit then gets one ``read`` event."""
+    the candidate's ``decision`` and before its ``retrieval``; each hit then gets one ``read`` event. A search no
+    declared candidate stands for (an agent's own query, such as the one GPT-Researcher adds to every plan) names
+    the frame it belongs to in ``frame_id``, with a ``candidate_id`` of its own that no ``candidate`` declares."""
 
     type: Literal["results"] = "results"
     candidate_id: str
     query: str
     hits: list[Hit]
+    frame_id: str | None = None
 
     @field_validator("hits")
     @classmethod

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from branchgate.errors import BranchgateError
+from branchgate.texts import SNIPPET_WORDS
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Config:
     budget_reference: str = ""  # JSON {query id: {"nodes", "tokens"}}: the reference runs of ``budget_*=P%`` specs
     protect: str = "none"  # "plan": the root's plan-search passages join C_0 as protected context (never pruned)
     shape: str = "tree"  # "chain": one candidate per decision, each search's follow-up the next (a sequential agent)
-    snippet_words: int = 20  # a hit's snippet at the read stage: the first N whitespace words of its passage
+    snippet_words: int = SNIPPET_WORDS  # a hit's snippet at the read stage: the first N whitespace words of its passage
 
     def breadths(self) -> list[int]:
         """GPT-Researcher's breadth per level: halves per level, floor 2 (4, 2, 2 for breadth 4); 1 per level in
@@ -68,7 +69,13 @@ class Config:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
 
 
-LATER_DEFAULTS = {"budget_reference": "", "protect": "none", "shape": "tree", "read": "none", "snippet_words": 20}
+LATER_DEFAULTS = {
+    "budget_reference": "",
+    "protect": "none",
+    "shape": "tree",
+    "read": "none",
+    "snippet_words": SNIPPET_WORDS,
+}
 PROTECT = ("none", "plan")
 SHAPES = ("tree", "chain")
 

@@ -35,35 +35,70 @@ def block(report: dict) -> str:
 
 
 def headline(report: dict) -> str:
-    """Three numbers of the first label source's gate: its tokens and recall against the unpruned agent, its
-    margin over the closest baseline compared inside its τ sweep, and its AUROC on the first real dataset."""
-    pol = report["policies"]
-    gate, none = pol["gate"], pol["none"]
-    inside = {k: g for k, g in report["gate_vs"].items() if k != "none" and not g.get("outside")}
-    rival, vs = min(inside.items(), key=lambda kv: kv[1]["kpr_delta"]["mean"])
-    ds, table = next(iter(report["real"].items()))
-    best = max((k for k in table if k != "gate"), key=lambda k: table[k]["auroc"])
-
-    def ci(d: dict, fmt: str = ".3f") -> str:
-        lo, hi = d["ci95"]
-        return f"[{lo:{fmt}}, {hi:{fmt}}]"
-
-    t, k = gate["tokens"]["mean"], gate["kpr"]["mean"]
-    bullets = [
-        f"**{100 * t / none['tokens']['mean']:.0f}% of the tokens, {100 * k / none['kpr']['mean']:.0f}% of the "
-        f"key-point recall** of the unpruned agent ({t:,.0f} against {none['tokens']['mean']:,.0f} tokens a query; "
-        f"KPR {k:.3f} against {none['kpr']['mean']:.3f}).",
-        f"**{vs['kpr_delta']['mean']:+.3f} KPR {ci(vs['kpr_delta'], '+.3f')}** over the closest baseline at its own "
-        f"token budget ({rival}, {vs['tokens']:,.0f} tokens; paired over queries, 95% interval).",
-        f"**AUROC {table['gate']['auroc']:.3f} {ci(table['gate'])}** on {ds}'s {table['gate']['n_rows']} real "
-        f"decisions, never trained on (the best heuristic, {best}: {table[best]['auroc']:.3f}; gate − {best} "
-        f"{table[best]['delta_vs_gate']['mean']:+.3f} {ci(table[best]['delta_vs_gate'], '+.3f')}).",
+    """Three numbers of the first label source's learned gate — the read gate when the report has one, else the
+    pre-retrieval gate: its tokens and recall against the unpruned agent, its margin over the closest baseline
+    compared inside its τ sweep, and its AUROC on the first real dataset."""
+    read = next(iter((report.get("read") or {}).values()), None)
+    bullets = _read_bullets(report, read) if read else _pre_bullets(report)
+    bullets += [_margin(*_closest(read["gate_vs"] if read else report["gate_vs"]))]
+    bullets += [
+        _real(
+            *next(iter((read["real_read"] if read else report["real"]).items())),
+            "read decisions" if read else "decisions",
+        )
     ]
     lines = [f"On {report['queries']['eval']} held-out DeepResearchGym queries ([all results](docs/results.md)):", ""]
     lines += [
         textwrap.fill(b, 116, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False) for b in bullets
     ]
     return "\n".join(lines) + "\n"
+
+
+def _ci(d: dict, fmt: str = ".3f") -> str:
+    lo, hi = d["ci95"]
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def _pre_bullets(report: dict) -> list[str]:
+    gate, none = report["policies"]["gate"], report["policies"]["none"]
+    t, k = gate["tokens"]["mean"], gate["kpr"]["mean"]
+    return [
+        f"**{100 * t / none['tokens']['mean']:.0f}% of the tokens, {100 * k / none['kpr']['mean']:.0f}% of the "
+        f"key-point recall** of the unpruned agent ({t:,.0f} against {none['tokens']['mean']:,.0f} tokens a query; "
+        f"KPR {k:.3f} against {none['kpr']['mean']:.3f})."
+    ]
+
+
+def _read_bullets(report: dict, read: dict) -> list[str]:
+    t = report["read_targets"]
+    share, at = t["token_share"], t[read["family"]]["kpr_share_at"]
+    pre = (t.get("gate") or {}).get("kpr_share_at")
+    return [
+        f"**{100 * share:.0f}% of the tokens, {100 * at:.1f}% of the key-point recall** of the unpruned agent, with "
+        f"the read gate choosing which search results to read from their snippets (interpolated along its τ sweep; "
+        f"the pre-retrieval gate alone: {100 * pre:.1f}%)."
+    ]
+
+
+def _closest(gate_vs: dict) -> tuple[str, dict]:
+    inside = {k: g for k, g in gate_vs.items() if k != "none" and not g.get("outside")}
+    return min(inside.items(), key=lambda kv: kv[1]["kpr_delta"]["mean"])
+
+
+def _margin(rival: str, vs: dict) -> str:
+    return (
+        f"**{vs['kpr_delta']['mean']:+.3f} KPR {_ci(vs['kpr_delta'], '+.3f')}** over the closest baseline at its own "
+        f"token budget ({rival}, {vs['tokens']:,.0f} tokens; paired over queries, 95% interval)."
+    )
+
+
+def _real(ds: str, table: dict, what: str) -> str:
+    best = max((k for k in table if k not in ("gate", "rank")), key=lambda k: table[k]["auroc"])
+    return (
+        f"**AUROC {table['gate']['auroc']:.3f} {_ci(table['gate'])}** on {ds}'s {table['gate']['n_rows']} real "
+        f"{what}, never trained on (the best heuristic, {best}: {table[best]['auroc']:.3f}; gate − {best} "
+        f"{table[best]['delta_vs_gate']['mean']:+.3f} {_ci(table[best]['delta_vs_gate'], '+.3f')})."
+    )
 
 
 def replace_block(text: str, new: str, begin: str = BEGIN, end: str = END) -> str:

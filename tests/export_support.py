@@ -200,3 +200,34 @@ def exported_read(encoder) -> dict:
     report = export_controller(ckpt, root / "out" / "controller.onnx", int8=False, encoder=encoder, max_decisions=4)
     report["checkpoint"] = str(ckpt)
     return report
+
+
+def runs_in_every_split(prefix: str, n_train: int = 2) -> list[str]:
+    """Run ids that ``split_of`` sends to validation, to test and (``n_train`` of them) to train, in that order:
+    a dataset built from one run each trains (it needs every split)."""
+    from branchgate.logs_to_dataset.decision_points import split_of
+
+    ids = [f"{prefix}-{i}" for i in range(200)]
+    return [next(r for r in ids if split_of(r) == s) for s in ("validation", "test")] + [
+        r for r in ids if split_of(r) == "train"
+    ][:n_train]
+
+
+def read_controller_from(traces: Path, root: Path, labels: str = "citations") -> Path:
+    """The read controller a user gets from a hook's traces: ``dataset build --stage read``, ``train`` (the
+    quickstart config, 2 epochs) and ``export``, through the CLI; returns the ONNX file."""
+    import json
+
+    from branchgate.cli import main
+
+    ds, cache, run = root / "read_ds", root / "emb.sqlite", root / "read_run"
+    argv = ["dataset", "build", "--traces", str(traces), "--out", str(ds), "--stage", "read", "--labels", labels]
+    assert main([*argv, "--cache", str(cache), "--no-progress"]) == 0
+    manifest = json.loads((ds / "manifest.json").read_text())
+    assert manifest["stage"] == "read" and all(manifest["n_decisions"][s] > 0 for s in ("train", "validation", "test"))
+    argv = ["train", "--config", "quickstart", "--data.dataset", str(ds), "--data.cache", str(cache), "--out", str(run)]
+    argv += ["--wandb.mode", "disabled", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar", "false"]
+    assert main([*argv, "--trainer.enable_model_summary", "false"]) == 0
+    out = root / "read_export" / "controller.onnx"
+    assert main(["export", "--checkpoint", str(run / "controller.safetensors"), "--out", str(out)]) == 0
+    return out

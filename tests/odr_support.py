@@ -42,14 +42,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def search_results(query: str) -> list[dict]:
-    """The fake search engine: two deterministic hits per query."""
+def search_results(query: str, pages: bool = False) -> list[dict]:
+    """The fake search engine: two deterministic hits per query (with ``pages``, each with its page's raw
+    content, as Tavily gives it with ``include_raw_content=True``: the package then summarises each page)."""
     return [
         {
             "url": f"https://bees.example.org/{_slug(query)}/{k}",
             "title": f"{query} ({k})",
             "content": f"Passage {k} on {query}.",
-            "raw_content": None,
+            "raw_content": f"The full page {k} on {query}. " * 20 if pages else None,
             "score": 0.9 - 0.1 * k,
         }
         for k in (1, 2)
@@ -62,6 +63,14 @@ async def fake_search(
     """Stands in for ``open_deep_research.utils.tavily_search_async`` (same signature and answer shape)."""
     await asyncio.sleep(0)
     return [{"query": q, "results": search_results(q)[:max_results]} for q in search_queries]
+
+
+async def fake_page_search(
+    search_queries, max_results: int = 5, topic: str = "general", include_raw_content: bool = True, config=None
+):
+    """``fake_search`` with each page's raw content (``search_results(..., pages=True)``)."""
+    await asyncio.sleep(0)
+    return [{"query": q, "results": search_results(q, pages=include_raw_content)[:max_results]} for q in search_queries]
 
 
 def _call(name: str, args: dict, n: int) -> dict:
@@ -155,6 +164,28 @@ class KeywordGate:
         tau = self.tau if tau is None else tau
         d = decide(p, tau, max_keep=max_keep)
         self.seen.append((state, list(candidates), list(d.kept)))
+        return Selection(list(d.kept), p, p, d.fallback, tau)
+
+
+class KeywordReadGate:
+    """A fixed-rule read controller (``stage`` read; p_keep 0.1 for a hit whose title has an off-topic word, else
+    0.9); records the hit lists it saw."""
+
+    name, stage = "keyword-read", "read"
+
+    def __init__(self, tau: float = 0.5):
+        self.tau, self.seen = tau, []
+
+    def select(self, state, hits, tau=None, max_keep=None, floor=None):
+        import numpy as np
+
+        from branchgate.decide import decide
+        from branchgate.inference.gate import Selection
+
+        p = np.array([0.1 if any(w in h["title"].lower() for w in OFF_TOPIC) else 0.9 for h in hits], np.float32)
+        tau = self.tau if tau is None else tau
+        d = decide(p, tau, max_keep=max_keep, fallback=False)
+        self.seen.append((state, list(hits)))
         return Selection(list(d.kept), p, p, d.fallback, tau)
 
 

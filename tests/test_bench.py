@@ -28,7 +28,7 @@ STEPS = (
 )
 READ_POINTS = {
     f"{fam}{tau}"
-    for fam in ("read_gate", "read_gate+floor", "gate+read_gate", "read_gate+gate")
+    for fam in ("read_gate", "read_gate+floor", "gate+read_gate", "read_gate+gate", "gate+read_gate[pre=0.1]")
     for tau in ("", "@tau=0.1", "@tau=0.5")
 }
 TINY = """breadth: 2
@@ -48,6 +48,9 @@ policies:
   late_teachers: [mmr]
   read_max_items: [1]
   post_max_items: [1]
+  read_thresholds: {mmr: [-0.2]}
+  post_thresholds: {}
+  both_pre_taus: [0.1]
   budget_fractions: [0.3]
 bootstrap: 50
 """
@@ -156,6 +159,7 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert list(rep["by_labels"]) == ["keypoints"] and rep["by_labels"]["keypoints"]["gate_vs"] == rep["gate_vs"]
     pol = rep["policies"]
     expected = {"none", "gate", "gate@tau=0.1", "gate@tau=0.5", "shallow@3", "random@0.5", "mmr@read1", "mmr@post1"}
+    expected |= {"mmr@read_threshold=-0.2"}
     expected |= {f"{t}@1" for t in NAMES}
     assert set(pol) == expected | READ_POINTS
     for name, p in pol.items():
@@ -174,6 +178,11 @@ def test_report_has_every_policy_and_plausible_values(bench):
     assert set(read["read_vs_pre"]) == set(read["both_vs_pre"]) == pre_points
     assert read["real_read_search"]["traces"]["gate"]["n_rows"] < read["real_read"]["traces"]["gate"]["n_rows"]
     assert rep["read_targets"]["token_share"] == 0.3 and "gate+read_gate" in rep["read_targets"]
+    assert "gate+read_gate[pre=0.1]" in rep["read_targets"]  # both stages with the pre gate at a looser τ
+    looser = read["both_pre"]["gate+read_gate[pre=0.1]"]
+    assert set(looser["vs_pre"]) == pre_points and set(looser["gate_vs"]) == set(rep["gate_vs"])
+    assert pol["gate+read_gate[pre=0.1]@tau=0.1"]["stages"]["pre"].endswith("tau=0.1")
+    assert pol["mmr@read_threshold=-0.2"]["stages"]["read"] == "mmr:threshold=-0.2"
     assert pol["gate@tau=0.5"]["tokens"]["mean"] < pol["gate@tau=0.1"]["tokens"]["mean"]  # higher τ prunes more
     assert set(rep["gate_vs"]) == expected - {"gate", "gate@tau=0.1", "gate@tau=0.5"}  # every baseline
     for g in rep["gate_vs"].values():
@@ -230,14 +239,16 @@ def test_report_has_every_policy_and_plausible_values(bench):
 
 
 @pytest.mark.slow
-def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_loop(bench, capsys):
+def test_rerun_reuses_every_step_and_a_changed_setting_reruns_only_the_closed_loop(bench, capsys, monkeypatch):
     d, argv, first = bench
     out = d / "out"
     argv = argv + _real(d)
     mtimes = {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS}
     capsys.readouterr()
-    assert main(argv) == 0
+    monkeypatch.chdir(d)  # the same output named relative to another working directory: still all cached
+    assert main([a if a != str(out) else "out" for a in argv]) == 0
     assert "steps run: none (all cached)" in capsys.readouterr().out
+    monkeypatch.undo()
     assert {s: (out / s / "done.json").stat().st_mtime_ns for s in STEPS} == mtimes
     assert json.loads((out / "report.json").read_text())["policies"] == first["policies"]
     points = {p.parent.name: p.stat().st_mtime_ns for p in (out / "closed_loop").glob("seed0/*/point.json")}

@@ -16,6 +16,8 @@ from branchgate.bench.sweeps import (
     FLOOR_FAMILY,
     READ_FAMILY,
     PolicyPoint,
+    both_family,
+    is_both_family,
     late_teacher_points,
     read_gate_points,
 )
@@ -56,6 +58,37 @@ def test_late_teachers_sweep_keep_top_k_at_read_and_post():
         late_teacher_points({"late_teachers": ["nope"], "read_max_items": [1]})
     # a point without a read stage keeps its old spec string (and fingerprint)
     assert PolicyPoint("x", "x", "dpp", "sc", "none").spec == "dpp | sc | none"
+
+
+def test_late_teachers_sweep_their_threshold_too():
+    section = {"teachers": ["dpp"], "read_thresholds": {"dpp": [0.02, 0.05]}, "post_thresholds": {"dpp": [0.1]}}
+    by = {p.name: p for p in late_teacher_points(section)}
+    assert set(by) == {"dpp@read_threshold=0.02", "dpp@read_threshold=0.05", "dpp@post_threshold=0.1"}
+    p = by["dpp@read_threshold=0.05"]
+    assert (p.read, p.pre, p.post, p.family, p.budget) == (
+        "dpp:threshold=0.05",
+        "none",
+        "none",
+        "dpp@read_threshold",
+        0.05,
+    )
+    assert by["dpp@post_threshold=0.1"].post == "dpp:threshold=0.1"
+    for bad, match in (({"nope": [0.1]}, "unknown teacher"), ({"dpp": 0.1}, "list of numbers"), ([0.1], "expected")):
+        with pytest.raises(InputError, match=match) as e:
+            late_teacher_points({"teachers": ["dpp"], "read_thresholds": bad})
+        assert e.value.file == "policies.read_thresholds"
+
+
+def test_both_stages_at_looser_pre_taus():
+    section = {"gate_taus": [0.3], "read_gate_taus": [0.1], "both_pre_taus": [0.02]}
+    pts = read_gate_points(section, "R.onnx", READ_FAMILY, "P.onnx")
+    by = {p.name: p for p in pts}
+    fam = both_family(0.02)
+    assert fam == "gate+read_gate[pre=0.02]" and is_both_family(fam) and is_both_family(BOTH_FAMILY)
+    assert by[f"{fam}@tau=0.1"].pre == "gate:P.onnx,tau=0.02" and by[f"{fam}@tau=0.1"].read == "gate:R.onnx,tau=0.1"
+    assert by[fam].read == "gate:R.onnx" and by[fam].family == fam
+    # without a pre gate (a later label source) there is nothing to compose
+    assert not any(is_both_family(p.family) for p in read_gate_points(section, "R.onnx", "read_gate[citations]"))
 
 
 def test_gate_stages_need_pre():

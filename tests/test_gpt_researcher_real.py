@@ -29,7 +29,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from export_support import exported
+from export_support import exported, exported_read, read_controller_from, runs_in_every_split
 
 from branchgate.inference.gate import Gate
 from branchgate.inference.gpt_researcher import gate_research
@@ -49,6 +49,8 @@ class Stub:
         self.prompts: list[str] = []
         self.unknown: list[str] = []
         self.searches: list[str] = []
+        self.fetched: list[str] = []  # page URLs fetched (scraped) from /doc/
+        self.snippets = False  # search results as a web search engine gives them: title and a short snippet
         self.lock = threading.Lock()
         stub = self
 
@@ -62,6 +64,7 @@ class Stub:
                     stub.searches.append(query)
                     self._json(stub.search(query))
                 elif url.path.startswith("/doc/"):
+                    stub.fetched.append(f"{stub.url}{url.path}")
                     i = stub.env.index_of.get(url.path[len("/doc/") :])
                     if i is None:
                         self.send_error(404)
@@ -143,10 +146,23 @@ class Stub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def search(self, query: str) -> list[dict]:
+        if self.snippets:  # under GPT-Researcher's 100 characters: it fetches (scrapes) the page of each URL it keeps
+            return [
+                {"href": f"{self.url}/doc/{self.env.ids[i]}", "title": self.env.docs[i], "body": self.opening(i)}
+                for i, _ in self.env.bm25.search(query, 3)
+            ]
         return [
             {"url": f"{self.url}/doc/{self.env.ids[i]}", "title": self.env.docs[i], "raw_content": self.env.texts[i]}
             for i, _ in self.env.bm25.search(query, 3)
         ]
+
+    def opening(self, i: int) -> str:
+        words, out = self.env.texts[i].split(), ""
+        for w in words:
+            if len(out) + len(w) + 1 > 90:
+                break
+            out = f"{out} {w}" if out else w
+        return out
 
     def subqueries(self, task: str, n: int) -> list[str]:
         q = next((q for q in self.env.queries if q.query in task), None)
@@ -223,7 +239,7 @@ def logs_handler(task: str):
 
 
 def research(stub, trace, gate=None, report_type="research_report", max_keep=None, hook_options=None, **kw):
-    query = stub.env.queries[0].query
+    query = stub.env.queries[kw.get("query", 0)].query
     handler = logs_handler("t")
     researcher = gptr.GPTResearcher(
         query=query,
@@ -383,3 +399,102 @@ def test_deep_mode_stops_expanding_when_the_budget_is_spent(stub, tmp_path, enco
     assert any(d.actor == "budget" for d in decisions) and hook.counts["exhausted"] >= 1
     assert all(d.remaining["nodes"] >= 0 for d in decisions)
     assert next(e for e in events if e.type == "run_end").status == "ok"
+
+
+# -- the read gate (issue 51) -------------------------------------------------------------------------------
+READ_TAU = 0.95  # the test controller reads most of the stub's hits at 0.5 (p_keep 0.53 to 1.0 on the standard run)
+
+
+def _reads(events):
+    results = [e for e in events if e.type == "results"]
+    reads = [e for e in events if e.type == "read"]
+    return (
+        results,
+        reads,
+        {r.hit_id for r in reads if r.action == "read"},
+        {r.hit_id for r in reads if r.action == "skip"},
+    )
+
+
+def test_read_stage_is_recorded_without_gating(stub, tmp_path, encoder):
+    """``read=None``: every result list and a ``read`` per hit are recorded, everything is fetched as before, and
+    the evidence read from a hit points back to it."""
+    stub.snippets = True
+    hook, events, _ = research(stub, tmp_path / "r" / "rec.jsonl")
+    results, reads, read, skipped = _reads(events)
+    assert len(results) == 4 + 1 and not skipped  # the 4 sub-queries' searches and the query GPT-Researcher adds
+    assert len(reads) == sum(len(r.hits) for r in results) and all(r.actor == "default" for r in reads)
+    own = [r for r in results if r.frame_id is not None]
+    assert len(own) == 1 and own[0].query == stub.env.queries[0].query  # the added query: no candidate of its own
+    assert set(stub.fetched) == read  # GPT-Researcher fetched every result, each once
+    hit_ids = {e.hit_id for e in events if e.type == "evidence" and e.hit_id}
+    assert hit_ids and hit_ids <= read
+    assert all(len(h.snippet) <= 90 and h.title for r in results for h in r.hits)
+    assert hook.counts["hits_read"] == hook.counts["hits"] == len(reads) and hook.counts["searches"] == 5
+    m = build(
+        [tmp_path / "r"],
+        tmp_path / "ds",
+        encoder_obj=encoder,
+        cache=tmp_path / "cache",
+        progress=False,
+        stage="read",
+        labels="citations",
+    )
+    assert m["stage"] == "read" and m["read"]["hits"] == len(reads) and m["n_decisions"]["total"] == len(read)
+    assert m["run_problems"] == {}
+
+
+def test_read_gate_skipped_results_are_never_fetched(stub, tmp_path, encoder):
+    """With a read controller, a skipped URL is never fetched; the stub's fetch counter shows the saving."""
+    stub.snippets = True
+    research(stub, tmp_path / "all.jsonl")
+    fetched_all = len(stub.fetched)
+    stub.fetched.clear()
+    gate = Gate.load(exported_read(encoder)["files"]["fp32"])
+    hook, events, _ = research(stub, tmp_path / "g.jsonl", hook_options={"read": gate, "read_tau": READ_TAU})
+    results, reads, read, skipped = _reads(events)
+    assert read and skipped - read, (read, skipped)
+    assert set(stub.fetched) == read and not (skipped - read) & set(stub.fetched)
+    assert all(r.actor == f"controller:{gate.name}" or r.actor == "seen" and r.action == "skip" for r in reads)
+    assert all(0.0 <= r.p_keep <= 1.0 for r in reads if r.actor != "seen")
+    assert hook.counts["hits_skipped"] == sum(r.action == "skip" for r in reads) > 0
+    assert len(stub.fetched) < fetched_all
+    print(f"\nstandard run: {fetched_all} pages fetched without the read gate, {len(stub.fetched)} with it")
+
+
+def test_read_gate_in_deep_mode_gates_the_nested_researchers(stub, tmp_path, encoder):
+    stub.snippets = True
+    gate = Gate.load(exported_read(encoder)["files"]["fp32"])
+    pre = Gate.load(exported(encoder)["files"]["int8"])
+    hook, events, _ = research(
+        stub,
+        tmp_path / "d.jsonl",
+        gate=pre,
+        report_type="deep",
+        breadth=3,
+        depth=2,
+        hook_options={"read": gate, "read_tau": READ_TAU},
+    )
+    frames = {e.frame_id: e for e in events if e.type == "frame_open"}
+    cands = {e.candidate_id: e.frame_id for e in events if e.type == "candidate"}
+    results, reads, read, skipped = _reads(events)
+    depths = {frames[cands.get(r.candidate_id) or r.frame_id].depth for r in results}
+    assert results and min(depths) >= 1 and max(depths) >= 2  # every search is a nested researcher's
+    assert set(stub.fetched) == read and skipped
+    assert next(e for e in events if e.type == "run_end").status == "ok"
+    print(f"\ndeep run: {len(results)} searches, {len(read)} pages read, {len(skipped - read)} skipped")
+
+
+def test_recorded_read_stage_trains_and_exports_a_read_controller(stub, tmp_path, encoder):
+    """The traces the hook writes with ``read=None`` are a read dataset (citations labels) that ``branchgate
+    train`` and ``export`` turn into a read controller, which then gates a run."""
+    stub.snippets = True
+    for i, run_id in enumerate(runs_in_every_split("gptr-read")):
+        research(stub, tmp_path / "logs" / f"{run_id}.jsonl", query=i, hook_options={"run_id": run_id})
+    gate = Gate.load(read_controller_from(tmp_path / "logs", tmp_path))
+    assert gate.stage == "read"
+    stub.fetched.clear()
+    hook, events, _ = research(stub, tmp_path / "gated.jsonl", query=5, hook_options={"read": gate})
+    results, reads, read, _ = _reads(events)
+    assert results and all(r.actor.startswith("controller:") or r.actor == "seen" for r in reads)
+    assert set(stub.fetched) == read

@@ -17,9 +17,21 @@ odr = pytest.importorskip(
 
 import open_deep_research.deep_researcher as graph_module  # noqa: E402
 import open_deep_research.utils as odr_utils  # noqa: E402
-from export_support import exported  # noqa: E402
+from export_support import exported, read_controller_from, runs_in_every_split  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
-from odr_support import CONFIG, QUESTION, SUPERVISOR_TOPICS, KeywordGate, fake_search, install_offline, run_graph  # noqa: E402
+from odr_support import (  # noqa: E402
+    CONFIG,
+    OFF_TOPIC,
+    QUESTION,
+    SUPERVISOR_TOPICS,
+    URL,
+    KeywordGate,
+    KeywordReadGate,
+    fake_page_search,
+    fake_search,
+    install_offline,
+    run_graph,
+)
 
 from branchgate.inference.gate import Gate  # noqa: E402
 from branchgate.inference.open_deep_research import _edited, gate_open_deep_research  # noqa: E402
@@ -200,3 +212,66 @@ def test_a_run_budget_stops_the_research_without_crashing(offline, tmp_path, enc
     assert all(d.remaining["nodes"] >= 0 for d in decisions)
     assert sum(map(len, searched)) <= 3  # the budget's nodes bound the searches that ran
     assert state.get("final_report") is not None
+
+
+# -- the read gate (issue 51) -------------------------------------------------------------------------------
+@pytest.fixture()
+def pages(monkeypatch):
+    """The scripted model and a search whose results carry their pages' raw content: the package summarises each."""
+    model = install_offline(monkeypatch)
+    monkeypatch.setattr(odr_utils, "tavily_search_async", fake_page_search)
+    return model
+
+
+def test_read_gate_skips_summaries_and_keeps_skipped_results_out_of_the_messages(pages, tmp_path, encoder):
+    model = pages
+    _, state, events = run(None, tmp_path / "rec" / "all.jsonl")
+    summaries_all = model.replies["Summary"]
+    reads = by_type(events, "read")
+    assert summaries_all == len(reads) > 0 and all(r.action == "read" and r.actor == "default" for r in reads)
+    model.replies.clear()
+    gate = KeywordReadGate()
+    hook, state, events = run(None, tmp_path / "gated.jsonl", read=gate)
+    reads = by_type(events, "read")
+    skipped = {r.hit_id for r in reads if r.action == "skip"}
+    read = {r.hit_id for r in reads if r.action == "read"}
+    assert skipped and all(any(w in u for w in OFF_TOPIC) for u in skipped) and not skipped & read
+    assert model.replies["Summary"] == len(read) == summaries_all - len(skipped)  # no summary of a skipped result
+    notes = " ".join(map(str, state.get("raw_notes") or [])) + " ".join(map(str, state.get("notes") or []))
+    assert read & set(URL.findall(notes)) and not skipped & set(URL.findall(notes))
+    evidence = {e.source: e for e in by_type(events, "evidence")}
+    assert set(evidence) == read and all(e.hit_id == e.source for e in evidence.values())
+    assert hook.counts["hits_skipped"] == len(skipped) and gate.seen
+    print(f"\nopen_deep_research: {summaries_all} pages summarised without the read gate, {len(read)} with it")
+    # the record-only trace is a read dataset: one row per new hit
+    manifest = build(
+        [tmp_path / "rec"],
+        tmp_path / "ds",
+        encoder_obj=encoder,
+        labels="citations",
+        cache=tmp_path / "cache",
+        progress=False,
+        stage="read",
+    )
+    assert manifest["stage"] == "read" and manifest["read"]["hits"] == summaries_all
+    assert manifest["n_decisions"]["total"] == summaries_all and manifest["run_problems"] == {}
+
+
+def test_a_pre_retrieval_controller_is_refused_as_the_read_gate(pages, tmp_path, encoder):
+    with pytest.raises(ValueError, match="read: a read controller is needed"):
+        gate_open_deep_research(None, read=Gate.load(exported(encoder)["files"]["int8"]))
+
+
+def test_recorded_result_lists_train_and_export_a_read_controller(pages, tmp_path):
+    """The hook's record-only traces (one run per split) → ``dataset build --stage read`` (citations) → train →
+    export; the controller then gates a run, and only what it reads is summarised."""
+    model = pages
+    for run_id in runs_in_every_split("odr-read"):
+        run(None, tmp_path / "logs" / f"{run_id}.jsonl", run_id=run_id)
+    gate = Gate.load(read_controller_from(tmp_path / "logs", tmp_path))
+    assert gate.stage == "read"
+    model.replies.clear()
+    hook, _, events = run(None, tmp_path / "gated.jsonl", read=gate)
+    reads = by_type(events, "read")
+    assert reads and all(r.actor == f"controller:{gate.name}" or r.actor == "seen" for r in reads)
+    assert model.replies.get("Summary", 0) == sum(r.action == "read" for r in reads) == hook.counts["hits_read"]

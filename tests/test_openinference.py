@@ -313,3 +313,105 @@ def test_dataset_build_on_the_exported_spans(tmp_path, encoder):
     assert manifest["n_runs"]["total"] == 1 and manifest["n_decisions"]["total"] == n_cands
     assert manifest["n_expanded"] == len(of(run.events, "decision")) and manifest["formats"] == {"openinference": 1}
     assert manifest["label_kind"].startswith("teacher:")  # spans carry no key points and no report
+
+
+# -- the read stage (issue 51): result lists in spans ----------------------------------------------------------
+def _span(name, sid, parent, kind, t0, t1, **attrs):
+    return {
+        "name": name,
+        "context": {"trace_id": "ab" * 16, "span_id": sid},
+        "parent_id": parent,
+        "span_kind": kind,
+        "start_time": f"2026-12-01T20:00:{t0:02d}+00:00",
+        "end_time": f"2026-12-01T20:00:{t1:02d}+00:00",
+        "status_code": "OK",
+        "attributes": {"openinference.span.kind": kind, **attrs},
+    }
+
+
+def _rag_spans(tool_output=None):
+    """An agent whose LLM calls a search tool twice; the first runs a RETRIEVER span with three documents, the
+    second is a tool whose output is a JSON result list (``tool_output``) or a retriever again."""
+    calls = {
+        f"llm.output_messages.0.message.tool_calls.{j}.tool_call.{k}": v
+        for j, q in enumerate(["bee mites", "bee viruses"])
+        for k, v in (("id", f"call{j}"), ("function.name", "search"), ("function.arguments", json.dumps({"query": q})))
+    }
+    docs = {}
+    for k, (did, url) in enumerate([("d1", "https://a.example/1"), ("d2", ""), ("d1", "https://a.example/1")]):
+        docs[f"retrieval.documents.{k}.document.id"] = did
+        docs[f"retrieval.documents.{k}.document.content"] = f"Title {did}\nBody of document {did} " + "word " * 40
+        docs[f"retrieval.documents.{k}.document.metadata"] = json.dumps({"url": url} if url else {})
+    results = [
+        {
+            "url": "https://b.example/x",
+            "title": "Varroa viruses",
+            "content": "A short snippet.",
+            "raw_content": "Full.",
+        },
+        {"url": "https://b.example/y", "title": "", "content": "Deformed wing virus\nspreads with mites."},
+    ]
+    out = [
+        _span("agent", "01", None, "CHAIN", 0, 9, **{"input.value": "Why do bee colonies collapse?"}),
+        _span("llm", "02", "01", "LLM", 1, 2, **calls),
+        _span("search", "03", "01", "TOOL", 3, 5, **{"tool.name": "search", "input.value": '{"query": "bee mites"}'}),
+        _span("retriever", "04", "03", "RETRIEVER", 3, 4, **docs),
+        _span(
+            "search",
+            "05",
+            "01",
+            "TOOL",
+            6,
+            7,
+            **{
+                "tool.name": "search",
+                "input.value": '{"query": "bee viruses"}',
+                "output.value": json.dumps(tool_output if tool_output is not None else {"results": results}),
+            },
+        ),
+    ]
+    return out
+
+
+def test_result_lists_in_spans_are_read_decisions(tmp_path, encoder):
+    path = tmp_path / "rag.phoenix.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in _rag_spans()))
+    (run,), _ = read(path, strict=True)
+    results = of(run.events, "results")
+    assert [r.query for r in results] == ["bee mites", "bee viruses"]
+    first, second = results
+    assert [h.hit_id for h in first.hits] == ["d1", "d2"]  # a document repeated in one list is one hit
+    assert first.hits[0].title == "Title d1" and first.hits[0].snippet.startswith("Body of document d1")
+    assert first.hits[0].url == "https://a.example/1" and first.hits[1].url is None
+    assert [(h.hit_id, h.title) for h in second.hits] == [
+        ("https://b.example/x", "Varroa viruses"),
+        ("https://b.example/y", "Deformed wing virus"),
+    ]
+    reads = of(run.events, "read")
+    assert len(reads) == 4 and all(r.action == "read" and r.actor == "agent" for r in reads)
+    evidence = {e.evidence_id: e for e in of(run.events, "evidence")}
+    assert evidence["d1"].hit_id == "d1" and evidence["d2"].hit_id == "d2"
+    full = [e for e in evidence.values() if e.hit_id == "https://b.example/x"]
+    assert len(full) == 1 and full[0].text == "Full."  # the page's raw content is what reading gives
+    order = [e.type for e in run.events if getattr(e, "candidate_id", None) == first.candidate_id]
+    assert order.index("results") < order.index("read") < order.index("retrieval")
+    manifest = build(
+        [path],
+        tmp_path / "ds",
+        fmt="openinference",
+        encoder_obj=encoder,
+        cache=tmp_path / "cache",
+        progress=False,
+        stage="read",
+        labels="teacher:dpp",
+    )
+    assert manifest["stage"] == "read" and manifest["read"]["hits"] == 4 and manifest["run_problems"] == {}
+    assert manifest["n_decisions"]["total"] == 4
+
+
+def test_a_tool_output_that_is_no_result_list_gives_no_read_decision(tmp_path):
+    path = tmp_path / "text.phoenix.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in _rag_spans(tool_output="plain text, not results")))
+    (run,), _ = read(path, strict=True)
+    assert [r.query for r in of(run.events, "results")] == ["bee mites"]
+    assert any(e.text == '"plain text, not results"' or "plain text" in e.text for e in of(run.events, "evidence"))

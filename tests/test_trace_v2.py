@@ -12,7 +12,6 @@ import pytest
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.drgym import parse_documents, parse_trace
 from branchgate.logs_to_dataset.readers import read_runs
-from branchgate.logs_to_dataset.readers.searcho1 import SNIPPET_WORDS
 from branchgate.logs_to_dataset.trace_schema import (
     SCHEMA_FILE,
     SCHEMA_VERSION,
@@ -24,6 +23,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     parse_event,
 )
 from branchgate.logs_to_dataset.traces import ReadReport, TraceWriter, read_events
+from branchgate.texts import SNIPPET_WORDS
 
 FIX = Path(__file__).parent / "fixtures"
 HITS = [

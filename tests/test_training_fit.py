@@ -139,6 +139,18 @@ def test_evaluate_reproduces_metrics(trained, tmp_path, capsys):
     assert "teacher_lexical" in capsys.readouterr().out
 
 
+def test_evaluate_refuses_a_checkpoint_whose_max_length_its_encoder_does_not_embed(trained, tmp_path, capsys):
+    from branchgate.training.checkpoint import load_controller, save_controller
+
+    ds, cache, out = trained
+    net, meta = load_controller(out / "controller.safetensors")
+    edited = save_controller(tmp_path / "edited.safetensors", net, dict(meta, max_length=1000))
+    argv = ["evaluate", "--checkpoint", str(edited), "--dataset", str(ds), "--cache", str(cache)]
+    assert main([*argv, "--out", str(tmp_path / "eval")]) == 2
+    assert "records max_length=1000, but its encoder" in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()  # nothing written
+
+
 def test_cli_encoder_errors(trained, tmp_path, capsys):
     ds, cache, _ = trained
     rc = main(

@@ -268,6 +268,18 @@ def _build(path: Path, entry, state: dict) -> tuple[ValueNet, dict]:
     return net, meta
 
 
+def check_max_length(meta: dict, encoder, where: str) -> None:
+    """A checkpoint's ``max_length`` (0: not recorded) is the one its encoder embeds at (``encoder.max_length``);
+    else ``MismatchError``: the weights were fitted to other embeddings, or the metadata was edited."""
+    recorded = int(meta.get("max_length") or 0)
+    if recorded and recorded != int(encoder.max_length):
+        raise MismatchError(
+            f"{where}: the checkpoint records max_length={recorded}, but its encoder {meta.get('encoder')!r} "
+            f"embeds {int(encoder.max_length)} tokens (the weights were fitted to other embeddings, or the "
+            "metadata was edited)"
+        )
+
+
 def _check_values(where: str, meta: dict) -> None:
     """The metadata numbers in range: ``dim`` and ``max_length`` integers in [0, the Gate's bound] (0: the
     encoder's own), ``tau`` and ``calibration.root_tau`` null or numbers in [0, 1]."""

@@ -150,6 +150,22 @@ def format_table(metrics: dict) -> str:
     return "\n".join(lines)
 
 
+def checkpoint_data(checkpoint, dataset, cache, stage: str):
+    """``(net, meta, dm)``: a trained controller and a decision dataset's data module set up for ``stage``
+    (``test``, ``predict``), with the dataset's encoder checked against the checkpoint's (``MismatchError``), and
+    the checkpoint's ``max_length`` against that encoder's."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.training.checkpoint import check_max_length, load_controller
+
+    net, meta = load_controller(checkpoint)
+    dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
+    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
+    dm.setup(stage)
+    check_max_length(meta, dm.encoder, str(checkpoint))
+    return net, meta, dm
+
+
 def evaluate_checkpoint(
     checkpoint: str | Path,
     dataset: str | Path,
@@ -161,15 +177,8 @@ def evaluate_checkpoint(
 ) -> dict:
     """``branchgate evaluate``: recompute metrics.json and plots for a trained controller (``controller.safetensors``;
     a Lightning ``.ckpt`` only if ``torch.load(weights_only=True)`` can read it, see ``training/checkpoint.py``)."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.models.encoder import recorded_spec
-    from branchgate.training.checkpoint import load_controller
-
     check_output_dir(out, [checkpoint, dataset, cache], OUTPUT_KIND)
-    net, meta = load_controller(checkpoint)
-    dm = DecisionDataModule(str(dataset), encoder=meta["encoder"], cache=cache)
-    dm.encoder_spec = recorded_spec(meta["encoder"], meta.get("encoder_path"))
-    dm.setup("test")  # checks the dataset's encoder against the checkpoint's (MismatchError)
+    net, meta, dm = checkpoint_data(checkpoint, dataset, cache, "test")
     check_same_stage(dm.manifest, meta.get("stage") or "pre", str(checkpoint), dataset)
     calibration = dict(meta.get("calibration") or {"method": "f1", "keep_rate": None})
     tau = meta.get("tau")

@@ -31,6 +31,10 @@ is a child (depth + 1) of that candidate |
 of the retriever spans in its subtree, else the tool's ``output.value`` / ``gen_ai.tool.call.result``, else (a CHAIN) \
 the outputs of the tools below it | ``evidence`` (id = document id, else a hash of the text) + ``retrieval`` at its \
 end |
+| a result list among those (a retriever span's documents, or a tool output that is a JSON list of results or an \
+object with a ``results`` list, each with ``url`` / ``href``) | ``results`` (hits: id = document id, else URL, else \
+text hash; ``texts.hit_of`` title and snippet) + ``read`` (action read, actor agent: every document went to the \
+agent) per hit, before the evidence; each document's evidence carries its ``hit_id`` |
 
 Which span ran a call: one carrying the call's id (``tool.id``, ``tool_call.id``, ``gen_ai.tool.call.id``);
 else — OpenInference TOOL spans carry no call id — a TOOL span with the call's tool name whose arguments
@@ -75,6 +79,7 @@ from branchgate.logs_to_dataset.span_attributes import (
     forced,
     last_user,
     parse_json,
+    result_list,
     root_text,
     tool_args,
     tool_calls,
@@ -85,11 +90,15 @@ from branchgate.logs_to_dataset.trace_schema import (
     Decision,
     Evidence,
     FrameOpen,
+    Hit,
+    Read,
+    Results,
     Retrieval,
     RunEnd,
     RunStart,
 )
 from branchgate.logs_to_dataset.traces import ReadReport
+from branchgate.texts import hit_of
 
 RUNNERS = ("TOOL", "CHAIN", "AGENT")
 CALL_IDS = ("tool.id", "tool_call.id", "gen_ai.tool.call.id")
@@ -330,24 +339,36 @@ class TraceMapper:
         return self.inputs[id(span)]
 
     def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
-        """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended)."""
-        docs = [
-            (d, s.end) for s in _subtree(runner) if s.kind == "RETRIEVER" or s is runner for d in documents(s.attrs)
+        """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended); a
+        result list (a retriever's documents, or a search tool's JSON results) is also a read decision point."""
+        lists = [
+            (s, docs)
+            for s in _subtree(runner)
+            if s.kind == "RETRIEVER" or s is runner
+            for docs in [documents(s.attrs)]
+            if docs
         ]
+        if not lists:
+            tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
+            lists = [(s, docs) for s in tools for docs in [result_list(tool_output(s.attrs))] if docs]
+        docs = [(d, s.end, True) for s, found in lists for d in found]
+        for s, found in lists:
+            self._results(cid, call, found, max(s.end, after))
         if not docs:
             tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
-            docs = [(("", text, ""), s.end) for s in tools for text in [tool_output(s.attrs)] if text]
+            docs = [(("", text, "", ""), s.end, False) for s in tools for text in [tool_output(s.attrs)] if text]
         if not docs:
             self.warn(W + "expanded call without a recorded output (evidence unknown)")
             return
         ids: dict[str, None] = {}  # a dict: membership in O(1)
         tokens = 0
-        for (doc_id, text, source), ns in docs:
-            eid = doc_id or f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
+        for (doc_id, text, source, _), ns, listed in docs:
+            eid = doc_id or _hash_id(text)
             n = len(text.split())
             if eid not in self.evidence:
                 self.evidence.add(eid)
-                self._add(max(ns, after), Evidence, evidence_id=eid, text=text, source=source, tokens=n)
+                hit = {"hit_id": doc_id or source or eid} if listed else {}
+                self._add(max(ns, after), Evidence, evidence_id=eid, text=text, source=source, tokens=n, **hit)
             if eid not in ids:
                 ids[eid] = None
                 tokens += n
@@ -359,6 +380,24 @@ class TraceMapper:
             evidence_ids=list(ids),
             tokens=tokens,
         )
+
+    def _results(self, cid: str, call: dict, docs: list, ns: int) -> None:
+        """One result list as a ``results`` event and a ``read`` per hit: the agent was given every document
+        (action read, actor agent); a hit's id is the document's id, else its URL, else a hash of its text."""
+        hits: dict[str, Hit] = {}
+        for doc_id, text, source, title in docs:
+            hit_id = doc_id or source or _hash_id(text)
+            if hit_id not in hits:
+                head, snippet = hit_of(text, title)
+                hits[hit_id] = Hit(hit_id=hit_id, title=head, snippet=snippet, rank=len(hits), url=source or None)
+        self._add(ns, Results, candidate_id=cid, query=call_text(call), hits=list(hits.values()))
+        for hit_id in hits:
+            self._add(ns, Read, candidate_id=cid, hit_id=hit_id, action="read", actor="agent")
+        self.counts["hits"] = self.counts.get("hits", 0) + len(hits)
+
+
+def _hash_id(text: str) -> str:
+    return f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
 def _ran(span: Span, call: dict, got) -> bool:

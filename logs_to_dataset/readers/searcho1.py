@@ -92,9 +92,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     RunStart,
 )
 from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
-from branchgate.texts import snippet, title_of
-
-SNIPPET_WORDS = 20  # whitespace words of a hit's snippet, after its title line: as a search engine shows them
+from branchgate.texts import hit_of
 
 
 def result_hits(docs: list[Doc], warn) -> list[Hit]:
@@ -108,8 +106,8 @@ def result_hits(docs: list[Doc], warn) -> list[Hit]:
             warn(W + "document repeated within a result block (one hit, the first)")
             continue
         seen.add(doc.id)
-        rest = snippet(doc.text.strip().partition("\n")[2], SNIPPET_WORDS)
-        hits.append(Hit(hit_id=doc.id, title=title_of(doc.text), snippet=rest, rank=len(hits), url=doc.url or None))
+        title, rest = hit_of(doc.text)
+        hits.append(Hit(hit_id=doc.id, title=title, snippet=rest, rank=len(hits), url=doc.url or None))
     return hits
 
 

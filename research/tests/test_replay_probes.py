@@ -120,3 +120,19 @@ def test_unpruned_refuses_a_selection_without_runs(sample_runs):
     """common.unpruned names the folder and split when no run is selected (before loading any model)."""
     with pytest.raises(SystemExit, match="no runs in .* of split nope"):
         common.unpruned(str(sample_runs), "no-dataset", "no-checkpoint", split="nope")
+
+
+def test_snippet_length_interpolates_a_curve_at_its_token_share():
+    from research.snippet_length import share_at
+
+    def point(family, tokens, kpr):
+        return {"family": family, "tokens": {"mean": tokens}, "kpr": {"mean": kpr}}
+
+    policies = {
+        "none": point("none", 100.0, 0.5),
+        "g1": point("read_gate", 20.0, 0.4),
+        "g2": point("read_gate", 40.0, 0.5),
+        "d1": point("dpp@read", 50.0, 0.45),
+    }
+    assert share_at(policies, "read_gate") == pytest.approx(0.9)  # halfway between 0.8 and 1.0
+    assert share_at(policies, "dpp@read") is None and share_at(policies, "missing") is None
