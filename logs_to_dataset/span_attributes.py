@@ -132,10 +132,11 @@ def documents(attrs: dict) -> list[tuple[str, str, str, str]]:
 RESULT_TEXT = ("raw_content", "content", "body", "snippet")  # a search result's text, fullest first
 
 
-def result_list(value) -> list[tuple[str, str, str, str]]:
+def result_list(value) -> list[tuple[str, str, str, str, bool]]:
     """A search tool's output when it is a result list (JSON: a list of results, or an object with a ``results``
-    list, each result an object with ``url`` or ``href`` and some text), as ``documents`` gives them; [] for any
-    other output. A result's text is its fullest (``raw_content``, else ``content`` / ``body`` / ``snippet``)."""
+    list, each result an object with ``url`` or ``href`` and some text), as ``documents`` gives them plus whether
+    the result came with its page (``raw_content``); [] for any other output. A result's text is its fullest
+    (``raw_content``, else ``content`` / ``body`` / ``snippet``)."""
     got = parse_json(value) if isinstance(value, str) else value
     if isinstance(got, dict):
         got = got.get("results")
@@ -147,7 +148,7 @@ def result_list(value) -> list[tuple[str, str, str, str]]:
             continue
         text = next((str(r[k]) for k in RESULT_TEXT if r.get(k)), "")
         if text.strip() and _source(r):
-            out.append((_source(r), text, _source(r), str(r.get("title") or "")))
+            out.append((_source(r), text, _source(r), str(r.get("title") or ""), bool(r.get("raw_content"))))
     return out
 
 

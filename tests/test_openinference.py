@@ -329,7 +329,7 @@ def _span(name, sid, parent, kind, t0, t1, **attrs):
     }
 
 
-def _rag_spans(tool_output=None):
+def _rag_spans(tool_output=None, fetch=None):
     """An agent whose LLM calls a search tool twice; the first runs a RETRIEVER span with three documents, the
     second is a tool whose output is a JSON result list (``tool_output``) or a retriever again."""
     calls = {
@@ -370,6 +370,8 @@ def _rag_spans(tool_output=None):
             },
         ),
     ]
+    if fetch:  # the agent then fetches a page with a tool of its own (no LLM call in these spans asked for it)
+        out.append(_span("fetch", "06", "01", "TOOL", 8, 9, **{"tool.name": "fetch", "input.value": fetch}))
     return out
 
 
@@ -387,8 +389,15 @@ def test_result_lists_in_spans_are_read_decisions(tmp_path, encoder):
         ("https://b.example/x", "Varroa viruses"),
         ("https://b.example/y", "Deformed wing virus"),
     ]
-    reads = of(run.events, "read")
-    assert len(reads) == 4 and all(r.action == "read" and r.actor == "agent" for r in reads)
+    reads = {r.hit_id: r for r in of(run.events, "read")}
+    assert len(reads) == 4 and all(r.actor == "agent" for r in reads.values())
+    # given whole (the retriever's documents, the result with its raw content): read; a bare snippet: skipped
+    assert [reads[h].action for h in ("d1", "d2", "https://b.example/x", "https://b.example/y")] == [
+        "read",
+        "read",
+        "read",
+        "skip",
+    ]
     evidence = {e.evidence_id: e for e in of(run.events, "evidence")}
     assert evidence["d1"].hit_id == "d1" and evidence["d2"].hit_id == "d2"
     full = [e for e in evidence.values() if e.hit_id == "https://b.example/x"]
@@ -407,6 +416,15 @@ def test_result_lists_in_spans_are_read_decisions(tmp_path, encoder):
     )
     assert manifest["stage"] == "read" and manifest["read"]["hits"] == 4 and manifest["run_problems"] == {}
     assert manifest["n_decisions"]["total"] == 4
+
+
+def test_a_snippet_whose_page_a_later_span_fetches_is_read(tmp_path):
+    path = tmp_path / "fetch.phoenix.jsonl"
+    spans = _rag_spans(fetch=json.dumps({"url": "https://b.example/y"}))
+    path.write_text("".join(json.dumps(s) + "\n" for s in spans))
+    (run,), _ = read(path, strict=True)
+    reads = {r.hit_id: r.action for r in of(run.events, "read")}
+    assert reads["https://b.example/y"] == "read"
 
 
 def test_a_tool_output_that_is_no_result_list_gives_no_read_decision(tmp_path):

@@ -33,8 +33,10 @@ the outputs of the tools below it | ``evidence`` (id = document id, else a hash 
 end |
 | a result list among those (a retriever span's documents, or a tool output that is a JSON list of results or an \
 object with a ``results`` list, each with ``url`` / ``href``) | ``results`` (hits: id = document id, else URL, else \
-text hash; ``texts.hit_of`` title and snippet) + ``read`` (action read, actor agent: every document went to the \
-agent) per hit, before the evidence; each document's evidence carries its ``hit_id`` |
+text hash; ``texts.hit_of`` title and snippet) + ``read`` (actor agent) per hit, before the evidence: ``read`` for a \
+document the agent was given whole (a retriever's, a result with its ``raw_content``), and for a snippet-only result \
+whose URL a later TOOL span's input names (the agent fetched it), else ``skip``; each document's evidence carries \
+its ``hit_id`` |
 
 Which span ran a call: one carrying the call's id (``tool.id``, ``tool_call.id``, ``gen_ai.tool.call.id``);
 else — OpenInference TOOL spans carry no call id — a TOOL span with the call's tool name whose arguments
@@ -342,7 +344,7 @@ class TraceMapper:
         """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended); a
         result list (a retriever's documents, or a search tool's JSON results) is also a read decision point."""
         lists = [
-            (s, docs)
+            (s, [(*d, True) for d in docs])
             for s in _subtree(runner)
             if s.kind == "RETRIEVER" or s is runner
             for docs in [documents(s.attrs)]
@@ -351,9 +353,9 @@ class TraceMapper:
         if not lists:
             tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
             lists = [(s, docs) for s in tools for docs in [result_list(tool_output(s.attrs))] if docs]
-        docs = [(d, s.end, True) for s, found in lists for d in found]
+        docs = [(d[:4], s.end, True) for s, found in lists for d in found]
         for s, found in lists:
-            self._results(cid, call, found, max(s.end, after))
+            self._results(s, cid, call, found, max(s.end, after))
         if not docs:
             tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
             docs = [(("", text, "", ""), s.end, False) for s in tools for text in [tool_output(s.attrs)] if text]
@@ -381,19 +383,32 @@ class TraceMapper:
             tokens=tokens,
         )
 
-    def _results(self, cid: str, call: dict, docs: list, ns: int) -> None:
-        """One result list as a ``results`` event and a ``read`` per hit: the agent was given every document
-        (action read, actor agent); a hit's id is the document's id, else its URL, else a hash of its text."""
+    def _results(self, span: Span, cid: str, call: dict, docs: list, ns: int) -> None:
+        """One result list as a ``results`` event and a ``read`` per hit (actor agent): a document the agent was
+        given whole (a retriever's, or a result with its page) is read; a result that came as a snippet only is
+        read when a later span's input names its URL (the agent fetched it), else skipped. A hit's id is the
+        document's id, else its URL, else a hash of its text."""
         hits: dict[str, Hit] = {}
-        for doc_id, text, source, title in docs:
+        whole: dict[str, bool] = {}
+        for doc_id, text, source, title, full in docs:
             hit_id = doc_id or source or _hash_id(text)
             if hit_id not in hits:
                 head, snippet = hit_of(text, title)
                 hits[hit_id] = Hit(hit_id=hit_id, title=head, snippet=snippet, rank=len(hits), url=source or None)
+                whole[hit_id] = full
         self._add(ns, Results, candidate_id=cid, query=call_text(call), hits=list(hits.values()))
-        for hit_id in hits:
-            self._add(ns, Read, candidate_id=cid, hit_id=hit_id, action="read", actor="agent")
+        for hit_id, hit in hits.items():
+            read = whole[hit_id] or (hit.url is not None and self._fetched_later(span, hit.url))
+            self._add(ns, Read, candidate_id=cid, hit_id=hit_id, action="read" if read else "skip", actor="agent")
         self.counts["hits"] = self.counts.get("hits", 0) + len(hits)
+
+    def _fetched_later(self, search: Span, url: str) -> bool:
+        """Whether a TOOL span that started after ``search`` ended names ``url`` in its input (it read the page)."""
+        first = bisect_left(self.runnable, search.end, key=lambda s: s.start)
+        return any(
+            s.kind == "TOOL" and s is not search and url in str(s.attrs.get("input.value") or tool_args(s.attrs) or "")
+            for s in self.runnable[first:]
+        )
 
 
 def _hash_id(text: str) -> str:
