@@ -27,7 +27,7 @@ from branchgate.bench.sweeps import (
     VARIANTS,
     baseline_points,
     gate_family,
-    is_both_family,
+    looser_families,
     read_family,
     variant_family,
 )
@@ -240,7 +240,7 @@ def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
     for name, family in (("both", BOTH_FAMILY), ("reverse", BOTH_REVERSE_FAMILY), ("floor", FLOOR_FAMILY)):
         if any(p.family == family for p in pts):
             out[name] = {"family": family, "gate_vs": closed_loop.gate_vs(pts, runs, boot, family=family)}
-    looser = sorted({p.family for p in pts if is_both_family(p.family) and p.family != BOTH_FAMILY})
+    looser = looser_families(p.family for p in pts)
     if looser:  # policies.both_pre_taus: the pre gate at a looser τ, the read τ swept
         out["both_pre"] = {
             family: {

@@ -10,7 +10,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 import numpy as np
 
 from branchgate.bench.report import _f, _mc
-from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMILY, READ_FAMILY, is_both_family
+from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMILY, READ_FAMILY, looser_families
 
 TOKEN_SHARE = 0.30  # the two-stage target: KPR (as a share of unpruned) at this share of unpruned tokens
 CURVES = ("gate", READ_FAMILY, FLOOR_FAMILY, BOTH_FAMILY, BOTH_REVERSE_FAMILY)
@@ -25,8 +25,7 @@ COMPARISONS = {
 
 def curves(policies: dict) -> list[str]:
     """The learned curves of a report's ``policies``: ``CURVES``, then both stages at each looser pre τ."""
-    looser = sorted({p["family"] for p in policies.values() if is_both_family(p["family"])} - {BOTH_FAMILY})
-    return [*CURVES, *looser]
+    return [*CURVES, *looser_families(p["family"] for p in policies.values())]
 
 
 def targets(policies: dict, share: float = TOKEN_SHARE) -> dict:

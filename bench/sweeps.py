@@ -281,6 +281,11 @@ def is_both_family(family: str) -> bool:
     return family == BOTH_FAMILY or family.startswith(f"{BOTH_FAMILY}[pre=")
 
 
+def looser_families(families) -> list[str]:
+    """The ``both_family`` curves among ``families`` (both stages, the pre gate at a looser τ), sorted, once each."""
+    return sorted({f for f in families if is_both_family(f)} - {BOTH_FAMILY})
+
+
 FLOOR_FAMILY = "read_gate+floor"  # the read gate keeping the top hit at the root frame when none passes τ
 
 

@@ -94,24 +94,21 @@ class ReadStage:
             return results
 
     def _read_decision(self, search: Search, results: list) -> list:
-        hits = {}  # index in ``results`` → hit, for the results that are hits (unique URLs, first kept)
+        hits: dict[int, dict] = {}  # index in ``results`` → hit, for the results that are hits
+        ids: set[str] = set()  # their URLs: a URL repeated in one list is one hit (the first)
         for i, r in enumerate(results):
             hit = as_hit(r, len(hits))
-            if hit is not None and all(h["id"] != hit["id"] for h in hits.values()):
+            if hit is not None and hit["id"] not in ids:
+                ids.add(hit["id"])
                 hits[i] = hit
         if not hits:
             return results
         self._start()
         seen = {i for i, h in hits.items() if h["id"] in self.read_urls}
-        p_keep: dict[int, float] = {}
         if self.read_gate is None:
-            read = set(hits)
+            read, p_keep = set(hits), {}
         else:
-            new = [i for i in hits if i not in seen]
-            sel = self._read_select(search, [hits[i] for i in new])
-            read = {new[k] for k in sel.kept} if sel is not None else set()
-            if sel is not None:
-                p_keep = {new[k]: float(p) for k, p in enumerate(sel.p_keep)}
+            read, p_keep = self._read_select(search, {i: h for i, h in hits.items() if i not in seen})
         cid = search.candidate_id
         fields = {"frame_id": search.frame_id} if search.frame_id is not None else {}
         listed = [{k: v for k, v in h.items() if k != "id"} | {"hit_id": h["id"]} for h in hits.values()]
@@ -130,10 +127,11 @@ class ReadStage:
         self.counts["hits_skipped"] += len(hits) - len(read)
         return [r for i, r in enumerate(results) if i not in hits or i in read]
 
-    def _read_select(self, search: Search, hits: list[dict]):
-        """The read controller's Selection for the new hits (None when there are none)."""
-        if not hits:
-            return None
+    def _read_select(self, search: Search, new: dict[int, dict]) -> tuple[set[int], dict[int, float]]:
+        """The read controller's choice among the new hits (index → hit): the indices it reads, and each one's
+        p_keep."""
+        if not new:
+            return set(), {}
         state = {
             "root_query": self.root_query,
             "query": search.query,
@@ -141,4 +139,6 @@ class ReadStage:
             "read": self._read_texts[-MAX_RETAINED:],
             "depth": search.depth,
         }
-        return self.read_gate.select(state, hits, tau=self.read_tau, floor=self.read_floor)
+        index = list(new)
+        sel = self.read_gate.select(state, list(new.values()), tau=self.read_tau, floor=self.read_floor)
+        return {index[k] for k in sel.kept}, {i: float(p) for i, p in zip(index, sel.p_keep)}

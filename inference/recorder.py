@@ -32,6 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
+from branchgate.logs_to_dataset.trace_schema import text_evidence_id
+
 log = logging.getLogger(__name__)
 
 
@@ -140,7 +142,7 @@ class TraceRecorder:
 
     def _evidence_id(self, text: str, source: str = "") -> str:
         """The id of a piece of evidence, written (with its source URL) the first time it is seen."""
-        eid = f"e{sha256(text)[:16]}"
+        eid = text_evidence_id(text)
         if eid not in self._evidence:
             self._evidence[eid] = len(text.split())
             hit = {"hit_id": source} if source and source in getattr(self, "read_urls", ()) else {}

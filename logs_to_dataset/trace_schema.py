@@ -31,6 +31,7 @@ one decoded line (``parse_event``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -288,6 +289,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
 # unknown to its writer's schema and reads as ``raw``, as it always did.
 TYPE_SINCE: dict[str, int] = {"results": 2, "read": 2}
 _adapter: TypeAdapter = TypeAdapter(AnyEvent)
+
+
+def text_evidence_id(text: str) -> str:
+    """The id of a piece of evidence that has none of its own: ``e`` and the first 16 hex digits of its text's
+    SHA-256 (so a hook and a reader give the same text the same id)."""
+    return f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
 
 
 def parse_event(obj: Any, file: str | None = None, line: int | None = None) -> Event:

@@ -65,7 +65,6 @@ Over 400 lines: one trace format's reader; what a span's attributes say is apart
 
 from __future__ import annotations
 
-import hashlib
 import json
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -98,6 +97,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     Retrieval,
     RunEnd,
     RunStart,
+    text_evidence_id,
 )
 from branchgate.logs_to_dataset.traces import ReadReport
 from branchgate.texts import hit_of
@@ -343,6 +343,7 @@ class TraceMapper:
     def _retrieval(self, runner: Span, cid: str, call: dict, after: int) -> None:
         """Evidence events (each when the span that found it ended) and the call's retrieval (when it ended); a
         result list (a retriever's documents, or a search tool's JSON results) is also a read decision point."""
+        tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
         lists = [
             (s, [(*d, True) for d in docs])
             for s in _subtree(runner)
@@ -351,13 +352,11 @@ class TraceMapper:
             if docs
         ]
         if not lists:
-            tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
             lists = [(s, docs) for s in tools for docs in [result_list(tool_output(s.attrs))] if docs]
-        docs = [(d[:4], s.end, True) for s, found in lists for d in found]
         for s, found in lists:
             self._results(s, cid, call, found, max(s.end, after))
+        docs = [(d[:4], s.end, True) for s, found in lists for d in found]
         if not docs:
-            tools = [runner] if runner.kind == "TOOL" else [s for s in _subtree(runner) if s.kind == "TOOL"]
             docs = [(("", text, "", ""), s.end, False) for s in tools for text in [tool_output(s.attrs)] if text]
         if not docs:
             self.warn(W + "expanded call without a recorded output (evidence unknown)")
@@ -365,11 +364,11 @@ class TraceMapper:
         ids: dict[str, None] = {}  # a dict: membership in O(1)
         tokens = 0
         for (doc_id, text, source, _), ns, listed in docs:
-            eid = doc_id or _hash_id(text)
+            eid = doc_id or text_evidence_id(text)
             n = len(text.split())
             if eid not in self.evidence:
                 self.evidence.add(eid)
-                hit = {"hit_id": doc_id or source or eid} if listed else {}
+                hit = {"hit_id": _hit_id(doc_id, source, text)} if listed else {}
                 self._add(max(ns, after), Evidence, evidence_id=eid, text=text, source=source, tokens=n, **hit)
             if eid not in ids:
                 ids[eid] = None
@@ -391,28 +390,31 @@ class TraceMapper:
         hits: dict[str, Hit] = {}
         whole: dict[str, bool] = {}
         for doc_id, text, source, title, full in docs:
-            hit_id = doc_id or source or _hash_id(text)
+            hit_id = _hit_id(doc_id, source, text)
             if hit_id not in hits:
                 head, snippet = hit_of(text, title)
                 hits[hit_id] = Hit(hit_id=hit_id, title=head, snippet=snippet, rank=len(hits), url=source or None)
                 whole[hit_id] = full
         self._add(ns, Results, candidate_id=cid, query=call_text(call), hits=list(hits.values()))
+        later = [] if all(whole.values()) else self._later_inputs(span)
         for hit_id, hit in hits.items():
-            read = whole[hit_id] or (hit.url is not None and self._fetched_later(span, hit.url))
+            read = whole[hit_id] or (hit.url is not None and any(hit.url in text for text in later))
             self._add(ns, Read, candidate_id=cid, hit_id=hit_id, action="read" if read else "skip", actor="agent")
         self.counts["hits"] = self.counts.get("hits", 0) + len(hits)
 
-    def _fetched_later(self, search: Span, url: str) -> bool:
-        """Whether a TOOL span that started after ``search`` ended names ``url`` in its input (it read the page)."""
+    def _later_inputs(self, search: Span) -> list[str]:
+        """The inputs of the TOOL spans that started after ``search`` ended (where a fetch names its URL)."""
         first = bisect_left(self.runnable, search.end, key=lambda s: s.start)
-        return any(
-            s.kind == "TOOL" and s is not search and url in str(s.attrs.get("input.value") or tool_args(s.attrs) or "")
+        return [
+            str(s.attrs.get("input.value") or tool_args(s.attrs) or "")
             for s in self.runnable[first:]
-        )
+            if s.kind == "TOOL" and s is not search
+        ]
 
 
-def _hash_id(text: str) -> str:
-    return f"e{hashlib.sha256(text.encode('utf-8', 'replace')).hexdigest()[:16]}"
+def _hit_id(doc_id: str, source: str, text: str) -> str:
+    """A listed document's hit id: its own id, else its URL, else the id of its text."""
+    return doc_id or source or text_evidence_id(text)
 
 
 def _ran(span: Span, call: dict, got) -> bool:
