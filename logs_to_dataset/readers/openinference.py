@@ -60,7 +60,8 @@ the file's other traces are read; tool calls past the first ``decisions.MAX_CAND
 left out and counted; under ``strict`` the first of these raises ``InputError``. Attribute values cut off by an
 SDK length limit (JSON that does not parse) are used as text and counted. Nothing is executed: JSON only.
 
-Over 400 lines: one trace format's reader; what a span's attributes say is apart (``span_attributes.py``).
+Over 450 lines: one trace format's reader, for both stages (its decision points and its result lists share the span
+matching); what a span's attributes say is apart (``span_attributes.py``).
 """
 
 from __future__ import annotations
