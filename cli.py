@@ -43,11 +43,21 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     ),
     (("export",), "branchgate.export.cli", "Export a checkpoint to an ONNX controller (with parity check)."),
     (("gate",), "branchgate.inference.gate_cli", "Gate one decision read as JSON on stdin with an ONNX controller."),
+    (
+        ("serve",),
+        "branchgate.inference.serve_cli",
+        "Serve controllers over HTTP/JSON: both stages and budgeted runs (the serve extra).",
+    ),
     (("bench-gate",), "branchgate.export.latency_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),
     (
         ("bench",),
         "branchgate.bench.cli",
         "The held-out experiment in one command: simulate, dataset, train, export, closed loop, report.",
+    ),
+    (
+        ("replay",),
+        "branchgate.bench.replay_cli",
+        "Replay controllers on your own unpruned logs: what each τ saves and keeps, and the τ to use.",
     ),
     (
         ("quickstart",),
@@ -82,9 +92,18 @@ def _configure(parser: argparse.ArgumentParser, module: str) -> None:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         # A command whose module needs an extra that is not installed still shows in --help.
-        parser.set_defaults(_missing=f"{exc.name} is not installed (pip install 'branchgate[train]')")
+        parser.set_defaults(_missing=f"{exc.name} is not installed ({install_hint(exc.name)})")
         return
     mod.configure(parser)
+
+
+EXTRAS = {"fastapi": "serve", "starlette": "serve", "uvicorn": "serve", "ray": "ray"}  # else: train
+
+
+def install_hint(module: str | None) -> str:
+    """The install command that provides a missing module: its extra (``EXTRAS``; anything else is train's)."""
+    extra = EXTRAS.get((module or "").partition(".")[0], "train")
+    return f"pip install 'branchgate[{extra}]'"
 
 
 class _CurrentStderr(logging.StreamHandler):

@@ -155,7 +155,8 @@ class Gate(GateTexts):
         bucketing: bool | None = None,
         text_groups: int | None = None,
     ) -> Gate:
-        """Load ``controller.onnx`` (or a directory holding it) and validate its metadata.
+        """Load ``controller.onnx`` (or a directory holding it) and validate its metadata. ``"pretrained:NAME"``
+        loads a packaged controller (``branchgate.pretrained``; its teacher variants are ``TeacherGate``s).
 
         ``threads``: CPU threads the Gate may use, at most ``inputs.THREADS_PER_CORE`` per core (default: all
         cores; onnxruntime's choice of intra-op threads when there is one text group). The tokenizer is the
@@ -172,6 +173,11 @@ class Gate(GateTexts):
         Default: 2 when there are ≥ 2 threads (a decision's few hundred tokens keep two threads busier as two
         runs than as one, int8 especially), else 1 (one graph run per decision).
         """
+        if isinstance(path, str) and path.startswith("pretrained:"):  # a packaged controller (branchgate.pretrained)
+            from branchgate.pretrained import load
+
+            kw = dict(cache_size=cache_size, tokenizer=tokenizer, bucketing=bucketing, text_groups=text_groups)
+            return load(path, expected_encoder=expected_encoder, threads=threads, **kw)
         import onnxruntime as ort
         from tokenizers import Tokenizer
 

@@ -139,7 +139,7 @@ def parse_decision(obj, where: str = "input", stage: str = "pre") -> dict:
     tau = None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'")
     root_tau = None if obj.get("root_tau") is None else as_tau(obj["root_tau"], f"{where}: field 'root_tau'")
     max_keep = as_max_keep(obj.get("max_keep"), f"{where}: field 'max_keep'")
-    fields = _run_fields(obj, len(cands), where)
+    fields = run_fields(obj, len(cands), where)
     if root_tau is not None and fields["run_id"] is not None:
         raise InputError(NO_ROOT_TAU_IN_RUNS, f"{where}: field 'root_tau'")
     return {
@@ -164,7 +164,7 @@ def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
         )
     if key is None:
         raise InputError("missing field 'hits'", where)
-    run = next((k for k in RUN_KEYS if obj.get(k) not in (None, False)), None)
+    run = run_field(obj)
     if run is not None:
         raise InputError(f"field '{run}': budgeted runs need a pre-retrieval controller (this is a read one)", where)
     state = obj["state"]
@@ -193,7 +193,12 @@ def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
     }
 
 
-def _run_fields(obj, k: int, where: str) -> dict:
+def run_field(obj: Mapping) -> str | None:
+    """The first budgeted-run field (``RUN_KEYS``) a decision object sets, or None."""
+    return next((k for k in RUN_KEYS if obj.get(k) not in (None, False)), None)
+
+
+def run_fields(obj, k: int, where: str) -> dict:
     """The budgeted-run fields of a decision (see the module docstring), checked."""
     out = {"run_id": obj.get("run_id"), "revisit": bool(obj.get("revisit", False))}
     if out["run_id"] is not None and (not isinstance(out["run_id"], str) or not out["run_id"]):
@@ -374,22 +379,31 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
             run = gate.run(
                 budget_nodes=d["budget_nodes"], budget_tokens=d["budget_tokens"], defer=bool(d["defer"]), run_id=run_id
             )
-        for tokens in d["spend"]:
-            run.spend(tokens)
-        if d["revisit"]:
-            sel = run.revisit(d["state"], max_keep=max_keep)
-            answer = sel.to_json()
-            answer["revisited"] = [r.to_json() for r in sel.revisited]
-        else:
-            sel = run.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, costs=d["costs"])
-            answer = sel.to_json()
-        answer["run_id"] = run_id
+        answer = apply_decision(run, d, tau, max_keep)
         if d["end_run"]:
-            answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
             runs.pop(run_id, None)
             ended[run_id] = run.decisions
         else:
             runs[run_id] = run.to_json()
+    return answer
+
+
+def apply_decision(run, d: dict, tau, max_keep) -> dict:
+    """One parsed decision (``parse_decision``) on an open run (``RunGate``): its reported spends, then a revisit
+    or a select; the answer adds ``run_id``, and with ``end_run`` the ``never_expanded`` deferred candidates
+    (dropped from the run). The CLI's state file and ``branchgate serve``'s runs both decide through this."""
+    for tokens in d["spend"]:
+        run.spend(tokens)
+    if d["revisit"]:
+        sel = run.revisit(d["state"], max_keep=max_keep)
+        answer = sel.to_json()
+        answer["revisited"] = [r.to_json() for r in sel.revisited]
+    else:
+        sel = run.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, costs=d["costs"])
+        answer = sel.to_json()
+    answer["run_id"] = d["run_id"]
+    if d["end_run"]:
+        answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
     return answer
 
 

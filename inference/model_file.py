@@ -18,7 +18,12 @@ MAX_ENTRY_BYTES = 16 << 20  # one metadata entry; a larger one is a crafted file
 
 
 def controller_path(path: str | Path) -> Path:
-    """The controller file ``path`` names: the file itself, or ``controller.onnx`` in a folder."""
+    """The controller file ``path`` names: the file itself, ``controller.onnx`` in a folder, or a packaged
+    ``pretrained:NAME`` (``branchgate.pretrained``: the stage's shipped int8 file)."""
+    if isinstance(path, str) and path.startswith("pretrained:"):
+        from branchgate.pretrained import resolve
+
+        return resolve(path)[2]
     path = Path(path)
     if path.is_dir():
         path = path / "controller.onnx"

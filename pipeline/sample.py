@@ -19,6 +19,13 @@ ATTRIBUTION = (
 )
 
 
+HOTPOTQA_DIR = Path(str(files("branchgate.data") / "samples" / "hotpotqa_sample"))
+HOTPOTQA_ATTRIBUTION = (
+    "HotpotQA (Yang et al., 2018, https://hotpotqa.github.io), CC BY-SA 4.0; subset as distributed in "
+    "OSU-NLP-Group/HippoRAG. Questions and paragraphs unchanged; key points = the supporting facts' sentences."
+)
+
+
 def sample_path() -> Path:
     if not (SAMPLE_DIR / "manifest.json").exists():
         raise BranchgateError(

@@ -86,7 +86,12 @@ def _copy_source(dst: Path) -> Path:
         "out",
         "*.onnx",
     )
-    shutil.copytree(REPO, dst, ignore=ignore)
+    pretrained = REPO / "pretrained"
+
+    def skip(folder, names):  # stray exports are left out; the packaged pretrained controllers are not
+        return set() if Path(folder).parent == pretrained else ignore(folder, names)
+
+    shutil.copytree(REPO, dst, ignore=skip)
     return dst
 
 
@@ -138,3 +143,27 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     assert bad.returncode == 2 and "state.root_query" in bad.stderr
     helped = subprocess.run([str(cli), "--help"], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
     assert helped.returncode == 0 and "gate" in helped.stdout
+    pretrained = subprocess.run(  # the packaged controllers load from the core install (branchgate.pretrained)
+        [
+            str(py),
+            "-c",
+            "from branchgate.inference.gate import Gate\n"
+            "for n in ('pre', 'read', 'pre-model', 'read-model', 'pre-teacher', 'read-teacher'):\n"
+            "    g = Gate.load('pretrained:' + n)\n"
+            "    hits = [{'title': 'Varroa mites', 'snippet': 'parasites of bees'}, {'title': 'Honey prices'}]\n"
+            "    args = ({'root_query': 'Why are bees dying?'}, hits) if g.stage == 'read' else "
+            "({'root_query': 'Why are bees dying?'}, ['varroa mites', 'honey prices'])\n"
+            "    print(n, g.stage, g.select(*args).kept)\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    assert pretrained.returncode == 0, pretrained.stderr[-2000:]
+    assert [line.split()[1] for line in pretrained.stdout.splitlines()] == ["pre", "read"] * 3
+    serve = subprocess.run(  # the serve extra (FastAPI, uvicorn) is not in the core: the command names it
+        [str(cli), "serve", "--pre", model], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path
+    )
+    assert serve.returncode == 2 and "pip install 'branchgate[serve]'" in serve.stderr, serve.stderr[-2000:]

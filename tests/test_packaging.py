@@ -39,6 +39,10 @@ def test_wheel_installs_only_the_branchgate_package(wheel):
         "export/card.md",
         "logs_to_dataset/trace.schema.json",
         "data/samples/musique_sample/manifest.json",
+        "data/samples/hotpotqa_sample/manifest.json",
+        "pretrained/pre/controller.int8.onnx",
+        "pretrained/read/controller.int8.onnx",
+        "pretrained/read/choice.json",
     ):
         assert f"branchgate/{resource}" in names, resource
 

@@ -1,0 +1,222 @@
+"""`branchgate replay`: what the controller(s) would have done on your own unpruned logs, before you switch them on.
+
+    branchgate replay --traces LOGS --model pre.onnx [--read read.onnx] [--labels keypoints|citations]
+        [--dataset DIR] [--keep 0.95 | --budget 0.3] --out DIR
+
+Each run of LOGS (any format ``dataset build`` reads) is replayed (``bench/replay.py``) at every τ of the sweep:
+the pre-retrieval controller's τ, or with ``--read`` the read controller's (the pre controller, if given, at
+``--pre-tau``, default its own). Per τ: searches, hits read, LLM tokens and the value kept (key points, cited
+evidence, or a decision dataset's utilities with ``--dataset``: any label source, e.g. ``teacher:NAME`` or
+``judge``), each as a mean over runs and a share of the unpruned replay with a 95% interval over runs
+(``bench.stats.bootstrap_ci``). It recommends the τ that keeps ``--keep`` of the value at the fewest tokens, or
+the most value within ``--budget`` of the tokens, and writes ``replay.json``, ``replay.md`` and ``replay.png``.
+"""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+import argparse
+import logging
+import sys
+
+from branchgate.errors import InputError
+
+OUTPUT_KIND = "replay"
+PRE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9)
+READ_TAUS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
+LABELS = ("keypoints", "citations", "rows")
+
+log = logging.getLogger(__name__)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--traces", nargs="+", required=True, help="unpruned run logs: files or folders, any format")
+    parser.add_argument("--model", default=None, help="the pre-retrieval controller (controller.onnx or its folder)")
+    parser.add_argument("--read", default=None, help="the read controller: its τ is swept (the pre one held)")
+    parser.add_argument(
+        "--labels",
+        default=None,
+        choices=LABELS,
+        help="value kept: keypoints (evidence key points; default when the runs have them), citations (the "
+        "report's cited_ids), rows (--dataset's utilities; the default with --dataset)",
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        help="a decision dataset built from these logs (dataset build, any --labels: teacher:NAME, judge, ...): "
+        "value kept = the sum of its rows' utilities over the kept candidates (stage pre) or read hits (read)",
+    )
+    parser.add_argument("--taus", default=None, help="comma-separated τ to sweep (default: a grid per stage)")
+    parser.add_argument("--pre-tau", type=float, default=None, help="with --read: the pre controller's τ")
+    parser.add_argument("--floor", choices=["root"], default=None, help="the read controller's floor (Gate.select)")
+    parser.add_argument("--keep", type=float, default=0.95, help="recommend the τ keeping this share of the value")
+    parser.add_argument("--budget", type=float, default=None, help="…or the most value within this token share")
+    parser.add_argument("--format", dest="fmt", default=None, help="force one log format (as dataset build)")
+    parser.add_argument("--max-runs", type=int, default=0, help="replay the first N runs only (0: all)")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate")
+    parser.add_argument("--out", required=True, help="output folder (replay.json, replay.md, replay.png)")
+
+
+def run(args) -> int:
+    from branchgate.bench.replay_report import summarise, write_outputs
+    from branchgate.fileio import check_output_dir
+
+    check_args(args)
+    out = check_output_dir(args.out, [*args.traces, args.model, args.read, args.dataset], OUTPUT_KIND)
+    runs = load_runs(args)
+    value, labels = value_rule(args, runs)
+    sweep = Sweep.from_args(args)
+    rows = sweep.run(runs, value)
+    report = summarise(rows, runs, args, labels, sweep)
+    write_outputs(out, report, OUTPUT_KIND)
+    print(report["summary"], file=sys.stderr)
+    print(f"wrote {out}/replay.json, replay.md, replay.png", file=sys.stderr)
+    return 0
+
+
+def check_args(args) -> None:
+    if args.model is None and args.read is None:
+        raise InputError("give a controller to replay: --model (pre-retrieval) and/or --read", "--model")
+    if not 0 < args.keep <= 1:
+        raise InputError(f"must be in (0, 1], got {args.keep}", "--keep")
+    if args.budget is not None and not 0 < args.budget <= 1:
+        raise InputError(f"must be in (0, 1], got {args.budget}", "--budget")
+    if args.labels == "rows" and args.dataset is None:
+        raise InputError("rows labels come from a decision dataset: pass --dataset", "--labels")
+    if args.bootstrap < 0 or args.max_runs < 0:
+        raise InputError("must be ≥ 0", "--bootstrap" if args.bootstrap < 0 else "--max-runs")
+
+
+def load_runs(args) -> list:
+    """The runs of ``--traces`` as ``ReplayRun``s (a progress bar on long logs); none is an error."""
+    from tqdm import tqdm
+
+    from branchgate.bench.replay import ReplayRun
+    from branchgate.logs_to_dataset.readers import ReadReport, read_runs
+
+    report, runs = ReadReport(), []
+    for run in tqdm(read_runs(args.traces, args.fmt, report=report), desc="reading runs", unit="run", leave=False):
+        runs.append(ReplayRun(run))
+        if args.max_runs and len(runs) == args.max_runs:
+            break
+    if not runs:
+        raise InputError("no runs found (skipped records, if any, were logged above)", " ".join(args.traces))
+    return runs
+
+
+def value_rule(args, runs) -> tuple:
+    """The value-kept rule and its name: ``--labels`` (default keypoints when the runs carry key points, rows
+    with ``--dataset``, else citations)."""
+    from branchgate.bench import replay
+
+    labels = args.labels or (
+        "rows" if args.dataset else "keypoints" if any(r.n_key_points for r in runs) else "citations"
+    )
+    if labels == "keypoints":
+        if not any(r.n_key_points for r in runs):
+            raise InputError("no run has key-point labels (evidence labels): use --labels citations or --dataset",
+                             "--labels")
+        return replay.keypoint_value, labels
+    if labels == "citations":
+        if not any(r.report is not None and r.report.cited_ids for r in runs):
+            raise InputError("no run's report records cited_ids: use --labels keypoints or --dataset", "--labels")
+        return replay.citation_value, labels
+    utilities, stage, source = dataset_utilities(args.dataset)
+    return replay.row_value(utilities, stage), f"rows:{source}"
+
+
+def dataset_utilities(path: str) -> tuple[dict, str, str]:
+    """``({row key: utility}, stage, label source)`` of a decision dataset (every split, labelled rows)."""
+    from branchgate.data.decision_batches import load_decision_dataset
+
+    dd, manifest = load_decision_dataset(path)
+    stage = manifest.get("stage", "pre")
+    out: dict = {}
+    for split in dd:
+        part = dd[split]
+        keys = zip(part["run_id"], part["frame_id"], part["candidate_id"], part["utility"], part["label"])
+        for run_id, frame_id, cid, u, y in keys:
+            if y >= 0:
+                out[(run_id, cid) if stage == "pre" else (run_id, frame_id, cid)] = float(u)
+    return out, stage, str(manifest.get("labels", {}).get("source", "?") if isinstance(manifest.get("labels"), dict)
+                           else manifest.get("labels", "?"))
+
+
+class Sweep:
+    """The τ sweep: which stage is swept, the controllers, the rule each τ replays."""
+
+    def __init__(self, pre, read, taus, pre_tau, floor):
+        self.pre, self.read, self.taus, self.pre_tau, self.floor = pre, read, taus, pre_tau, floor
+        self.stage = "read" if read is not None else "pre"
+
+    @classmethod
+    def from_args(cls, args) -> Sweep:
+        from branchgate.inference.gate import Gate
+
+        pre = Gate.load(args.model, threads=args.threads) if args.model else None
+        read = Gate.load(args.read, threads=args.threads) if args.read else None
+        for gate, flag, want in ((pre, "--model", "pre"), (read, "--read", "read")):
+            if gate is not None and gate.stage != want:
+                raise InputError(f"{gate.path} is a {gate.stage} controller; {flag} takes a {want} controller", flag)
+        taus = parse_taus(args.taus, READ_TAUS if read is not None else PRE_TAUS)
+        pre_tau = args.pre_tau if args.pre_tau is not None else (pre.tau if pre is not None else None)
+        return cls(pre, read, taus, pre_tau, args.floor)
+
+    def rules(self, tau: float | None):
+        """(pre rule, read rule) at the swept ``tau`` (None: keep everything, the unpruned replay)."""
+        if tau is None:
+            return None, None
+        if self.stage == "pre":
+            return pre_rule(self.pre, tau), None
+        return (pre_rule(self.pre, self.pre_tau) if self.pre is not None else None), read_rule(
+            self.read, tau, self.floor
+        )
+
+    def run(self, runs, value) -> list[dict]:
+        """Per point (None = unpruned, then each τ): per-run searches, hits read, tokens and value."""
+        from tqdm import tqdm
+
+        rows = []
+        points = [None, *self.taus]
+        with tqdm(total=len(points) * len(runs), desc="replaying", unit="run") as bar:
+            for tau in points:
+                pre, read = self.rules(tau)
+                per_run = []
+                for r in runs:
+                    o = r.replay(pre, read)
+                    per_run.append((o.searches, o.hits_read, o.tokens, value(r, o)))
+                    bar.update()
+                rows.append({"tau": tau, "per_run": per_run})
+        return rows
+
+
+def parse_taus(text: str | None, default) -> list[float]:
+    if text is None:
+        return list(default)
+    try:
+        taus = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"expected comma-separated numbers, got {text!r}", "--taus") from None
+    if not taus or any(not 0 <= t <= 1 for t in taus):
+        raise InputError(f"expected τ values in [0, 1], got {text!r}", "--taus")
+    return taus
+
+
+def pre_rule(gate, tau: float):
+    def keep(frame, state: dict, cands: list) -> list[int]:
+        return gate.select(state, [{"query": q, "goal": g} for q, g in cands], tau=tau).kept
+
+    return keep
+
+
+def read_rule(gate, tau: float, floor: str | None):
+    def keep(state: dict, hits: list) -> list[int]:
+        listed = [
+            {"id": h.hit_id, "title": h.title or "", "snippet": h.snippet or "", "rank": i} for i, h in enumerate(hits)
+        ]
+        return gate.select(state, listed, tau=tau, floor=floor).kept
+
+    return keep

@@ -1,0 +1,191 @@
+"""`branchgate replay`'s report: per τ, the means over runs and the shares of the unpruned replay with 95% intervals
+over runs; the recommended τ; ``replay.json``, ``replay.md`` and ``replay.png`` (value kept against tokens)."""
+
+from __future__ import annotations
+
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from branchgate import __version__
+
+FIELDS = ("searches", "hits_read", "tokens", "value")
+
+
+def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
+    """The report: ``unpruned`` (means), ``points`` (per τ: means with intervals, shares of unpruned with
+    intervals, what was saved) and ``recommended``."""
+    from branchgate.bench.stats import bootstrap_ci, mean_ci
+
+    base = np.array(rows[0]["per_run"], np.float64)
+    points = []
+    for row in rows[1:]:
+        x = np.array(row["per_run"], np.float64)
+        point = {"tau": row["tau"], **{f: mean_ci(x[:, i], args.bootstrap) for i, f in enumerate(FIELDS)}}
+        for i, f in enumerate(FIELDS):
+            point[f"{f}_share"] = share(x[:, i], base[:, i], args.bootstrap, bootstrap_ci)
+        points.append(point)
+    report = {
+        "command": "branchgate " + " ".join(sys.argv[1:]),
+        "branchgate": __version__,
+        "commit": commit(),
+        "stage": sweep.stage,
+        "models": models(sweep),
+        "labels": labels,
+        "runs": len(runs),
+        "runs_with_results": sum(r.has_results for r in runs),
+        "unpruned": {f: float(base[:, i].mean()) for i, f in enumerate(FIELDS)},
+        "logged_tokens": logged_tokens(runs),
+        "points": points,
+        "keep": args.keep,
+        "budget": args.budget,
+    }
+    report["recommended"] = recommend(points, args.keep, args.budget)
+    report["summary"] = summary_line(report)
+    return report
+
+
+def share(x: np.ndarray, base: np.ndarray, boot: int, bootstrap_ci) -> dict:
+    """``mean(x) / mean(base)`` and its 95% interval, resampling runs (paired)."""
+    total = float(base.mean())
+    if total == 0:
+        return {"mean": None, "ci95": [None, None]}
+    ci = bootstrap_ci(np.arange(len(x)), lambda idx: x[idx].mean() / max(base[idx].mean(), 1e-12), boot)
+    return {"mean": float(x.mean()) / total, "ci95": ci}
+
+
+def recommend(points: list[dict], keep: float, budget: float | None) -> dict:
+    """With ``budget``: the point with the most value within that token share; else the point with the fewest
+    tokens keeping ``keep`` of the value (None when no τ does), by the point estimates."""
+    if budget is not None:
+        ok = [p for p in points if p["tokens_share"]["mean"] is not None and p["tokens_share"]["mean"] <= budget]
+        best = max(ok, key=lambda p: (p["value_share"]["mean"] or 0.0), default=None)
+        rule = f"most value within {budget:.0%} of the unpruned tokens"
+    else:
+        ok = [p for p in points if (p["value_share"]["mean"] or 0.0) >= keep]
+        best = min(ok, key=lambda p: p["tokens_share"]["mean"], default=None)
+        rule = f"fewest tokens keeping {keep:.0%} of the value"
+    if best is None:
+        return {"rule": rule, "tau": None}
+    return {
+        "rule": rule,
+        "tau": best["tau"],
+        "tokens_share": best["tokens_share"],
+        "value_share": best["value_share"],
+        "value_share_low_clears": keep <= (best["value_share"]["ci95"][0] or 0.0) if budget is None else None,
+    }
+
+
+def models(sweep) -> dict:
+    out = {}
+    for name, gate in (("pre", sweep.pre), ("read", sweep.read)):
+        if gate is not None:
+            out[name] = {"path": str(gate.path), "tau": gate.tau, "encoder": gate.encoder}
+    if sweep.stage == "read" and sweep.pre is not None:
+        out["pre"]["replayed_tau"] = sweep.pre_tau
+    return out
+
+
+def logged_tokens(runs) -> float | None:
+    """The runs' mean ``run_end`` total tokens when they record it (the unpruned replay should equal it)."""
+    got = [float(r.totals["tokens"]) for r in runs if r.totals.get("tokens") is not None]
+    return float(np.mean(got)) if len(got) == len(runs) else None
+
+
+def commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def summary_line(report: dict) -> str:
+    rec = report["recommended"]
+    if rec["tau"] is None:
+        return f"{report['runs']} runs replayed; no τ of the sweep meets the rule ({rec['rule']})"
+    return (
+        f"{report['runs']} runs replayed; recommended {report['stage']} τ {rec['tau']:g} ({rec['rule']}): "
+        f"{rec['value_share']['mean']:.1%} of the value at {rec['tokens_share']['mean']:.1%} of the tokens"
+    )
+
+
+def _pct(m: dict) -> str:
+    lo, hi = m["ci95"]
+    if m["mean"] is None:
+        return "–"
+    return f"{m['mean']:.1%} [{lo:.1%}, {hi:.1%}]" if lo is not None else f"{m['mean']:.1%}"
+
+
+def markdown(report: dict) -> str:
+    u = report["unpruned"]
+    lines = [
+        f"# Replay: the {report['stage']} controller on {report['runs']} runs",
+        "",
+        f"Value kept: `{report['labels']}`. Unpruned: {u['searches']:.1f} searches, {u['hits_read']:.1f} hits read, "
+        f"{u['tokens']:.0f} tokens, value {u['value']:.3f} a run (means). Intervals: 95%, bootstrap over runs.",
+        "",
+        f"**{report['summary']}**",
+        "",
+        "| τ | searches | hits read | tokens | token share | value | value share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in report["points"]:
+        lines.append(
+            f"| {p['tau']:g} | {p['searches']['mean']:.1f} | {p['hits_read']['mean']:.1f} | {p['tokens']['mean']:.0f} "
+            f"| {_pct(p['tokens_share'])} | {p['value']['mean']:.3f} | {_pct(p['value_share'])} |"
+        )
+    lines += ["", f"Command: `{report['command']}` (branchgate {report['branchgate']}, commit {report['commit']})", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = report["points"]
+    x = np.array([100 * p["tokens_share"]["mean"] for p in pts])
+    y = np.array([100 * p["value_share"]["mean"] for p in pts])
+    err = np.array([[100 * (p["value_share"]["mean"] - (p["value_share"]["ci95"][0] or p["value_share"]["mean"])),
+                     100 * ((p["value_share"]["ci95"][1] or p["value_share"]["mean"]) - p["value_share"]["mean"])]
+                    for p in pts]).T
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=f"{report['stage']} controller, τ swept")
+    for p, xi, yi in zip(pts, x, y):
+        ax.annotate(f"{p['tau']:g}", (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    rec = report["recommended"]
+    if rec["tau"] is not None:
+        ax.scatter([100 * rec["tokens_share"]["mean"]], [100 * rec["value_share"]["mean"]], s=120,
+                   facecolors="none", edgecolors="red", label=f"recommended τ {rec['tau']:g}")
+    ax.axhline(100 * report["keep"], color="grey", ls="--", lw=1)
+    ax.set_xlabel("LLM tokens, % of the unpruned replay")
+    ax.set_ylabel(f"value kept ({report['labels']}), % of unpruned")
+    ax.set_title(f"replay on {report['runs']} of your runs (95% intervals over runs)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, report: dict, kind: str) -> None:
+    from branchgate.fileio import atomic_write_json, atomic_write_text, mark_output_dir
+
+    out.mkdir(parents=True, exist_ok=True)
+    mark_output_dir(out, kind)
+    atomic_write_json(out / "replay.json", report)
+    atomic_write_text(out / "replay.md", markdown(report))
+    plot(report, out / "replay.png")
