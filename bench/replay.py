@@ -10,7 +10,10 @@ The cost rule (one rule for every log format):
   synthesis call; any other is the branch's whose ``retrieval`` (or ``results``) came last before it;
 - a branch's calls cost their fixed part (their tokens minus the evidence tokens the branch found new in the log)
   plus the tokens of the evidence it finds new in the replay; a branch that finds nothing new makes no call and
-  opens no child frame (the reference pipeline's rule: nothing new kept, no process call);
+  opens no child frame (the reference pipeline's rule: nothing new kept, no process call); a branch that found
+  nothing new in the log (so made no call) but finds something in the replay, because what an earlier branch
+  read there was pruned, is charged the run's median fixed part plus that evidence; the child frames it would
+  then open are not in the log and are not replayed (so replay runs slightly cheap: docs/use/replay.md);
 - the synthesis call costs its fixed part (its tokens minus the tokens of every evidence of the run) plus the
   tokens of the evidence found in the replay;
 - a log without ``llm_call`` events costs the tokens of the evidence found: what reading costs.
@@ -120,13 +123,30 @@ class ReplayRun:
                     self.calls[last] = self.calls.get(last, 0) + tokens
         seen: set[str] = set()
         self.new_tokens: dict[str, int] = {}
+        self.found_nothing: set[str] = set()  # branches that found nothing new in the log (so made no call)
         for _, kind, cid in self.timeline:
             if kind == "search":
-                logged = self.ev.get(cid, []) + [i for h in self.results.get(cid, (0, []))[1] for i in self.hit_evidence.get(h.hit_id, [])]
+                hits = self.results.get(cid, (0, []))[1]
+                logged = self.ev.get(cid, []) + [i for h in hits for i in self.hit_evidence.get(h.hit_id, [])]
                 new = [i for i in dict.fromkeys(logged) if i not in seen and i in self.evidence]
                 seen.update(new)
                 self.new_tokens[cid] = sum(self.tokens_of(new))
+                if not new:
+                    self.found_nothing.add(cid)
         self.synthesis_fixed = self.synthesis - sum(self.tokens_of(seen)) if self.synthesis else 0
+        fixed = sorted(max(0, c - self.new_tokens.get(cid, 0)) for cid, c in self.calls.items())
+        self.typical_fixed = fixed[len(fixed) // 2] if fixed else 0  # the median fixed part of a branch's calls
+
+    def branch_tokens(self, cid: str, new: list[str]) -> int:
+        """What branch ``cid`` costs when it finds ``new`` evidence in the replay: its logged calls' fixed part plus
+        the new evidence; a branch that found nothing new in the log made no call, so its call is priced at the
+        run's median fixed part (``typical_fixed``) plus the new evidence."""
+        calls = self.calls.get(cid, 0)
+        if calls:
+            return max(0, calls - self.new_tokens.get(cid, 0)) + sum(self.tokens_of(new))
+        if cid in self.found_nothing and self.has_calls:
+            return self.typical_fixed + sum(self.tokens_of(new))
+        return 0
 
     def tokens_of(self, ids) -> list[int]:
         return [int(self.evidence[i].tokens or 0) for i in ids if i in self.evidence]
@@ -143,8 +163,7 @@ class ReplayRun:
             elif kind == "search" and key in walk.kept:
                 new = self._search(key, walk, read, out)
                 if new:
-                    calls = self.calls.get(key, 0)
-                    out.tokens += max(0, calls - self.new_tokens.get(key, 0)) + sum(self.tokens_of(new)) * bool(calls)
+                    out.tokens += self.branch_tokens(key, new)
                     open_frames.update(self.child.get(key, []))
         out.found = walk.found
         if self.synthesis or not self.has_calls:  # the synthesis reads what was found; without calls, reading costs
@@ -177,7 +196,9 @@ class ReplayRun:
             seq, hits = self.results[cid]
             offered = [h for h in hits if h.hit_id not in walk.read_ids]
             out.hits_offered += len(offered)
-            chosen = range(len(offered)) if read is None else read(self._read_state(query, goal, frame, walk), offered)
+            chosen = range(len(offered))
+            if read is not None and offered:
+                chosen = read(self._read_state(query, goal, frame, walk), offered)
             found = []
             for h in (offered[i] for i in chosen):
                 walk.read_ids.add(h.hit_id)

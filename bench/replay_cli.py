@@ -1,13 +1,13 @@
 """`branchgate replay`: what the controller(s) would have done on your own unpruned logs, before you switch them on.
 
-    branchgate replay --traces LOGS --model pre.onnx [--read read.onnx] [--labels keypoints|citations]
-        [--dataset DIR] [--keep 0.95 | --budget 0.3] --out DIR
+    branchgate replay --traces LOGS --model pre.onnx [--read read.onnx]
+        [--labels keypoints|citations|teacher:NAME|judge] [--dataset DIR] [--keep 0.95 | --budget 0.3] --out DIR
 
 Each run of LOGS (any format ``dataset build`` reads) is replayed (``bench/replay.py``) at every τ of the sweep:
 the pre-retrieval controller's τ, or with ``--read`` the read controller's (the pre controller, if given, at
 ``--pre-tau``, default its own). Per τ: searches, hits read, LLM tokens and the value kept (key points, cited
-evidence, or a decision dataset's utilities with ``--dataset``: any label source, e.g. ``teacher:NAME`` or
-``judge``), each as a mean over runs and a share of the unpruned replay with a 95% interval over runs
+evidence, or a decision dataset's row utilities: ``--dataset``, or ``--labels teacher:NAME|judge``, which builds
+that dataset from LOGS into OUT/dataset first and needs the train extra), each as a mean over runs and a share of the unpruned replay with a 95% interval over runs
 (``bench.stats.bootstrap_ci``). It recommends the τ that keeps ``--keep`` of the value at the fewest tokens, or
 the most value within ``--budget`` of the tokens, and writes ``replay.json``, ``replay.md`` and ``replay.png``.
 """
@@ -26,7 +26,8 @@ from branchgate.errors import InputError
 OUTPUT_KIND = "replay"
 PRE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9)
 READ_TAUS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
-LABELS = ("keypoints", "citations", "rows")
+LABELS = ("keypoints", "citations", "rows", "judge", "teacher:NAME")
+ROW_SOURCES = ("judge", "teacher:")  # label sources whose value is a decision dataset's row utilities
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--labels",
         default=None,
-        choices=LABELS,
         help="value kept: keypoints (evidence key points; default when the runs have them), citations (the "
-        "report's cited_ids), rows (--dataset's utilities; the default with --dataset)",
+        "report's cited_ids), teacher:NAME or judge (a decision dataset's row utilities with that label source: "
+        "--dataset, else built from --traces into OUT/dataset), rows (--dataset's own; the default with --dataset)",
     )
+    parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
+    parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
     parser.add_argument(
         "--dataset",
         default=None,
@@ -67,8 +70,8 @@ def run(args) -> int:
     check_args(args)
     out = check_output_dir(args.out, [*args.traces, args.model, args.read, args.dataset], OUTPUT_KIND)
     runs = load_runs(args)
-    value, labels = value_rule(args, runs)
     sweep = Sweep.from_args(args)
+    value, labels = value_rule(args, runs, sweep.stage, out)
     rows = sweep.run(runs, value)
     report = summarise(rows, runs, args, labels, sweep)
     write_outputs(out, report, OUTPUT_KIND)
@@ -84,6 +87,8 @@ def check_args(args) -> None:
         raise InputError(f"must be in (0, 1], got {args.keep}", "--keep")
     if args.budget is not None and not 0 < args.budget <= 1:
         raise InputError(f"must be in (0, 1], got {args.budget}", "--budget")
+    if args.labels is not None and args.labels not in LABELS[:4] and not args.labels.startswith("teacher:"):
+        raise InputError(f"expected one of {', '.join(LABELS)}, got {args.labels!r}", "--labels")
     if args.labels == "rows" and args.dataset is None:
         raise InputError("rows labels come from a decision dataset: pass --dataset", "--labels")
     if args.bootstrap < 0 or args.max_runs < 0:
@@ -107,7 +112,7 @@ def load_runs(args) -> list:
     return runs
 
 
-def value_rule(args, runs) -> tuple:
+def value_rule(args, runs, stage: str, out) -> tuple:
     """The value-kept rule and its name: ``--labels`` (default keypoints when the runs carry key points, rows
     with ``--dataset``, else citations)."""
     from branchgate.bench import replay
@@ -124,8 +129,25 @@ def value_rule(args, runs) -> tuple:
         if not any(r.report is not None and r.report.cited_ids for r in runs):
             raise InputError("no run's report records cited_ids: use --labels keypoints or --dataset", "--labels")
         return replay.citation_value, labels
-    utilities, stage, source = dataset_utilities(args.dataset)
+    path = args.dataset or label_dataset(args, labels, stage, out)
+    utilities, data_stage, source = dataset_utilities(path)
+    if labels != "rows" and source != labels:
+        raise InputError(f"{path} is labelled {source}, not {labels}: build it with --labels {labels}", "--dataset")
+    if data_stage != stage:
+        raise InputError(f"{path} is a {data_stage}-stage dataset; this replay sweeps the {stage} stage "
+                         f"(dataset build --stage {stage})", "--dataset")
     return replay.row_value(utilities, stage), f"rows:{source}"
+
+
+def label_dataset(args, labels: str, stage: str, out) -> str:
+    """Build the ``labels`` decision dataset of ``--traces`` at OUT/dataset (``dataset build``; the train extra)."""
+    from branchgate.logs_to_dataset.build import build
+
+    options = {k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model)) if v is not None}
+    path = out / "dataset"
+    log.info("building the %s-stage %s dataset of --traces at %s", stage, labels, path)
+    build(args.traces, path, labels=labels, stage=stage, fmt=args.fmt, label_options=options)
+    return str(path)
 
 
 def dataset_utilities(path: str) -> tuple[dict, str, str]:
@@ -141,8 +163,7 @@ def dataset_utilities(path: str) -> tuple[dict, str, str]:
         for run_id, frame_id, cid, u, y in keys:
             if y >= 0:
                 out[(run_id, cid) if stage == "pre" else (run_id, frame_id, cid)] = float(u)
-    return out, stage, str(manifest.get("labels", {}).get("source", "?") if isinstance(manifest.get("labels"), dict)
-                           else manifest.get("labels", "?"))
+    return out, stage, str(manifest.get("label_kind", "?"))
 
 
 class Sweep:

@@ -114,7 +114,12 @@ def commit() -> str | None:
 def summary_line(report: dict) -> str:
     rec = report["recommended"]
     if rec["tau"] is None:
-        return f"{report['runs']} runs replayed; no τ of the sweep meets the rule ({rec['rule']})"
+        most = max(report["points"], key=lambda p: p["value_share"]["mean"] or 0.0)
+        return (
+            f"{report['runs']} runs replayed; no τ of the sweep meets the rule ({rec['rule']}); the most value: "
+            f"τ {most['tau']:g}, {(most['value_share']['mean'] or 0):.1%} at {most['tokens_share']['mean']:.1%} of "
+            f"the tokens (sweep {'higher' if report['budget'] is not None else 'lower'} τ with --taus)"
+        )
     return (
         f"{report['runs']} runs replayed; recommended {report['stage']} τ {rec['tau']:g} ({rec['rule']}): "
         f"{rec['value_share']['mean']:.1%} of the value at {rec['tokens_share']['mean']:.1%} of the tokens"
@@ -150,6 +155,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
 def plot(report: dict, path: Path) -> None:
     import matplotlib
 
@@ -159,9 +168,9 @@ def plot(report: dict, path: Path) -> None:
     pts = report["points"]
     x = np.array([100 * p["tokens_share"]["mean"] for p in pts])
     y = np.array([100 * p["value_share"]["mean"] for p in pts])
-    err = np.array([[100 * (p["value_share"]["mean"] - (p["value_share"]["ci95"][0] or p["value_share"]["mean"])),
-                     100 * ((p["value_share"]["ci95"][1] or p["value_share"]["mean"]) - p["value_share"]["mean"])]
-                    for p in pts]).T
+    lo = np.array([100 * _or(p["value_share"]["ci95"][0], p["value_share"]["mean"]) for p in pts])
+    hi = np.array([100 * _or(p["value_share"]["ci95"][1], p["value_share"]["mean"]) for p in pts])
+    err = np.clip(np.stack([y - lo, hi - y]), 0, None)  # a percentile interval of few runs may miss the mean
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=f"{report['stage']} controller, τ swept")
     for p, xi, yi in zip(pts, x, y):

@@ -264,6 +264,7 @@ def model_info(gate) -> dict:
         "dim": gate.dim,
         "max_length": gate.max_length,
         "feature_names": meta.get("feature_names"),
+        "teacher": meta.get("teacher"),  # a pretrained teacher default (inference/teacher_gate.py), else None
         "branchgate_version": meta.get("branchgate_version"),
         "trained_with": meta.get("trained_with"),
     }

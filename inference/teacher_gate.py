@@ -123,5 +123,16 @@ class TeacherGate:
         """The ``ValueModel`` protocol: the teacher's own score (the texts embedded by the tower)."""
         return np.asarray(self.teacher.score(x, state), np.float32)
 
+    @property
+    def dim(self) -> int:
+        return self.gate.dim
+
+    @property
+    def max_length(self) -> int:
+        return self.gate.max_length
+
     def run(self, *a, **kw):
-        raise BranchgateError(f"{self.name}: a teacher gate has no budgeted runs; use a learned pre controller")
+        raise BranchgateError(
+            f"{self.name}: a teacher gate has no budgeted runs; use a learned pre controller "
+            "(e.g. Gate.load('pretrained:pre-model'))"
+        )

@@ -419,3 +419,18 @@ def test_the_javascript_client_in_the_docs_runs_with_node(live, models):
 def test_the_docs_show_the_javascript_client_verbatim():
     page = (REPO / "docs" / "use" / "serve.md").read_text(encoding="utf-8")
     assert "```js\n" + CLIENT_JS.read_text(encoding="utf-8") + "```" in page
+
+
+def test_the_pretrained_defaults_serve_and_refuse_budgets_with_a_pointer():
+    """``--pre pretrained:pre --read pretrained:read`` (teacher defaults): both stages answer as in-process; a
+    budgeted run is a 422 naming the learned controller to use instead."""
+    pre, read = Gate.load("pretrained:pre", threads=1), Gate.load("pretrained:read", threads=1)
+    c = TestClient(create_app(pre=pre, read=read))
+    models = {m["stage"]: m for m in c.get("/v1/models").json()["models"]}
+    assert models["pre"]["teacher"] == "dpp" and models["read"]["dim"] == read.dim
+    state, cands = DECISIONS[0]
+    _same(c.post("/v1/select", json={"state": state, "candidates": cands}).json(), pre.select(state, cands).to_json())
+    state, hits = READS[0]
+    got = c.post("/v1/read", json={"state": state, "hits": hits}).json()
+    assert got["kept"] == read.select(state, hits).kept
+    assert "pretrained:pre-model" in _error(c.post("/v1/runs", json={"budget_tokens": 1000}), 422, None)["message"]
