@@ -7,9 +7,10 @@ Each run of LOGS (any format ``dataset build`` reads) is replayed (``bench/repla
 the pre-retrieval controller's τ, or with ``--read`` the read controller's (the pre controller, if given, at
 ``--pre-tau``, default its own). Per τ: searches, hits read, LLM tokens and the value kept (key points, cited
 evidence, or a decision dataset's row utilities: ``--dataset``, or ``--labels teacher:NAME|judge``, which builds
-that dataset from LOGS into OUT/dataset first and needs the train extra), each as a mean over runs and a share of the unpruned replay with a 95% interval over runs
-(``bench.stats.bootstrap_ci``). It recommends the τ that keeps ``--keep`` of the value at the fewest tokens, or
-the most value within ``--budget`` of the tokens, and writes ``replay.json``, ``replay.md`` and ``replay.png``.
+that dataset from LOGS into OUT/dataset first and needs the train extra), each as a mean over runs and a share of
+the unpruned replay with a 95% interval over runs (``bench.stats.bootstrap_ci``). It recommends the τ that keeps
+``--keep`` of the value at the fewest tokens, or the most value within ``--budget`` of the tokens, and writes
+``replay.json``, ``replay.md`` and ``replay.png``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import argparse
+import contextlib
 import logging
 import sys
 
@@ -97,13 +99,11 @@ def check_args(args) -> None:
 
 def load_runs(args) -> list:
     """The runs of ``--traces`` as ``ReplayRun``s (a progress bar on long logs); none is an error."""
-    from tqdm import tqdm
-
     from branchgate.bench.replay import ReplayRun
     from branchgate.logs_to_dataset.readers import ReadReport, read_runs
 
     report, runs = ReadReport(), []
-    for run in tqdm(read_runs(args.traces, args.fmt, report=report), desc="reading runs", unit="run", leave=False):
+    for run in progress(read_runs(args.traces, args.fmt, report=report), desc="reading runs", unit="run", leave=False):
         runs.append(ReplayRun(run))
         if args.max_runs and len(runs) == args.max_runs:
             break
@@ -122,8 +122,9 @@ def value_rule(args, runs, stage: str, out) -> tuple:
     )
     if labels == "keypoints":
         if not any(r.n_key_points for r in runs):
-            raise InputError("no run has key-point labels (evidence labels): use --labels citations or --dataset",
-                             "--labels")
+            raise InputError(
+                "no run has key-point labels (evidence labels): use --labels citations or --dataset", "--labels"
+            )
         return replay.keypoint_value, labels
     if labels == "citations":
         if not any(r.report is not None and r.report.cited_ids for r in runs):
@@ -134,8 +135,11 @@ def value_rule(args, runs, stage: str, out) -> tuple:
     if labels != "rows" and source != labels:
         raise InputError(f"{path} is labelled {source}, not {labels}: build it with --labels {labels}", "--dataset")
     if data_stage != stage:
-        raise InputError(f"{path} is a {data_stage}-stage dataset; this replay sweeps the {stage} stage "
-                         f"(dataset build --stage {stage})", "--dataset")
+        raise InputError(
+            f"{path} is a {data_stage}-stage dataset; this replay sweeps the {stage} stage "
+            f"(dataset build --stage {stage})",
+            "--dataset",
+        )
     return replay.row_value(utilities, stage), f"rows:{source}"
 
 
@@ -198,11 +202,9 @@ class Sweep:
 
     def run(self, runs, value) -> list[dict]:
         """Per point (None = unpruned, then each τ): per-run searches, hits read, tokens and value."""
-        from tqdm import tqdm
-
         rows = []
         points = [None, *self.taus]
-        with tqdm(total=len(points) * len(runs), desc="replaying", unit="run") as bar:
+        with progress(total=len(points) * len(runs), desc="replaying", unit="run") as bar:
             for tau in points:
                 pre, read = self.rules(tau)
                 per_run = []
@@ -212,6 +214,21 @@ class Sweep:
                     bar.update()
                 rows.append({"tau": tau, "per_run": per_run})
         return rows
+
+
+def progress(iterable=None, **options):
+    """A tqdm bar over ``iterable`` (or a context-managed bar of ``total``); without tqdm (the core install plus
+    the replay extra's matplotlib only) the iterable itself, or a bar that counts nothing."""
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        return iterable if iterable is not None else contextlib.nullcontext(_NoBar())
+    return tqdm(iterable, **options) if iterable is not None else tqdm(**options)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
 
 
 def parse_taus(text: str | None, default) -> list[float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 
 from branchgate import __version__
 
+log = logging.getLogger(__name__)
 FIELDS = ("searches", "hits_read", "tokens", "value")
 
 
@@ -64,7 +66,7 @@ def recommend(points: list[dict], keep: float, budget: float | None) -> dict:
     tokens keeping ``keep`` of the value (None when no τ does), by the point estimates."""
     if budget is not None:
         ok = [p for p in points if p["tokens_share"]["mean"] is not None and p["tokens_share"]["mean"] <= budget]
-        best = max(ok, key=lambda p: (p["value_share"]["mean"] or 0.0), default=None)
+        best = max(ok, key=lambda p: p["value_share"]["mean"] or 0.0, default=None)
         rule = f"most value within {budget:.0%} of the unpruned tokens"
     else:
         ok = [p for p in points if (p["value_share"]["mean"] or 0.0) >= keep]
@@ -177,8 +179,14 @@ def plot(report: dict, path: Path) -> None:
         ax.annotate(f"{p['tau']:g}", (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
     rec = report["recommended"]
     if rec["tau"] is not None:
-        ax.scatter([100 * rec["tokens_share"]["mean"]], [100 * rec["value_share"]["mean"]], s=120,
-                   facecolors="none", edgecolors="red", label=f"recommended τ {rec['tau']:g}")
+        ax.scatter(
+            [100 * rec["tokens_share"]["mean"]],
+            [100 * rec["value_share"]["mean"]],
+            s=120,
+            facecolors="none",
+            edgecolors="red",
+            label=f"recommended τ {rec['tau']:g}",
+        )
     ax.axhline(100 * report["keep"], color="grey", ls="--", lw=1)
     ax.set_xlabel("LLM tokens, % of the unpruned replay")
     ax.set_ylabel(f"value kept ({report['labels']}), % of unpruned")
@@ -197,4 +205,7 @@ def write_outputs(out: Path, report: dict, kind: str) -> None:
     mark_output_dir(out, kind)
     atomic_write_json(out / "replay.json", report)
     atomic_write_text(out / "replay.md", markdown(report))
-    plot(report, out / "replay.png")
+    try:
+        plot(report, out / "replay.png")
+    except ModuleNotFoundError as exc:  # the core install: the table and JSON only
+        log.warning("replay.png not drawn: %s is not installed (pip install 'branchgate[replay]')", exc.name)

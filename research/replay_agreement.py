@@ -97,7 +97,9 @@ def main(argv=None) -> None:
     unpruned = (args.runs / "none" if args.runs else args.bench / "closed_loop" / "seed0" / "none") / "traces"
     runs = [ReplayRun(r) for r in read_runs([unpruned])]
     rows = []
-    print("| stage | τ | queries | tokens closed loop → replay (Δ, 95%) | KPR closed loop → replay (Δ, 95%) | searches |")
+    print(
+        "| stage | τ | queries | tokens closed loop → replay (Δ, 95%) | KPR closed loop → replay (Δ, 95%) | searches |"
+    )
     print("|---|---|---|---|---|---|")
     for stage, folder, gate, tau in points(args.bench, args.labels, args.runs):
         c = compare(closed_loop(folder / "traces"), replayed(runs, gate, tau), args.bootstrap)

@@ -167,3 +167,33 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
         [str(cli), "serve", "--pre", model], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path
     )
     assert serve.returncode == 2 and "pip install 'branchgate[serve]'" in serve.stderr, serve.stderr[-2000:]
+    traces = tmp_path / "sim"  # replay from the core install: the table and JSON; the picture names its extra
+    from branchgate.pipeline.config import Config
+    from branchgate.pipeline.simulate import simulate
+
+    simulate("sample", Config(depth=1), traces, runs=2, progress=False)
+    replay = subprocess.run(
+        [
+            str(cli),
+            "replay",
+            "--traces",
+            str(traces / "traces"),
+            "--model",
+            "pretrained:pre",
+            "--taus",
+            "0.3",
+            "--bootstrap",
+            "20",
+            "--out",
+            str(tmp_path / "replay"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    report = json.loads((tmp_path / "replay" / "replay.json").read_text())
+    assert report["runs"] == 2 and len(report["points"]) == 1
+    assert "branchgate[replay]" in replay.stderr and not (tmp_path / "replay" / "replay.png").exists()

@@ -15,7 +15,6 @@ from export_support import exported, exported_read
 
 from branchgate.bench.replay import ReplayRun, citation_value, keypoint_value
 from branchgate.cli import main
-from branchgate.inference.gate import Gate
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
@@ -78,10 +77,10 @@ def test_a_policy_that_keeps_less_costs_less_and_keeps_less(replay_runs):
     def first_hit(state, hits):
         return [0]
 
-    for run in replay_runs:
+    for run in replay_runs:  # reading less may cost more: a later branch then finds something and makes a call
         full, pre, read = run.replay(), run.replay(pre=top1), run.replay(read=first_hit)
         assert pre.searches < full.searches and pre.tokens < full.tokens
-        assert read.hits_read < full.hits_read and read.tokens <= full.tokens
+        assert read.hits_read < full.hits_read and keypoint_value(run, read) <= keypoint_value(run, full)
         assert keypoint_value(run, pre) <= keypoint_value(run, full)
 
 
@@ -103,7 +102,7 @@ def test_the_read_rule_sees_the_search_and_only_hits_not_read_before(replay_runs
 @pytest.mark.parametrize("stage", ["pre", "read"])
 def test_replay_lands_near_the_closed_loop(tmp_path, unpruned, models, encoder, stage):
     """The controller at τ 0.5 run in the simulator vs replayed on the unpruned runs (the sample's 6 queries;
-    measured: pre 0.8% of tokens and 0.000 KPR apart, read 1.4% and 0.000 on 12 runs)."""
+    measured on 12 sample runs: pre +0.1% of the tokens, read +0.3%, the same KPR)."""
     closed = logged(sim(tmp_path / "closed", encoder, **{stage: f"gate:{models[stage]},tau={TAU}"}))
     flag = "--model" if stage == "pre" else "--read"
     report = replay_cli(tmp_path, "--traces", str(unpruned), flag, models[stage], "--taus", str(TAU))
@@ -116,7 +115,9 @@ def test_replay_lands_near_the_closed_loop(tmp_path, unpruned, models, encoder, 
 
 def test_the_report_files_and_the_recommendation(tmp_path, unpruned, models):
     report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9")
-    assert {"stage", "models", "labels", "runs", "unpruned", "points", "recommended", "summary", "commit"} <= set(report)
+    assert {"stage", "models", "labels", "runs", "unpruned", "points", "recommended", "summary", "commit"} <= set(
+        report
+    )
     assert report["stage"] == "pre" and report["labels"] == "keypoints" and report["runs"] == RUNS
     taus = [p["tau"] for p in report["points"]]
     assert taus == [0.0, 0.3, 0.9]
@@ -130,18 +131,42 @@ def test_the_report_files_and_the_recommendation(tmp_path, unpruned, models):
     out = tmp_path / "out"
     assert (out / "replay.png").stat().st_size > 1000
     assert "| τ |" in (out / "replay.md").read_text()
-    budget = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9",
-                        "--budget", "0.7")  # the same folder again: replay's own output is replaced
+    budget = replay_cli(
+        tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9", "--budget", "0.7"
+    )  # the same folder again: replay's own output is replaced
     assert budget["recommended"]["tau"] is None or budget["recommended"]["tokens_share"]["mean"] <= 0.7
 
 
 def test_read_after_the_pre_controller_and_citation_labels(tmp_path, unpruned, models):
-    report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--read", models["read"],
-                        "--pre-tau", "0.9", "--taus", "0.5", "--labels", "citations")
+    report = replay_cli(
+        tmp_path,
+        "--traces",
+        str(unpruned),
+        "--model",
+        models["pre"],
+        "--read",
+        models["read"],
+        "--pre-tau",
+        "0.9",
+        "--taus",
+        "0.5",
+        "--labels",
+        "citations",
+    )
     assert report["stage"] == "read" and report["labels"] == "citations"
     assert report["models"]["pre"]["replayed_tau"] == 0.9
-    alone = replay_cli(tmp_path, "--traces", str(unpruned), "--read", models["read"], "--taus", "0.5",
-                       "--labels", "citations", name="alone")
+    alone = replay_cli(
+        tmp_path,
+        "--traces",
+        str(unpruned),
+        "--read",
+        models["read"],
+        "--taus",
+        "0.5",
+        "--labels",
+        "citations",
+        name="alone",
+    )
     assert report["points"][0]["searches"]["mean"] < alone["points"][0]["searches"]["mean"]
 
 
@@ -150,14 +175,37 @@ def test_dataset_rows_as_the_value(tmp_path, unpruned, models, encoder):
     from branchgate.logs_to_dataset.build import build
 
     build([unpruned], tmp_path / "ds", labels="keypoints", encoder_obj=encoder, progress=False, embed="torch")
-    report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--dataset",
-                        str(tmp_path / "ds"), "--taus", "0,0.9")
+    report = replay_cli(
+        tmp_path,
+        "--traces",
+        str(unpruned),
+        "--model",
+        models["pre"],
+        "--dataset",
+        str(tmp_path / "ds"),
+        "--taus",
+        "0,0.9",
+    )
     assert report["labels"] == "rows:keypoints"
     assert report["unpruned"]["value"] > 0
     assert report["points"][0]["value"]["mean"] == pytest.approx(report["unpruned"]["value"])
     assert report["points"][1]["value"]["mean"] < report["unpruned"]["value"]
-    assert main(["replay", "--traces", str(unpruned), "--read", models["read"], "--dataset", str(tmp_path / "ds"),
-                 "--out", str(tmp_path / "r")]) == 2  # a pre-stage dataset for the read stage
+    assert (
+        main(
+            [
+                "replay",
+                "--traces",
+                str(unpruned),
+                "--read",
+                models["read"],
+                "--dataset",
+                str(tmp_path / "ds"),
+                "--out",
+                str(tmp_path / "r"),
+            ]
+        )
+        == 2
+    )  # a pre-stage dataset for the read stage
 
 
 @pytest.mark.parametrize(
@@ -213,15 +261,30 @@ def test_runs_without_key_points_refuse_keypoint_labels(tmp_path, models, capsys
     (run,) = [ReplayRun(r) for r in read_runs([path.parent])]
     assert run.replay().tokens == 12  # no llm_call events: what reading the evidence costs
     assert run.replay(pre=lambda f, s, c: [1]).tokens == 7
-    assert main(["replay", "--traces", str(path.parent), "--model", models["pre"], "--labels", "keypoints",
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "replay",
+                "--traces",
+                str(path.parent),
+                "--model",
+                models["pre"],
+                "--labels",
+                "keypoints",
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     assert "--labels" in capsys.readouterr().err
 
 
 def test_teacher_labels_build_their_dataset_in_the_output_folder(tmp_path, unpruned, models):
     """``--labels teacher:dpp`` without ``--dataset``: OUT/dataset is built from the logs with that label source."""
-    report = replay_cli(tmp_path, "--traces", str(unpruned), "--read", models["read"], "--labels", "teacher:dpp",
-                        "--taus", "0.5")
+    report = replay_cli(
+        tmp_path, "--traces", str(unpruned), "--read", models["read"], "--labels", "teacher:dpp", "--taus", "0.5"
+    )
     assert report["labels"] == "rows:teacher:dpp" and report["stage"] == "read"
     manifest = json.loads((tmp_path / "out" / "dataset" / "manifest.json").read_text())
     assert manifest["stage"] == "read" and manifest["label_kind"] == "teacher:dpp"
