@@ -151,15 +151,10 @@ class ReplayRun:
     def tokens_of(self, ids) -> list[int]:
         return [int(self.evidence[i].tokens or 0) for i in ids if i in self.evidence]
 
-    def replay(
-        self, pre: PreRule | None = None, read: ReadRule | None = None, spend: Callable[[int], None] | None = None
-    ) -> Outcome:
+    def replay(self, pre: PreRule | None = None, read: ReadRule | None = None) -> Outcome:
         """Walk the run keeping what ``pre`` keeps at each frame (None: every candidate) and reading what ``read``
-        reads of each kept search's new hits (None: every hit). ``spend`` (a run budget's ``RunGate.spend``) is
-        told the plan's tokens first, then each kept branch's, as they are spent."""
+        reads of each kept search's new hits (None: every hit)."""
         out, walk = Outcome(tokens=self.plan), _Walk()
-        if spend is not None:
-            spend(self.plan)
         open_frames = {fid for fid, f in self.frames.items() if f.parent_candidate is None}
         for _, kind, key in self.timeline:
             if kind == "frame" and key in open_frames:
@@ -167,12 +162,9 @@ class ReplayRun:
                 walk.kept.update(c for c, fid in self.own.items() if fid == key)
             elif kind == "search" and key in walk.kept:
                 new = self._search(key, walk, read, out)
-                cost = self.branch_tokens(key, new) if new else 0
-                out.tokens += cost
                 if new:
+                    out.tokens += self.branch_tokens(key, new)
                     open_frames.update(self.child.get(key, []))
-                if spend is not None:
-                    spend(cost)
         out.found = walk.found
         if self.synthesis or not self.has_calls:  # the synthesis reads what was found; without calls, reading costs
             out.tokens += self.synthesis_fixed + sum(self.tokens_of(walk.found))
