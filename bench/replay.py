@@ -151,36 +151,64 @@ class ReplayRun:
     def tokens_of(self, ids) -> list[int]:
         return [int(self.evidence[i].tokens or 0) for i in ids if i in self.evidence]
 
-    def replay(self, pre: PreRule | None = None, read: ReadRule | None = None) -> Outcome:
+    def replay(self, pre: PreRule | None = None, read: ReadRule | None = None, budget=None) -> Outcome:
         """Walk the run keeping what ``pre`` keeps at each frame (None: every candidate) and reading what ``read``
-        reads of each kept search's new hits (None: every hit)."""
+        reads of each kept search's new hits (None: every hit). ``budget``, a run budget's ``RunGate`` made with
+        ``charges=False``, replaces ``pre`` (``_Ledger``: the reference pipeline's exact-cost rule)."""
         out, walk = Outcome(tokens=self.plan), _Walk()
+        ledger = _Ledger(self, budget) if budget is not None else None
         open_frames = {fid for fid, f in self.frames.items() if f.parent_candidate is None}
         for _, kind, key in self.timeline:
             if kind == "frame" and key in open_frames:
-                walk.kept.update(self._keep(self.frames[key], walk, pre))
+                frame = self.frames[key]
+                kept = ledger.keep(frame, self._state(frame, walk), walk) if ledger else self._keep(frame, walk, pre)
+                walk.kept.update(kept)
                 walk.kept.update(c for c, fid in self.own.items() if fid == key)
             elif kind == "search" and key in walk.kept:
+                if ledger is not None and not ledger.fits(key, walk):
+                    continue  # the budget cannot afford it: not expanded (the pipeline's "prune", actor budget)
                 new = self._search(key, walk, read, out)
                 if new:
-                    out.tokens += self.branch_tokens(key, new)
+                    cost = self.branch_tokens(key, new)
+                    out.tokens += cost
                     open_frames.update(self.child.get(key, []))
+                    if ledger is not None:
+                        ledger.commit(cost, sum(self.tokens_of(new)))
+                elif ledger is not None:
+                    ledger.commit(0, 0)
         out.found = walk.found
         if self.synthesis or not self.has_calls:  # the synthesis reads what was found; without calls, reading costs
             out.tokens += self.synthesis_fixed + sum(self.tokens_of(walk.found))
         return out
 
-    def _keep(self, frame, walk: _Walk, pre: PreRule | None) -> list[str]:
-        ids = [c.candidate_id for c in frame.candidates]
-        if pre is None or not ids:
-            return ids
-        state = {
+    def logged_new(self, cid: str, walk: _Walk) -> list[str]:
+        """The evidence branch ``cid`` would find new now, reading every hit (what a budget must afford)."""
+        hits = self.results.get(cid, (0, []))[1]
+        found = self.ev.get(cid, []) + [
+            i for h in hits if h.hit_id not in walk.read_ids for i in self.hit_evidence.get(h.hit_id, [])
+        ]
+        return [i for i in dict.fromkeys(found) if i not in walk.found and i in self.evidence]
+
+    def cost_now(self, cid: str, walk: _Walk) -> int:
+        """What searching ``cid`` would cost now, reading every hit: its calls for the evidence it would find new
+        and that evidence's growth of the synthesis call (0 when it would find nothing new: no call)."""
+        new = self.logged_new(cid, walk)
+        return self.branch_tokens(cid, new) + sum(self.tokens_of(new)) if new else 0
+
+    def _state(self, frame, walk: _Walk) -> dict:
+        return {
             "root_query": self.root_query,
             "frame_query": frame.frame_query,
             "parent_goal": frame.parent_goal,
             "retained": list(walk.retained),
             "depth": frame.depth,
         }
+
+    def _keep(self, frame, walk: _Walk, pre: PreRule | None) -> list[str]:
+        ids = [c.candidate_id for c in frame.candidates]
+        if pre is None or not ids:
+            return ids
+        state = self._state(frame, walk)
         return [ids[i] for i in pre(frame, state, [(c.query, c.goal or "") for c in frame.candidates])]
 
     def _search(self, cid: str, walk: _Walk, read: ReadRule | None, out: Outcome) -> list[str]:
@@ -231,6 +259,37 @@ class ReplayRun:
     @property
     def has_results(self) -> bool:
         return bool(self.results)
+
+
+class _Ledger:
+    """A run budget replayed the way the reference pipeline spends one (``pipeline/exact_costs.py``): the plan is
+    charged and the synthesis call's fixed part held first; at each frame the run's ``RunGate`` admits candidates
+    by its price, given what each would cost now (``ReplayRun.cost_now``: its calls, the evidence it would find
+    new, and that evidence's growth of the synthesis call); before a kept branch is searched that cost must still
+    fit what is left, else it is dropped; then its calls are charged and the growth held."""
+
+    def __init__(self, run: ReplayRun, budget):
+        if budget.charges:
+            raise ValueError("replay a run budget with a RunGate made with charges=False")
+        self.run, self.gate, self.account = run, budget, budget.budget
+        self.account.spent_tokens += run.plan  # the plan was made before any decision
+        self.account.reserved_tokens += run.synthesis_fixed
+
+    def keep(self, frame, state: dict, walk: _Walk) -> list[str]:
+        cands = frame.candidates
+        if not cands:
+            return []
+        costs = [self.run.cost_now(c.candidate_id, walk) for c in cands]
+        sel = self.gate.select(state, [{"query": c.query, "goal": c.goal or ""} for c in cands], costs=costs)
+        return [cands[i].candidate_id for i in sel.kept]
+
+    def fits(self, cid: str, walk: _Walk) -> bool:
+        return self.account.can_afford(1, self.run.cost_now(cid, walk))
+
+    def commit(self, cost: int, growth: int) -> None:
+        self.account.spent_nodes += 1
+        self.account.spent_tokens += cost
+        self.account.reserved_tokens += growth
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """`branchgate replay`: what the controller(s) would have done on your own unpruned logs, before you switch them on.
 
     branchgate replay --traces LOGS --model pre.onnx [--read read.onnx]
-        [--labels keypoints|citations|teacher:NAME|judge] [--dataset DIR] [--keep 0.95 | --budget 0.3] --out DIR
+        [--labels keypoints|citations|teacher:NAME|judge] [--dataset DIR] [--keep 0.95 | --budget 0.3]
+        [--taus T,...] [--run-budgets SHARE,...] --out DIR
 
 Each run of LOGS (any format ``dataset build`` reads) is replayed (``bench/replay.py``) at every τ of the sweep:
 the pre-retrieval controller's τ, or with ``--read`` the read controller's (the pre controller, if given, at
@@ -10,7 +11,8 @@ evidence, or a decision dataset's row utilities: ``--dataset``, or ``--labels te
 that dataset from LOGS into OUT/dataset first and needs the train extra), each as a mean over runs and a share of
 the unpruned replay with a 95% interval over runs (``bench.stats.bootstrap_ci``). It recommends the τ that keeps
 ``--keep`` of the value at the fewest tokens, or the most value within ``--budget`` of the tokens, and writes
-``replay.json``, ``replay.md`` and ``replay.png``.
+``replay.json``, ``replay.md`` and ``replay.png``. ``--run-budgets`` adds points that replay the pre controller's
+run budget (``RunGate``) at shares of each run's unpruned tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "value kept = the sum of its rows' utilities over the kept candidates (stage pre) or read hits (read)",
     )
     parser.add_argument("--taus", default=None, help="comma-separated τ to sweep (default: a grid per stage)")
+    parser.add_argument(
+        "--run-budgets",
+        default=None,
+        help="comma-separated shares of each run's unpruned tokens: replay the pre controller's run budget "
+        "(Gate.run(budget_tokens=share × the run's tokens), spent as the reference pipeline spends it) at each",
+    )
     parser.add_argument("--pre-tau", type=float, default=None, help="with --read: the pre controller's τ")
     parser.add_argument("--floor", choices=["root"], default=None, help="the read controller's floor (Gate.select)")
     parser.add_argument("--keep", type=float, default=0.95, help="recommend the τ keeping this share of the value")
@@ -171,10 +179,12 @@ def dataset_utilities(path: str) -> tuple[dict, str, str]:
 
 
 class Sweep:
-    """The τ sweep: which stage is swept, the controllers, the rule each τ replays."""
+    """The sweep: which stage, the controllers, and its points — each τ, or each run budget (``--run-budgets``: a
+    share of each run's unpruned tokens, the pre controller's ``RunGate``)."""
 
-    def __init__(self, pre, read, taus, pre_tau, floor):
+    def __init__(self, pre, read, taus, pre_tau, floor, budgets=()):
         self.pre, self.read, self.taus, self.pre_tau, self.floor = pre, read, taus, pre_tau, floor
+        self.budgets = list(budgets)
         self.stage = "read" if read is not None else "pre"
 
     @classmethod
@@ -186,33 +196,48 @@ class Sweep:
         for gate, flag, want in ((pre, "--model", "pre"), (read, "--read", "read")):
             if gate is not None and gate.stage != want:
                 raise InputError(f"{gate.path} is a {gate.stage} controller; {flag} takes a {want} controller", flag)
-        taus = parse_taus(args.taus, READ_TAUS if read is not None else PRE_TAUS)
+        budgets = parse_shares(args.run_budgets, "--run-budgets") if args.run_budgets else []
+        if budgets and (pre is None or read is not None or hasattr(pre, "teacher")):
+            raise InputError(
+                "run budgets replay a learned pre-retrieval controller alone: --model, no --read "
+                "(a teacher default has no budgeted runs: pretrained:pre-model)",
+                "--run-budgets",
+            )
+        taus = [] if budgets and args.taus is None else parse_taus(args.taus, READ_TAUS if read else PRE_TAUS)
         pre_tau = args.pre_tau if args.pre_tau is not None else (pre.tau if pre is not None else None)
-        return cls(pre, read, taus, pre_tau, args.floor)
+        return cls(pre, read, taus, pre_tau, args.floor, budgets)
 
-    def rules(self, tau: float | None):
-        """(pre rule, read rule) at the swept ``tau`` (None: keep everything, the unpruned replay)."""
+    def points(self) -> list[dict]:
+        """The unpruned replay, then each τ, then each run budget."""
+        return [{"tau": None}, *({"tau": t} for t in self.taus), *({"run_budget": b} for b in self.budgets)]
+
+    def rules(self, point: dict, run, unpruned_tokens: float):
+        """(pre rule, read rule, run budget) of ``point`` for ``run`` (the unpruned point keeps everything)."""
+        if "run_budget" in point:
+            tokens = max(1, int(point["run_budget"] * unpruned_tokens))  # rounded down, as the pipeline's P%
+            return None, None, self.pre.run(budget_tokens=tokens, charges=False)
+        tau = point["tau"]
         if tau is None:
-            return None, None
+            return None, None, None
         if self.stage == "pre":
-            return pre_rule(self.pre, tau), None
-        return (pre_rule(self.pre, self.pre_tau) if self.pre is not None else None), read_rule(
-            self.read, tau, self.floor
-        )
+            return pre_rule(self.pre, tau), None, None
+        held = pre_rule(self.pre, self.pre_tau) if self.pre is not None else None
+        return held, read_rule(self.read, tau, self.floor), None
 
     def run(self, runs, value) -> list[dict]:
-        """Per point (None = unpruned, then each τ): per-run searches, hits read, tokens and value."""
-        rows = []
-        points = [None, *self.taus]
+        """Per point: per-run searches, hits read, tokens and value."""
+        rows, base = [], {}
+        points = self.points()
         with progress(total=len(points) * len(runs), desc="replaying", unit="run") as bar:
-            for tau in points:
-                pre, read = self.rules(tau)
+            for point in points:
                 per_run = []
                 for r in runs:
-                    o = r.replay(pre, read)
+                    pre, read, budget = self.rules(point, r, base.get(r.run_id, 0.0))
+                    o = r.replay(pre, read, budget)
+                    base.setdefault(r.run_id, o.tokens)  # the first point is the unpruned replay
                     per_run.append((o.searches, o.hits_read, o.tokens, value(r, o)))
                     bar.update()
-                rows.append({"tau": tau, "per_run": per_run})
+                rows.append({**point, "per_run": per_run})
         return rows
 
 
@@ -229,6 +254,17 @@ def progress(iterable=None, **options):
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
+
+
+def parse_shares(text: str, flag: str) -> list[float]:
+    """Comma-separated shares in (0, 1]."""
+    try:
+        shares = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(f"expected comma-separated numbers, got {text!r}", flag) from None
+    if not shares or any(not 0 < x <= 1 for x in shares):
+        raise InputError(f"expected shares in (0, 1], got {text!r}", flag)
+    return shares
 
 
 def parse_taus(text: str | None, default) -> list[float]:

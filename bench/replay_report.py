@@ -28,7 +28,9 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
     points = []
     for row in rows[1:]:
         x = np.array(row["per_run"], np.float64)
-        point = {"tau": row["tau"], **{f: mean_ci(x[:, i], args.bootstrap) for i, f in enumerate(FIELDS)}}
+        point = {k: row[k] for k in ("tau", "run_budget") if k in row}
+        point.update({f: mean_ci(x[:, i], args.bootstrap) for i, f in enumerate(FIELDS)})
+        point["name"] = point_name(point)
         for i, f in enumerate(FIELDS):
             point[f"{f}_share"] = share(x[:, i], base[:, i], args.bootstrap, bootstrap_ci)
         points.append(point)
@@ -52,6 +54,13 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
     return report
 
 
+def point_name(point: dict) -> str:
+    """``τ 0.3`` or ``run budget 30%``: how the report names a point of the sweep."""
+    if point.get("run_budget") is not None:
+        return f"run budget {point['run_budget']:.0%}"
+    return f"τ {point['tau']:g}"
+
+
 def share(x: np.ndarray, base: np.ndarray, boot: int, bootstrap_ci) -> dict:
     """``mean(x) / mean(base)`` and its 95% interval, resampling runs (paired)."""
     total = float(base.mean())
@@ -73,10 +82,12 @@ def recommend(points: list[dict], keep: float, budget: float | None) -> dict:
         best = min(ok, key=lambda p: p["tokens_share"]["mean"], default=None)
         rule = f"fewest tokens keeping {keep:.0%} of the value"
     if best is None:
-        return {"rule": rule, "tau": None}
+        return {"rule": rule, "tau": None, "point": None}
     return {
         "rule": rule,
-        "tau": best["tau"],
+        "point": best["name"],
+        "tau": best.get("tau"),
+        "run_budget": best.get("run_budget"),
         "tokens_share": best["tokens_share"],
         "value_share": best["value_share"],
         "value_share_low_clears": keep <= (best["value_share"]["ci95"][0] or 0.0) if budget is None else None,
@@ -115,15 +126,15 @@ def commit() -> str | None:
 
 def summary_line(report: dict) -> str:
     rec = report["recommended"]
-    if rec["tau"] is None:
+    if rec["point"] is None:
         most = max(report["points"], key=lambda p: p["value_share"]["mean"] or 0.0)
         return (
-            f"{report['runs']} runs replayed; no τ of the sweep meets the rule ({rec['rule']}); the most value: "
-            f"τ {most['tau']:g}, {(most['value_share']['mean'] or 0):.1%} at {most['tokens_share']['mean']:.1%} of "
+            f"{report['runs']} runs replayed; no point of the sweep meets the rule ({rec['rule']}); the most value: "
+            f"{most['name']}, {(most['value_share']['mean'] or 0):.1%} at {most['tokens_share']['mean']:.1%} of "
             f"the tokens (sweep {'higher' if report['budget'] is not None else 'lower'} τ with --taus)"
         )
     return (
-        f"{report['runs']} runs replayed; recommended {report['stage']} τ {rec['tau']:g} ({rec['rule']}): "
+        f"{report['runs']} runs replayed; recommended {report['stage']} {rec['point']} ({rec['rule']}): "
         f"{rec['value_share']['mean']:.1%} of the value at {rec['tokens_share']['mean']:.1%} of the tokens"
     )
 
@@ -145,12 +156,12 @@ def markdown(report: dict) -> str:
         "",
         f"**{report['summary']}**",
         "",
-        "| τ | searches | hits read | tokens | token share | value | value share |",
+        "| point | searches | hits read | tokens | token share | value | value share |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in report["points"]:
         lines.append(
-            f"| {p['tau']:g} | {p['searches']['mean']:.1f} | {p['hits_read']['mean']:.1f} | {p['tokens']['mean']:.0f} "
+            f"| {p['name']} | {p['searches']['mean']:.1f} | {p['hits_read']['mean']:.1f} | {p['tokens']['mean']:.0f} "
             f"| {_pct(p['tokens_share'])} | {p['value']['mean']:.3f} | {_pct(p['value_share'])} |"
         )
     lines += ["", f"Command: `{report['command']}` (branchgate {report['branchgate']}, commit {report['commit']})", ""]
@@ -167,25 +178,29 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = report["points"]
-    x = np.array([100 * p["tokens_share"]["mean"] for p in pts])
-    y = np.array([100 * p["value_share"]["mean"] for p in pts])
-    lo = np.array([100 * _or(p["value_share"]["ci95"][0], p["value_share"]["mean"]) for p in pts])
-    hi = np.array([100 * _or(p["value_share"]["ci95"][1], p["value_share"]["mean"]) for p in pts])
-    err = np.clip(np.stack([y - lo, hi - y]), 0, None)  # a percentile interval of few runs may miss the mean
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=f"{report['stage']} controller, τ swept")
-    for p, xi, yi in zip(pts, x, y):
-        ax.annotate(f"{p['tau']:g}", (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    for kind, label in (("tau", "τ swept"), ("run_budget", "run budget swept")):
+        pts = [p for p in report["points"] if p.get(kind) is not None]
+        if not pts:
+            continue
+        x = np.array([100 * p["tokens_share"]["mean"] for p in pts])
+        y = np.array([100 * p["value_share"]["mean"] for p in pts])
+        lo = np.array([100 * _or(p["value_share"]["ci95"][0], p["value_share"]["mean"]) for p in pts])
+        hi = np.array([100 * _or(p["value_share"]["ci95"][1], p["value_share"]["mean"]) for p in pts])
+        err = np.clip(np.stack([y - lo, hi - y]), 0, None)  # a percentile interval of few runs may miss the mean
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=2, label=f"{report['stage']} controller, {label}")
+        for p, xi, yi in zip(pts, x, y):
+            text = f"{p['tau']:g}" if kind == "tau" else f"{p['run_budget']:.0%}"
+            ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=7)
     rec = report["recommended"]
-    if rec["tau"] is not None:
+    if rec["point"] is not None:
         ax.scatter(
             [100 * rec["tokens_share"]["mean"]],
             [100 * rec["value_share"]["mean"]],
             s=120,
             facecolors="none",
             edgecolors="red",
-            label=f"recommended τ {rec['tau']:g}",
+            label=f"recommended: {rec['point']}",
         )
     ax.axhline(100 * report["keep"], color="grey", ls="--", lw=1)
     ax.set_xlabel("LLM tokens, % of the unpruned replay")

@@ -10,9 +10,10 @@ over queries (``bench.stats.bootstrap_ci``).
     python3 -m research.replay_agreement --bench OUT [--labels keypoints] [--out agreement.json]
 
 ``--runs DIR`` takes the runs from DIR instead (the bench's controllers still): DIR/none the unpruned runs and
-DIR/gate@tau=T, DIR/read_gate@tau=T the closed loop, each made by ``branchgate simulate`` with the bench's settings
-on other queries (``--pre gate:OUT/<labels>/export/controller.onnx,tau=T``; ``--read`` for the read gate): the
-check on queries the replay's rules were not developed on.
+DIR/gate@tau=T, DIR/read_gate@tau=T, DIR/gate@budget=SHARE the closed loop, each made by ``branchgate simulate``
+with the bench's settings on other queries (``--pre gate:OUT/<labels>/export/controller.onnx,tau=T``; ``--read``
+for the read gate; ``--pre gate:...,budget_tokens=P%`` with ``--budget-reference`` the unpruned runs' totals for a
+budget): the check on queries the replay's rules were not developed on.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from branchgate.bench.stats import bootstrap_ci
 from branchgate.inference.gate import Gate
 from branchgate.logs_to_dataset.readers import read_runs
 
-POINT = re.compile(r"^(gate|read_gate)(@tau=([0-9.]+))?$")
+POINT = re.compile(r"^(gate|read_gate)(@(tau|budget)=([0-9.]+))?$")
 
 
 def query_of(run_id: str) -> str:
@@ -46,16 +47,24 @@ def closed_loop(traces: Path) -> dict[str, tuple[float, float, float]]:
     return out
 
 
-def replayed(runs: list[ReplayRun], gate: Gate, tau: float) -> dict[str, tuple[float, float, float]]:
+def replayed(runs: list[ReplayRun], gate: Gate, point: dict) -> dict[str, tuple[float, float, float]]:
+    """Per query: (tokens, KPR, searches) replayed at ``point`` ({"tau": T} or {"run_budget": share})."""
     out = {}
     for r in runs:
-        o = r.replay(pre_rule(gate, tau)) if gate.stage == "pre" else r.replay(read=read_rule(gate, tau, None))
+        if "run_budget" in point:
+            unpruned = r.replay().tokens
+            o = r.replay(budget=gate.run(budget_tokens=max(1, int(point["run_budget"] * unpruned)), charges=False))
+        elif gate.stage == "pre":
+            o = r.replay(pre_rule(gate, point["tau"]))
+        else:
+            o = r.replay(read=read_rule(gate, point["tau"], None))
         out[query_of(r.run_id)] = (o.tokens, keypoint_value(r, o), float(o.searches))
     return out
 
 
 def points(bench: Path, labels: str, runs: Path | None):
-    """(stage, folder, controller, τ) of every plain gate point of the bench (calibrated and swept), or of ``runs``."""
+    """(stage, folder, controller, point) of every plain gate point of the bench (calibrated and swept), or of
+    ``runs``; a point is {"tau": T}, or {"run_budget": share} for a folder gate@budget=SHARE (a budgeted run)."""
     for stage, root in (("pre", bench / labels), ("read", bench / "read" / labels)):
         model = root / "export" / "controller.onnx"
         folder = runs or root / "closed_loop" / "seed0"
@@ -65,7 +74,8 @@ def points(bench: Path, labels: str, runs: Path | None):
         for sub in sorted(folder.iterdir()):
             m = POINT.match(sub.name)
             if m and (m.group(1) == "gate") == (stage == "pre") and (sub / "traces").is_dir():
-                yield stage, sub, gate, float(m.group(3)) if m.group(3) else gate.tau
+                value = float(m.group(4)) if m.group(4) else gate.tau
+                yield stage, sub, gate, {"run_budget": value} if m.group(3) == "budget" else {"tau": value}
 
 
 def compare(sim: dict, rep: dict, boot: int) -> dict:
@@ -101,12 +111,13 @@ def main(argv=None) -> None:
         "| stage | τ | queries | tokens closed loop → replay (Δ, 95%) | KPR closed loop → replay (Δ, 95%) | searches |"
     )
     print("|---|---|---|---|---|---|")
-    for stage, folder, gate, tau in points(args.bench, args.labels, args.runs):
-        c = compare(closed_loop(folder / "traces"), replayed(runs, gate, tau), args.bootstrap)
-        rows.append({"stage": stage, "point": folder.name, "tau": tau, **c})
+    for stage, folder, gate, point in points(args.bench, args.labels, args.runs):
+        c = compare(closed_loop(folder / "traces"), replayed(runs, gate, point), args.bootstrap)
+        rows.append({"stage": stage, "point": folder.name, **point, **c})
+        name = f"{point['tau']:.3g}" if "tau" in point else f"budget {point['run_budget']:.0%}"
         t, k, n = c["tokens"], c["kpr"], c["searches"]
         print(
-            f"| {stage} | {tau:.3g} | {c['queries']} | {t['closed_loop']:.0f} → {t['replay']:.0f} ({t['rel']:+.1%}; "
+            f"| {stage} | {name} | {c['queries']} | {t['closed_loop']:.0f} → {t['replay']:.0f} ({t['rel']:+.1%}; "
             f"{t['diff_ci95'][0]:+.0f}, {t['diff_ci95'][1]:+.0f}) | {k['closed_loop']:.3f} → {k['replay']:.3f} "
             f"({k['diff']:+.3f}; {k['diff_ci95'][0]:+.3f}, {k['diff_ci95'][1]:+.3f}) | "
             f"{n['closed_loop']:.1f} → {n['replay']:.1f} |"

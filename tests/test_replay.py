@@ -15,6 +15,7 @@ from export_support import exported, exported_read
 
 from branchgate.bench.replay import ReplayRun, citation_value, keypoint_value
 from branchgate.cli import main
+from branchgate.inference.gate import Gate
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.simulate import simulate
@@ -130,7 +131,7 @@ def test_the_report_files_and_the_recommendation(tmp_path, unpruned, models):
     assert rec["tokens_share"]["mean"] == min(p["tokens_share"]["mean"] for p in cheaper)
     out = tmp_path / "out"
     assert (out / "replay.png").stat().st_size > 1000
-    assert "| τ |" in (out / "replay.md").read_text()
+    assert "| τ 0.3 |" in (out / "replay.md").read_text()
     budget = replay_cli(
         tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9", "--budget", "0.7"
     )  # the same folder again: replay's own output is replaced
@@ -219,6 +220,9 @@ def test_dataset_rows_as_the_value(tmp_path, unpruned, models, encoder):
         (["--model", "PRE", "--keep", "0"], "--keep"),
         (["--model", "PRE", "--labels", "stars"], "--labels"),
         (["--model", "PRE", "--labels", "rows"], "--labels"),
+        (["--model", "PRE", "--run-budgets", "0.3,1.5"], "--run-budgets"),
+        (["--model", "PRE", "--read", "READ", "--run-budgets", "0.3"], "--run-budgets"),
+        (["--model", "pretrained:pre", "--run-budgets", "0.3"], "--run-budgets"),
     ],
 )
 def test_bad_options_name_the_option(tmp_path, unpruned, models, capsys, args, option):
@@ -290,3 +294,32 @@ def test_teacher_labels_build_their_dataset_in_the_output_folder(tmp_path, unpru
     assert manifest["stage"] == "read" and manifest["label_kind"] == "teacher:dpp"
     assert report["unpruned"]["value"] > 0
     assert report["points"][0]["value"]["mean"] <= report["unpruned"]["value"] + 1e-9
+
+
+def test_run_budgets_replay_the_pre_controllers_run_gate(tmp_path, unpruned, models):
+    """``--run-budgets``: each run's ``RunGate`` with that share of the run's unpruned tokens; a larger budget
+    searches at least as much, and every point costs less than the unpruned replay."""
+    report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--run-budgets", "0.2,0.6")
+    assert [p.get("run_budget") for p in report["points"]] == [0.2, 0.6]
+    assert [p["name"] for p in report["points"]] == ["run budget 20%", "run budget 60%"]
+    small, large = report["points"]
+    assert small["searches"]["mean"] <= large["searches"]["mean"]
+    assert large["tokens"]["mean"] < report["unpruned"]["tokens"]
+    assert "| run budget 20% |" in (tmp_path / "out" / "replay.md").read_text()
+
+
+@pytest.mark.parametrize("share", [0.15, 0.3, 0.6])
+def test_a_replayed_run_budget_is_never_exceeded(replay_runs, models, share):
+    """As in the reference pipeline, a replayed budget holds the synthesis call's share from the start and checks
+    each branch's cost before searching it: no run spends more than its budget (when the plan and the synthesis
+    call alone fit it)."""
+    gate = Gate.load(models["pre"])
+    for run in replay_runs:
+        unpruned = run.replay()
+        limit = int(share * unpruned.tokens)
+        out = run.replay(budget=gate.run(budget_tokens=limit, charges=False))
+        if run.plan + run.synthesis_fixed <= limit:
+            assert out.tokens <= limit, run.run_id
+        assert out.searches <= unpruned.searches and set(out.kept) <= set(unpruned.kept)
+    with pytest.raises(ValueError, match="charges=False"):
+        replay_runs[0].replay(budget=gate.run(budget_tokens=1000))
