@@ -84,6 +84,8 @@ def run(args) -> int:
     value, labels = value_rule(args, runs, sweep.stage, out)
     rows = sweep.run(runs, value)
     report = summarise(rows, runs, args, labels, sweep)
+    if not report["unpruned"]["tokens"]:
+        log.warning("the logs record no LLM calls and no evidence tokens: no token shares, no recommendation")
     write_outputs(out, report, OUTPUT_KIND)
     print(report["summary"], file=sys.stderr)
     print(f"wrote {out}/replay.json, replay.md, replay.png", file=sys.stderr)

@@ -78,7 +78,7 @@ def recommend(points: list[dict], keep: float, budget: float | None) -> dict:
         best = max(ok, key=lambda p: p["value_share"]["mean"] or 0.0, default=None)
         rule = f"most value within {budget:.0%} of the unpruned tokens"
     else:
-        ok = [p for p in points if (p["value_share"]["mean"] or 0.0) >= keep]
+        ok = [p for p in points if (p["value_share"]["mean"] or 0.0) >= keep and p["tokens_share"]["mean"] is not None]
         best = min(ok, key=lambda p: p["tokens_share"]["mean"], default=None)
         rule = f"fewest tokens keeping {keep:.0%} of the value"
     if best is None:
@@ -130,13 +130,17 @@ def summary_line(report: dict) -> str:
         most = max(report["points"], key=lambda p: p["value_share"]["mean"] or 0.0)
         return (
             f"{report['runs']} runs replayed; no point of the sweep meets the rule ({rec['rule']}); the most value: "
-            f"{most['name']}, {(most['value_share']['mean'] or 0):.1%} at {most['tokens_share']['mean']:.1%} of "
+            f"{most['name']}, {_share(most['value_share'])} at {_share(most['tokens_share'])} of "
             f"the tokens (sweep {'higher' if report['budget'] is not None else 'lower'} τ with --taus)"
         )
     return (
         f"{report['runs']} runs replayed; recommended {report['stage']} {rec['point']} ({rec['rule']}): "
         f"{rec['value_share']['mean']:.1%} of the value at {rec['tokens_share']['mean']:.1%} of the tokens"
     )
+
+
+def _share(m: dict) -> str:
+    return "–" if m["mean"] is None else f"{m['mean']:.1%}"
 
 
 def _pct(m: dict) -> str:
@@ -180,7 +184,11 @@ def plot(report: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for kind, label in (("tau", "τ swept"), ("run_budget", "run budget swept")):
-        pts = [p for p in report["points"] if p.get(kind) is not None]
+        pts = [
+            p
+            for p in report["points"]
+            if p.get(kind) is not None and None not in (p["tokens_share"]["mean"], p["value_share"]["mean"])
+        ]
         if not pts:
             continue
         x = np.array([100 * p["tokens_share"]["mean"] for p in pts])

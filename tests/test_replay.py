@@ -323,3 +323,33 @@ def test_a_replayed_run_budget_is_never_exceeded(replay_runs, models, share):
         assert out.searches <= unpruned.searches and set(out.kept) <= set(unpruned.kept)
     with pytest.raises(ValueError, match="charges=False"):
         replay_runs[0].replay(budget=gate.run(budget_tokens=1000))
+
+
+def test_judge_labels_against_a_stub_llm(tmp_path, models, chat_stub, monkeypatch):
+    """``--labels judge``: OUT/dataset is built with an LLM judge (a stub OpenAI-compatible server on 127.0.0.1)
+    and the value kept is the sum of its utilities over the kept candidates."""
+    from test_judge import EXPECTED, good, make_run
+
+    monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
+    make_run(tmp_path)
+    stub = chat_stub(good)
+    report = replay_cli(
+        tmp_path,
+        "--traces",
+        str(tmp_path / "run.jsonl"),
+        "--model",
+        models["pre"],
+        "--labels",
+        "judge",
+        "--llm-url",
+        stub.url,
+        "--llm-model",
+        "m",
+        "--taus",
+        "0,0.99",
+    )
+    assert report["labels"] == "rows:judge" and stub.requests
+    assert report["unpruned"]["value"] == pytest.approx(sum(EXPECTED.values()))
+    assert report["points"][0]["value"]["mean"] == pytest.approx(sum(EXPECTED.values()))
+    assert report["points"][1]["value"]["mean"] < sum(EXPECTED.values())
+    assert report["unpruned"]["tokens"] == 0 and report["recommended"]["point"] is None  # the run records no tokens
