@@ -215,7 +215,8 @@ def plot(report: dict, path: Path) -> None:
     ax.set_ylabel(f"value kept ({report['labels']}), % of unpruned")
     ax.set_title(f"replay on {report['runs']} of your runs (95% intervals over runs)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn when the logs record no tokens
+        ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
