@@ -81,6 +81,12 @@ def run(args) -> int:
     out = check_output_dir(args.out, [*args.traces, args.model, args.read, args.dataset], OUTPUT_KIND)
     runs = load_runs(args)
     sweep = Sweep.from_args(args)
+    if sweep.stage == "read" and not any(r.has_results for r in runs):
+        raise InputError(
+            "no run records its searches' result lists (results events): the read stage cannot be "
+            "replayed on these logs",
+            "--read",
+        )
     value, labels = value_rule(args, runs, sweep.stage, out)
     rows = sweep.run(runs, value)
     report = summarise(rows, runs, args, labels, sweep)

@@ -282,6 +282,9 @@ def test_runs_without_key_points_refuse_keypoint_labels(tmp_path, models, capsys
         == 2
     )
     assert "--labels" in capsys.readouterr().err
+    read_out = str(tmp_path / "r")
+    assert main(["replay", "--traces", str(path.parent), "--read", models["read"], "--out", read_out]) == 2
+    assert "result lists" in capsys.readouterr().err  # no results events: nothing for a read controller to replay
 
 
 def test_teacher_labels_build_their_dataset_in_the_output_folder(tmp_path, unpruned, models):
