@@ -71,6 +71,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of each interval")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for the Gate")
     parser.add_argument("--out", required=True, help="output folder (replay.json, replay.md, replay.png)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def run(args) -> int:
@@ -88,7 +89,7 @@ def run(args) -> int:
             "--read",
         )
     value, labels = value_rule(args, runs, sweep.stage, out)
-    rows = sweep.run(runs, value)
+    rows = sweep.run(runs, value, quiet=args.no_progress)
     report = summarise(rows, runs, args, labels, sweep)
     if not report["unpruned"]["tokens"]:
         log.warning("the logs record no LLM calls and no evidence tokens: no token shares, no recommendation")
@@ -119,7 +120,8 @@ def load_runs(args) -> list:
     from branchgate.logs_to_dataset.readers import ReadReport, read_runs
 
     report, runs = ReadReport(), []
-    for run in progress(read_runs(args.traces, args.fmt, report=report), desc="reading runs", unit="run", leave=False):
+    runs_read = read_runs(args.traces, args.fmt, report=report)
+    for run in progress(runs_read, disable=args.no_progress, desc="reading runs", unit="run", leave=False):
         runs.append(ReplayRun(run))
         if args.max_runs and len(runs) == args.max_runs:
             break
@@ -232,11 +234,11 @@ class Sweep:
         held = pre_rule(self.pre, self.pre_tau) if self.pre is not None else None
         return held, read_rule(self.read, tau, self.floor), None
 
-    def run(self, runs, value) -> list[dict]:
-        """Per point: per-run searches, hits read, tokens and value."""
+    def run(self, runs, value, quiet: bool = False) -> list[dict]:
+        """Per point: per-run searches, hits read, tokens and value (a progress bar unless ``quiet``)."""
         rows, base = [], {}
         points = self.points()
-        with progress(total=len(points) * len(runs), desc="replaying", unit="run") as bar:
+        with progress(total=len(points) * len(runs), disable=quiet, desc="replaying", unit="run") as bar:
             for point in points:
                 per_run = []
                 for r in runs:
@@ -249,14 +251,21 @@ class Sweep:
         return rows
 
 
-def progress(iterable=None, **options):
-    """A tqdm bar over ``iterable`` (or a context-managed bar of ``total``); without tqdm (the core install plus
-    the replay extra's matplotlib only) the iterable itself, or a bar that counts nothing."""
+def progress(iterable=None, disable: bool = False, **options):
+    """A tqdm bar over ``iterable`` (or a context-managed bar of ``total``); with ``disable``, or without tqdm (the
+    core install without the replay extra), the iterable itself, or a bar that counts nothing."""
+    tqdm = None if disable else _tqdm()
+    if tqdm is None:
+        return iterable if iterable is not None else contextlib.nullcontext(_NoBar())
+    return tqdm(iterable, **options) if iterable is not None else tqdm(**options)
+
+
+def _tqdm():
     try:
         from tqdm import tqdm
     except ModuleNotFoundError:
-        return iterable if iterable is not None else contextlib.nullcontext(_NoBar())
-    return tqdm(iterable, **options) if iterable is not None else tqdm(**options)
+        return None
+    return tqdm
 
 
 class _NoBar:

@@ -43,6 +43,7 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
         "labels": labels,
         "runs": len(runs),
         "runs_with_results": sum(r.has_results for r in runs),
+        "decision_points": decision_points(runs),
         "unpruned": {f: float(base[:, i].mean()) for i, f in enumerate(FIELDS)},
         "logged_tokens": logged_tokens(runs),
         "points": points,
@@ -59,6 +60,12 @@ def point_name(point: dict) -> str:
     if point.get("run_budget") is not None:
         return f"run budget {point['run_budget']:.0%}"
     return f"τ {point['tau']:g}"
+
+
+def decision_points(runs) -> dict:
+    """How many frames the runs hold and how many offer a single candidate (the Gate always keeps one)."""
+    frames = [f for r in runs for f in r.frames.values()]
+    return {"frames": len(frames), "single_candidate": sum(len(f.candidates) == 1 for f in frames)}
 
 
 def share(x: np.ndarray, base: np.ndarray, boot: int, bootstrap_ci) -> dict:
@@ -133,10 +140,17 @@ def summary_line(report: dict) -> str:
             f"{most['name']}, {_share(most['value_share'])} at {_share(most['tokens_share'])} of "
             f"the tokens (sweep {'higher' if report['budget'] is not None else 'lower'} τ with --taus)"
         )
-    return (
+    line = (
         f"{report['runs']} runs replayed; recommended {report['stage']} {rec['point']} ({rec['rule']}): "
         f"{rec['value_share']['mean']:.1%} of the value at {rec['tokens_share']['mean']:.1%} of the tokens"
     )
+    dp = report["decision_points"]
+    if report["stage"] == "pre" and all(p["tokens_share"]["mean"] == 1.0 for p in report["points"]):
+        line += (
+            f". No point prunes anything: {dp['single_candidate']} of the {dp['frames']} decision points offer a "
+            "single candidate, which the pre-retrieval controller always keeps (chain-shaped logs: try --read)"
+        )
+    return line
 
 
 def _share(m: dict) -> str:

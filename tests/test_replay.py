@@ -356,3 +356,22 @@ def test_judge_labels_against_a_stub_llm(tmp_path, models, chat_stub, monkeypatc
     assert report["points"][0]["value"]["mean"] == pytest.approx(sum(EXPECTED.values()))
     assert report["points"][1]["value"]["mean"] < sum(EXPECTED.values())
     assert report["unpruned"]["tokens"] == 0 and report["recommended"]["point"] is None  # the run records no tokens
+
+
+def test_progress_bars_and_no_progress(tmp_path, unpruned, models, capsys):
+    args = ["replay", "--traces", str(unpruned), "--model", models["pre"], "--taus", "0.5", "--bootstrap", "10"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert "replaying" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "replaying" not in err and "reading runs" not in err and "runs replayed" in err
+
+
+def test_chain_shaped_logs_say_why_nothing_is_pruned(tmp_path, models, capsys):
+    """One candidate per decision (a sequential agent): the pre controller always keeps it; the summary says so."""
+    simulate("sample", Config(depth=2, shape="chain"), tmp_path / "chain", runs=2, progress=False)
+    report = replay_cli(tmp_path, "--traces", str(tmp_path / "chain" / "traces"), "--model", models["pre"])
+    dp = report["decision_points"]
+    assert dp["frames"] == dp["single_candidate"] > 0
+    assert all(p["tokens_share"]["mean"] == 1.0 for p in report["points"])
+    assert "single candidate" in report["summary"] and "--read" in report["summary"]
