@@ -126,9 +126,7 @@ class ReplayRun:
         self.found_nothing: set[str] = set()  # branches that found nothing new in the log (so made no call)
         for _, kind, cid in self.timeline:
             if kind == "search":
-                hits = self.results.get(cid, (0, []))[1]
-                logged = self.ev.get(cid, []) + [i for h in hits for i in self.hit_evidence.get(h.hit_id, [])]
-                new = [i for i in dict.fromkeys(logged) if i not in seen and i in self.evidence]
+                new = self.new_evidence(cid, seen)
                 seen.update(new)
                 self.new_tokens[cid] = sum(self.tokens_of(new))
                 if not new:
@@ -181,18 +179,19 @@ class ReplayRun:
             out.tokens += self.synthesis_fixed + sum(self.tokens_of(walk.found))
         return out
 
-    def logged_new(self, cid: str, walk: _Walk) -> list[str]:
-        """The evidence branch ``cid`` would find new now, reading every hit (what a budget must afford)."""
+    def new_evidence(self, cid: str, found: set, read_ids=frozenset()) -> list[str]:
+        """The evidence branch ``cid`` brings that is not in ``found``, reading every hit not in ``read_ids``: its
+        ``retrieval`` evidence and its hits' (the log's accounting; a budget's cost of searching it now)."""
         hits = self.results.get(cid, (0, []))[1]
-        found = self.ev.get(cid, []) + [
-            i for h in hits if h.hit_id not in walk.read_ids for i in self.hit_evidence.get(h.hit_id, [])
+        logged = self.ev.get(cid, []) + [
+            i for h in hits if h.hit_id not in read_ids for i in self.hit_evidence.get(h.hit_id, [])
         ]
-        return [i for i in dict.fromkeys(found) if i not in walk.found and i in self.evidence]
+        return [i for i in dict.fromkeys(logged) if i not in found and i in self.evidence]
 
     def cost_now(self, cid: str, walk: _Walk) -> int:
         """What searching ``cid`` would cost now, reading every hit: its calls for the evidence it would find new
         and that evidence's growth of the synthesis call (0 when it would find nothing new: no call)."""
-        new = self.logged_new(cid, walk)
+        new = self.new_evidence(cid, walk.found, walk.read_ids)
         return self.branch_tokens(cid, new) + sum(self.tokens_of(new)) if new else 0
 
     def _state(self, frame, walk: _Walk) -> dict:

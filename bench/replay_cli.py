@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from branchgate.logs_to_dataset.build_cli import add_judge_options
+
     parser.add_argument("--traces", nargs="+", required=True, help="unpruned run logs: files or folders, any format")
     parser.add_argument("--model", default=None, help="the pre-retrieval controller (controller.onnx or its folder)")
     parser.add_argument("--read", default=None, help="the read controller: its τ is swept (the pre one held)")
@@ -47,8 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "report's cited_ids), teacher:NAME or judge (a decision dataset's row utilities with that label source: "
         "--dataset, else built from --traces into OUT/dataset), rows (--dataset's own; the default with --dataset)",
     )
-    parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
-    parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
+    add_judge_options(parser)
     parser.add_argument(
         "--dataset",
         default=None,
@@ -164,8 +165,9 @@ def value_rule(args, runs, stage: str, out) -> tuple:
 def label_dataset(args, labels: str, stage: str, out) -> str:
     """Build the ``labels`` decision dataset of ``--traces`` at OUT/dataset (``dataset build``; the train extra)."""
     from branchgate.logs_to_dataset.build import build
+    from branchgate.logs_to_dataset.build_cli import judge_options
 
-    options = {k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model)) if v is not None}
+    options = judge_options(args)
     path = out / "dataset"
     log.info("building the %s-stage %s dataset of --traces at %s", stage, labels, path)
     build(args.traces, path, labels=labels, stage=stage, fmt=args.fmt, label_options=options)

@@ -7,13 +7,13 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
     raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from branchgate import __version__
+from branchgate.provenance import source_commit
 
 log = logging.getLogger(__name__)
 FIELDS = ("searches", "hits_read", "tokens", "value")
@@ -37,7 +37,7 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
     report = {
         "command": "branchgate " + " ".join(sys.argv[1:]),
         "branchgate": __version__,
-        "commit": commit(),
+        "commit": source_commit(),
         "stage": sweep.stage,
         "models": models(sweep),
         "labels": labels,
@@ -115,20 +115,6 @@ def logged_tokens(runs) -> float | None:
     """The runs' mean ``run_end`` total tokens when they record it (the unpruned replay should equal it)."""
     got = [float(r.totals["tokens"]) for r in runs if r.totals.get("tokens") is not None]
     return float(np.mean(got)) if len(got) == len(runs) else None
-
-
-def commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def summary_line(report: dict) -> str:

@@ -59,6 +59,8 @@ class TeacherGate:
         return self.tau
 
     def thresholds(self, tau: float | None = None, root_tau: float | None = None) -> tuple[float, float | None]:
+        """``Gate.thresholds``' rule, but a ``tau`` is a teacher score (any real number, e.g. MMR's are negative),
+        not a probability, so it is not checked against [0, 1] as the Gate's is."""
         if tau is None and root_tau is None:
             return self.tau, self.root_tau
         return (self.tau if tau is None else float(tau)), (None if root_tau is None else as_tau(root_tau, "root_tau"))

@@ -92,8 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "an all-negative dataset. Default 0.1, about the key-point labels' positive rate there (9%%); the "
         "manifest records the threshold, its rule and the rate achieved per split",
     )
-    parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
-    parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
+    add_judge_options(parser)
     parser.add_argument(
         "--pruned-labels",
         choices=PRUNED_LABELS,
@@ -156,13 +155,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_judge_options(parser: argparse.ArgumentParser) -> None:
+    """``--llm-url`` and ``--llm-model``: the judge label source's endpoint (``dataset build``, ``replay``)."""
+    parser.add_argument("--llm-url", default=None, help="--labels judge: an OpenAI-compatible endpoint (base URL)")
+    parser.add_argument("--llm-model", default=None, help="--labels judge: the judge model's name")
+
+
+def judge_options(args: argparse.Namespace) -> dict:
+    """The label source's options from ``add_judge_options``' flags (those given)."""
+    return {k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model)) if v is not None}
+
+
 def settings_from_args(args: argparse.Namespace):
     """The build's ``BuildSettings`` from the parsed options (``--engine ray``: Ray's batch size)."""
     from branchgate.logs_to_dataset.build import BATCH_TEXTS, BuildSettings
     from branchgate.logs_to_dataset.ray_build import RAY_BATCH_TEXTS
 
     ray = getattr(args, "engine", "local") == "ray"
-    label_options = {k: v for k, v in (("llm_url", args.llm_url), ("llm_model", args.llm_model)) if v is not None}
+    label_options = judge_options(args)
     return BuildSettings(
         args.traces,
         args.out,

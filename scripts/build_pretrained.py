@@ -26,6 +26,7 @@ from pathlib import Path
 
 from branchgate.pipeline.sample import HOTPOTQA_DIR, sample_path
 from branchgate.pretrained import MODEL_FILE, folder
+from branchgate.provenance import source_commit
 
 STAGES = ("pre", "read")
 
@@ -37,21 +38,6 @@ def sh(argv: list[str]) -> None:
     rc = main(argv)
     if rc:
         raise SystemExit(f"step failed (exit {rc}): branchgate {' '.join(argv)}")
-
-
-def commit() -> str:
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).resolve().parents[1],
-            ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        return "unknown"
 
 
 def teacher_taus(dataset: Path) -> dict:
@@ -279,7 +265,7 @@ def main(argv=None) -> int:
             "teacher_taus": teacher_taus(ds),
             "build": {
                 "command": "python3 scripts/build_pretrained.py --work DIR --seeds " + " ".join(map(str, args.seeds)),
-                "commit": commit(),
+                "commit": source_commit() or "unknown",
                 "seconds": round(time.perf_counter() - start),
                 "train_metrics": {k: metrics.get(k) for k in ("tau", "test", "validation") if k in metrics},
             },

@@ -20,6 +20,8 @@ import pytest
 from export_support import exported
 
 from branchgate.inference.gate import Gate
+from branchgate.pipeline.config import Config
+from branchgate.pipeline.simulate import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 CORE = ["numpy", "onnxruntime", "tokenizers", "pydantic"]
@@ -115,15 +117,19 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     assert "branchgate" in names and not names & {"torch", "transformers", "sentence-transformers", "datasets"}
 
     cli = venv / "bin" / "branchgate"
-    proc = subprocess.run(
-        [str(cli), "gate", "--model", model],
-        input=json.dumps(DECISION),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-        cwd=tmp_path,
-    )
+
+    def in_venv(*cmd, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(c) for c in cmd],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=_env(),
+            cwd=tmp_path,
+        )
+
+    proc = in_venv(cli, "gate", "--model", model, stdin=json.dumps(DECISION))
     assert proc.returncode == 0, proc.stderr[-2000:]
     answer = json.loads(proc.stdout)
     want = Gate.load(model).select(DECISION["state"], DECISION["candidates"])
@@ -131,69 +137,43 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     np.testing.assert_allclose(answer["p_keep"], want.p_keep, atol=1e-5)
     assert len(answer["utility"]) == 3
 
-    bad = subprocess.run(
-        [str(cli), "gate", "--model", model],
-        input='{"state": {}, "candidates": []}',
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-        cwd=tmp_path,
-    )
+    bad = in_venv(cli, "gate", "--model", model, stdin='{"state": {}, "candidates": []}')
     assert bad.returncode == 2 and "state.root_query" in bad.stderr
-    helped = subprocess.run([str(cli), "--help"], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    helped = in_venv(cli, "--help", timeout=120)
     assert helped.returncode == 0 and "gate" in helped.stdout
-    pretrained = subprocess.run(  # the packaged controllers load from the core install (branchgate.pretrained)
-        [
-            str(py),
-            "-c",
-            "from branchgate.inference.gate import Gate\n"
-            "for n in ('pre', 'read', 'pre-model', 'read-model', 'pre-teacher', 'read-teacher'):\n"
-            "    g = Gate.load('pretrained:' + n)\n"
-            "    hits = [{'title': 'Varroa mites', 'snippet': 'parasites of bees'}, {'title': 'Honey prices'}]\n"
-            "    args = ({'root_query': 'Why are bees dying?'}, hits) if g.stage == 'read' else "
-            "({'root_query': 'Why are bees dying?'}, ['varroa mites', 'honey prices'])\n"
-            "    print(n, g.stage, g.select(*args).kept)\n",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-        cwd=tmp_path,
+    pretrained = in_venv(  # the packaged controllers load from the core install (branchgate.pretrained)
+        py,
+        "-c",
+        "from branchgate.inference.gate import Gate\n"
+        "for n in ('pre', 'read', 'pre-model', 'read-model', 'pre-teacher', 'read-teacher'):\n"
+        "    g = Gate.load('pretrained:' + n)\n"
+        "    hits = [{'title': 'Varroa mites', 'snippet': 'parasites of bees'}, {'title': 'Honey prices'}]\n"
+        "    args = ({'root_query': 'Why are bees dying?'}, hits) if g.stage == 'read' else "
+        "({'root_query': 'Why are bees dying?'}, ['varroa mites', 'honey prices'])\n"
+        "    print(n, g.stage, g.select(*args).kept)\n",
     )
     assert pretrained.returncode == 0, pretrained.stderr[-2000:]
     assert [line.split()[1] for line in pretrained.stdout.splitlines()] == ["pre", "read"] * 3
-    serve = subprocess.run(  # the serve extra (FastAPI, uvicorn) is not in the core: the command names it
-        [str(cli), "serve", "--pre", model], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path
-    )
+    serve = in_venv(cli, "serve", "--pre", model, timeout=120)  # the serve extra is not in the core: it is named
     assert serve.returncode == 2 and "pip install 'branchgate[serve]'" in serve.stderr, serve.stderr[-2000:]
     traces = tmp_path / "sim"  # replay from the core install: the table and JSON; the picture names its extra
-    from branchgate.pipeline.config import Config
-    from branchgate.pipeline.simulate import simulate
-
     simulate("sample", Config(depth=1), traces, runs=2, progress=False)
-    replay = subprocess.run(
-        [
-            str(cli),
-            "replay",
-            "--traces",
-            str(traces / "traces"),
-            "--model",
-            "pretrained:pre",
-            "--taus",
-            "0.3",
-            "--bootstrap",
-            "20",
-            "--out",
-            str(tmp_path / "replay"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=_env(),
-        cwd=tmp_path,
+    out = tmp_path / "replay"
+    replay = in_venv(
+        cli,
+        "replay",
+        "--traces",
+        traces / "traces",
+        "--model",
+        "pretrained:pre",
+        "--taus",
+        "0.3",
+        "--bootstrap",
+        "20",
+        "--out",
+        out,
     )
     assert replay.returncode == 0, replay.stderr[-2000:]
-    report = json.loads((tmp_path / "replay" / "replay.json").read_text())
+    report = json.loads((out / "replay.json").read_text())
     assert report["runs"] == 2 and len(report["points"]) == 1
-    assert "branchgate[replay]" in replay.stderr and not (tmp_path / "replay" / "replay.png").exists()
+    assert "branchgate[replay]" in replay.stderr and not (out / "replay.png").exists()
