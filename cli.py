@@ -45,7 +45,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("gate",), "branchgate.inference.gate_cli", "Gate one decision read as JSON on stdin with an ONNX controller."),
     (
         ("serve",),
-        "branchgate.inference.serve_cli",
+        "branchgate.inference.server.cli",
         "Serve controllers over HTTP/JSON: both stages and budgeted runs (the serve extra).",
     ),
     (("bench-gate",), "branchgate.export.latency_cli", "Latency of the ONNX Gate (fp32, int8) vs the torch model."),

@@ -1,13 +1,13 @@
-"""The core runtime: the torch-free Gate and its plug-ins (numpy, onnxruntime, tokenizers only).
+"""The core runtime, split by job (numpy, onnxruntime, tokenizers only):
 
-- ``gate``: ``Gate.load(path)`` → ``select(state, candidates)`` (a read controller: ``select(read_state, hits)``);
-  ``inputs``: what a decision is and how loose inputs become one; ``metadata``: the ONNX metadata contract;
-  ``schedule``: text groups and length buckets; ``wordpiece``: the ASCII tokeniser fast path; ``model_file``: reads
-  an ONNX file's metadata without loading it.
-- ``adapters``: ``gated(fn, gate)`` wraps any sync/async candidate-generating function.
-- ``gpt_researcher``: ``gate_research(researcher, gate, trace)`` for GPT-Researcher (standard and deep mode);
-  ``open_deep_research``: ``gate_open_deep_research(gate, trace)`` for LangChain's open_deep_research;
-  ``recorder``: the trace writing both share.
+- this folder: the torch-free Gate and run budgets. ``gate``: ``Gate.load(path)`` → ``select(state, candidates)``
+  (a read controller: ``select(read_state, hits)``); ``run_gate``: ``RunGate``, a run under a budget, with its
+  ``ledger``; ``inputs``: what a decision is and how loose inputs become one; ``metadata``: the ONNX metadata
+  contract; ``schedule``: text groups and length buckets; ``wordpiece``: the ASCII tokeniser fast path;
+  ``model_file``: reads an ONNX file's metadata without loading it; ``teacher_gate``: a teacher behind ``select``.
+- ``agents/``: the agent integrations (``gated`` for any function, GPT-Researcher, open_deep_research, the trace
+  recorder and the read hook they share).
+- ``server/``: ``branchgate serve``, HTTP/JSON over both stages and run budgets (the serve extra).
 
 Exporting a controller (torch side) lives in ``branchgate.export``.
 """

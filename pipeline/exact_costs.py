@@ -141,7 +141,7 @@ class RunBudget:
         return self.account.remaining(tokens_used=self.committed())
 
     def status(self) -> dict:
-        """What a decision event records (``spent``, ``remaining``: the fields of ``inference/recorder.py``;
+        """What a decision event records (``spent``, ``remaining``: the fields of ``inference/agents/recorder.py``;
         ``reserved_tokens`` = the synthesis bound held for the final call)."""
         return {
             "spent": {"nodes": self.expanded, "tokens": self.account.spent_tokens, "reserved_tokens": self.synth.value},

@@ -269,9 +269,9 @@ class Expander(ReadStage):
         r.synth.add(idx, self.passage_tokens(idx))
 
     def _budget_fields(self, status: dict | None, choice, i: int, e: Expansion | None) -> dict:
-        """A budgeted decision's extra fields, as ``inference/recorder.py`` writes them: ``spent`` / ``remaining``
-        when it was made (as the pipeline counts them), the run-scoped gate's admission ``price``; and here also
-        an expansion's exact ``cost``."""
+        """A budgeted decision's extra fields, as ``inference/agents/recorder.py`` writes them: ``spent`` /
+        ``remaining`` when it was made (as the pipeline counts them), the run-scoped gate's admission ``price``; and
+        here also an expansion's exact ``cost``."""
         if status is None:
             return {}
         out = dict(status)

@@ -345,7 +345,7 @@ class Runner(Expander):
             and budget.exhausted_at is None
             and (choice.exhausted or (choice.kept and all(plan[i] is None for i in choice.kept)))
         ):
-            # the first decision that finds the budget exhausted (as inference/recorder.py records it)
+            # the first decision that finds the budget exhausted (as inference/agents/recorder.py records it)
             budget.exhausted_at = r.w(
                 "raw", source_type="budget:exhausted", data={"candidate_ids": list(cids), **status}
             ).seq

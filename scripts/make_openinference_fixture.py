@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from branchgate.inference.open_deep_research import gate_open_deep_research
+    from branchgate.inference.agents.open_deep_research import gate_open_deep_research
 
     CONFIG, KeywordGate = odr_support.CONFIG, odr_support.KeywordGate
     install_offline, run_graph = odr_support.install_offline, odr_support.run_graph

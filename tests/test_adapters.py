@@ -12,9 +12,9 @@ import pytest
 from export_support import exported
 
 from branchgate.decide import decide
-from branchgate.inference.adapters import candidate_fields, gated
+from branchgate.inference.agents.adapters import candidate_fields, gated
+from branchgate.inference.agents.gpt_researcher import gate_research
 from branchgate.inference.gate import Gate, Selection
-from branchgate.inference.gpt_researcher import gate_research
 from branchgate.inference.inputs import as_state
 from branchgate.logs_to_dataset.traces import read_events
 
@@ -261,7 +261,7 @@ def test_drop_in_is_import_safe_without_gpt_researcher():
     code = (
         "import sys\n"
         "sys.modules['gpt_researcher'] = None  # any import of it now raises ImportError\n"
-        "import branchgate.inference.gpt_researcher as mod\n"
+        "import branchgate.inference.agents.gpt_researcher as mod\n"
         "class Skill:\n"
         "    async def generate_search_queries(self, query, num_queries=3): return []\n"
         "    async def deep_research(self, query, breadth, depth): return {}\n"

@@ -341,7 +341,7 @@ def test_cli_defer_revisit_and_default_state_folder(monkeypatch, capsys, model, 
 
 # -- adapters -------------------------------------------------------------------------------------------
 def test_gated_wrapper_shares_one_budget_and_revisits(gate):
-    from branchgate.inference.adapters import gated
+    from branchgate.inference.agents.adapters import gated
 
     state, cands = DECISIONS[0]
     calls = []
@@ -392,7 +392,7 @@ def _Skill(**kw):
 def test_gptr_hook_stops_expanding_when_the_budget_is_exhausted(gate, tmp_path):
     import asyncio
 
-    from branchgate.inference.gpt_researcher import gate_research
+    from branchgate.inference.agents.gpt_researcher import gate_research
     from branchgate.logs_to_dataset.traces import read_events
 
     skill = _Skill(breadth=4, depth=3)
@@ -415,8 +415,8 @@ def test_gptr_hook_stops_expanding_when_the_budget_is_exhausted(gate, tmp_path):
 def _budget_trace(gate, path):
     """A run recorded through TraceRecorder with a RunGate: two frames, deferrals, a revisit that expands the
     best deferred candidate, a budget drop; evidence carries key-point labels."""
+    from branchgate.inference.agents.recorder import TraceRecorder
     from branchgate.inference.inputs import DecisionState
-    from branchgate.inference.recorder import TraceRecorder
 
     run = RunGate(
         Shifted(gate, 0.3, 0.62), Budget(nodes=3), defer=True, price_start=0.6, defer_margin=0.35, run_id="defer-run"

@@ -337,7 +337,8 @@ def test_gate_module_imports_and_runs_without_torch(model):
         "sys.modules['torch'] = None\n"  # any 'import torch' now fails
         "for name in ('sentence_transformers', 'transformers', 'datasets', 'lightning'):\n"
         "    sys.modules[name] = None\n"
-        "import branchgate.inference.gate as g, branchgate.inference.adapters, branchgate.inference.gpt_researcher\n"
+        "import branchgate.inference.gate as g, branchgate.inference.agents.adapters\n"
+        "import branchgate.inference.agents.gpt_researcher\n"
         "import branchgate.inference.gate_cli\n"
         "gate = g.Gate.load(sys.argv[1])\n"
         "sel = gate.select({'root_query': 'bees'}, [{'query': 'varroa', 'goal': 'mites'}, 'pesticides'])\n"

@@ -23,7 +23,7 @@ from export_support import exported
 
 from branchgate.cli import main
 from branchgate.errors import InputError
-from branchgate.inference.adapters import gated
+from branchgate.inference.agents.adapters import gated
 from branchgate.inference.gate import Gate
 
 DECISION = {

@@ -31,8 +31,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from export_support import exported, exported_read, read_controller_from, runs_in_every_split
 
+from branchgate.inference.agents.gpt_researcher import gate_research
 from branchgate.inference.gate import Gate
-from branchgate.inference.gpt_researcher import gate_research
 from branchgate.logs_to_dataset.build import build
 from branchgate.logs_to_dataset.traces import read_events
 

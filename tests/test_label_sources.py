@@ -346,7 +346,7 @@ class _Skill:
 def test_gpt_researcher_hook_records_report_citations_that_label_branches(tmp_path, encoder):
     import asyncio
 
-    from branchgate.inference.gpt_researcher import gate_research
+    from branchgate.inference.agents.gpt_researcher import gate_research
 
     skill = _Skill()
     hook = gate_research(skill, None, tmp_path / "t.jsonl", run_id="hooked")

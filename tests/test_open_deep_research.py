@@ -33,8 +33,8 @@ from odr_support import (  # noqa: E402
     run_graph,
 )
 
+from branchgate.inference.agents.open_deep_research import _edited, gate_open_deep_research  # noqa: E402
 from branchgate.inference.gate import Gate  # noqa: E402
-from branchgate.inference.open_deep_research import _edited, gate_open_deep_research  # noqa: E402
 from branchgate.logs_to_dataset.build import build  # noqa: E402
 from branchgate.logs_to_dataset.traces import read_events  # noqa: E402
 

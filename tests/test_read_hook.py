@@ -1,4 +1,4 @@
-"""The read stage every agent hook shares (``inference/read_hook.py``), without any agent package: results in,
+"""The read stage every agent hook shares (``inference/agents/read_hook.py``), without any agent package: results in,
 the results to read out, and the events a read dataset is built from."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from export_support import exported, exported_read
 
+from branchgate.inference.agents.read_hook import ReadStage, Search, as_hit
+from branchgate.inference.agents.recorder import TraceRecorder
 from branchgate.inference.gate import Gate
-from branchgate.inference.read_hook import ReadStage, Search, as_hit
-from branchgate.inference.recorder import TraceRecorder
 from branchgate.logs_to_dataset.read_points import run_read_points
 from branchgate.logs_to_dataset.traces import TraceWriter, read_events
 from branchgate.texts import SNIPPET_WORDS

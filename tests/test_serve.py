@@ -1,4 +1,4 @@
-"""`branchgate serve` (``inference/serve.py``): both stages and budgeted runs over HTTP/JSON.
+"""`branchgate serve` (``inference/server/app.py``): both stages and budgeted runs over HTTP/JSON.
 
 Answers equal ``Gate.select(...).to_json()`` for the same input; every class of bad input is a 4xx JSON error
 naming the field, never a traceback; size and list limits; runs (open, select, spend, revisit, close) as an
@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from branchgate.cli import install_hint, main  # noqa: E402
 from branchgate.export.samples import sample_decisions, sample_read_decisions  # noqa: E402
 from branchgate.inference.gate import Gate  # noqa: E402
-from branchgate.inference.serve import ApiError, Limits, create_app, read_body  # noqa: E402
+from branchgate.inference.server.app import ApiError, Limits, create_app, read_body  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*decision outside the training range")
 REPO = Path(__file__).resolve().parents[1]

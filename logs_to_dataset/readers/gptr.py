@@ -26,7 +26,7 @@ references list), ``cited_ids`` = those that are a logged source's evidence id (
 Nothing here is a read decision (``dataset build --stage read`` finds no result lists): GPT-Researcher logs the
 URLs it is about to scrape (``added_source_url``: new ones only, after deduplication, not tied to a sub-query), not
 what each search returned (no titles, snippets or ranks, nor the results it did not fetch). The hook
-(``inference/gpt_researcher.py``, ``read=None``) records the result lists.
+(``inference/agents/gpt_researcher.py``, ``read=None``) records the result lists.
 
 What could not be rebuilt is counted in the read report's warnings ("gptr: ..."), never invented: so
 expanded candidates have no retrieved evidence and their realized utility is unknown (NaN) downstream, and

@@ -1,4 +1,4 @@
-"""The open_deep_research hook's message and config helpers (``inference/open_deep_research.py``): the search
+"""The open_deep_research hook's message and config helpers (``inference/agents/open_deep_research.py``): the search
 call's query list, the edit that removes pruned tool calls and queries from a model answer (and from its
 provider copies), the first human message, a package setting for a call and the package version.
 """

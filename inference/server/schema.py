@@ -1,4 +1,4 @@
-"""The OpenAPI description of ``branchgate serve``'s request bodies and errors (``inference/serve.py``).
+"""The OpenAPI description of ``branchgate serve``'s request bodies and errors (``inference/server/app.py``).
 
 The server reads each body as raw JSON and validates it with ``branchgate gate``'s own rules
 (``inference/gate_cli.parse_decision``, ``parse_read_decision``, ``run_fields``), so these schemas only describe

@@ -4,7 +4,7 @@ before they run, and record the run as canonical traces.
     from langchain_core.messages import HumanMessage
     from open_deep_research.deep_researcher import deep_researcher
     from branchgate.inference.gate import Gate
-    from branchgate.inference.open_deep_research import gate_open_deep_research
+    from branchgate.inference.agents.open_deep_research import gate_open_deep_research
 
     with gate_open_deep_research(Gate.load("controller.onnx"), trace="traces/run.jsonl") as hook:
         state = await deep_researcher.ainvoke({"messages": [HumanMessage(content=question)]}, config)
@@ -70,11 +70,11 @@ import importlib
 import logging
 from dataclasses import dataclass, field
 
+from branchgate.inference.agents.odr_messages import _edited, _first_human, _package_version, _queries, _setting
+from branchgate.inference.agents.odr_proxies import _ModelProxy, _SubgraphProxy
+from branchgate.inference.agents.read_hook import ReadStage, Search
+from branchgate.inference.agents.recorder import TraceRecorder, sha256
 from branchgate.inference.inputs import DecisionState
-from branchgate.inference.odr_messages import _edited, _first_human, _package_version, _queries, _setting
-from branchgate.inference.odr_proxies import _ModelProxy, _SubgraphProxy
-from branchgate.inference.read_hook import ReadStage, Search
-from branchgate.inference.recorder import TraceRecorder, sha256
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ the whole research tree as canonical traces.
 
     from gpt_researcher import GPTResearcher
     from branchgate.inference.gate import Gate
-    from branchgate.inference.gpt_researcher import gate_research
+    from branchgate.inference.agents.gpt_researcher import gate_research
 
     researcher = GPTResearcher(query="...", report_type="research_report")   # or report_type="deep"
     hook = gate_research(researcher, Gate.load("controller.onnx"), trace="traces/run.jsonl")
@@ -74,10 +74,10 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from branchgate.inference.gptr_patches import ResearchPatches
+from branchgate.inference.agents.gptr_patches import ResearchPatches
+from branchgate.inference.agents.read_hook import ReadStage, Search
+from branchgate.inference.agents.recorder import TraceRecorder, sha256
 from branchgate.inference.inputs import DecisionState
-from branchgate.inference.read_hook import ReadStage, Search
-from branchgate.inference.recorder import TraceRecorder, sha256
 from branchgate.texts import candidate_text
 
 log = logging.getLogger(__name__)

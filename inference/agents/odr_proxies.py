@@ -1,4 +1,4 @@
-"""The stand-ins the open_deep_research hook (``inference/open_deep_research.py``) installs for the package's
+"""The stand-ins the open_deep_research hook (``inference/agents/open_deep_research.py``) installs for the package's
 ``configurable_model`` (``_ModelProxy``: its ``bind_tools`` results are gated by ``GatedToolCalls``) and
 ``researcher_subgraph`` (``_SubgraphProxy``: each ``ainvoke`` is one researcher run). Everything else they
 are asked for passes through to what they stand in for.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from branchgate.inference.open_deep_research import OpenDeepResearchHook
+    from branchgate.inference.agents.open_deep_research import OpenDeepResearchHook
 
 
 class _ModelProxy:

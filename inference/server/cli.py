@@ -1,4 +1,4 @@
-"""`branchgate serve`: serve a pre-retrieval and/or a read controller over HTTP/JSON (``inference/serve.py``).
+"""`branchgate serve`: serve a pre-retrieval and/or a read controller over HTTP/JSON (``inference/server/app.py``).
 
     branchgate serve --pre PRE.onnx --read READ.onnx [--host 127.0.0.1] [--port 8000] [--threads N]
 
@@ -62,7 +62,7 @@ def is_loopback(host: str) -> bool:
 
 def limits_of(args):
     """The server's ``Limits`` from the flags (each an integer ≥ 1; unset: the default)."""
-    from branchgate.inference.serve import Limits
+    from branchgate.inference.server.app import Limits
 
     limits = Limits()
     for name in ("max_body_bytes", "max_items", "max_runs"):
@@ -103,7 +103,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from branchgate.inference.serve import create_app
+        from branchgate.inference.server.app import create_app
     except ModuleNotFoundError as exc:
         raise BranchgateError(f"{exc.name} is not installed ({install_hint(exc.name)})") from None
     if not 0 <= args.port <= 65535:

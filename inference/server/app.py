@@ -49,7 +49,7 @@ from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError
 from branchgate.fileio import load_json
 from branchgate.inference.gate_cli import apply_decision, parse_decision, parse_read_decision, run_field, run_fields
-from branchgate.inference.serve_schema import error_responses, openapi_extra
+from branchgate.inference.server.schema import error_responses, openapi_extra
 from branchgate.logs_to_dataset.decision_points import MAX_CANDIDATES
 
 log = logging.getLogger("branchgate.serve")

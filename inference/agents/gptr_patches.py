@@ -19,7 +19,7 @@ import logging
 from branchgate.inference.inputs import DecisionState
 from branchgate.texts import candidate_text
 
-log = logging.getLogger("branchgate.inference.gpt_researcher")  # one logger name for the hook's messages
+log = logging.getLogger("branchgate.inference.agents.gpt_researcher")  # one logger name for the hook's messages
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_hook", default=None)
 _SEARCH: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_search", default=None)  # (hook, Search)
