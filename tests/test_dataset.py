@@ -455,6 +455,7 @@ def test_cli_exit_codes(cli_encoder, tmp_path, capsys):
     assert "unknown teacher 'nope'" in capsys.readouterr().err
 
 
+@pytest.mark.shared
 def test_real_searcho1_dataset_splits(shared):
     """The real traces → decision points; only the structure (embedding 2k+ documents is the benchmark's job)."""
     d = shared("drgym", "Searcho1_ClueWeb22")

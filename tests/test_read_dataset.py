@@ -387,6 +387,7 @@ def test_train_on_a_read_dataset_writes_stage_read(keypoints_build, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shared
 def test_real_searcho1_read_dataset(shared, tmp_path):
     """DeepResearchGym's Search-o1 traces at the read stage with key-point labels: the issue's figures."""
     traces = shared("drgym", "Searcho1_ClueWeb22")

@@ -295,6 +295,7 @@ def test_searcho1_keypoint_fixture_labels():
     assert gains == [[2, 1], [-1, 0], [1]]
 
 
+@pytest.mark.shared
 def test_real_searcho1_keypoint_labels(shared):
     """On DeepResearchGym's Search-o1 traces the rule gives the issue's figure: 362 of 2,455 hits add a key point
     new to the run; the 93 hits already read earlier in their run are unlabelled."""

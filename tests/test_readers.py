@@ -247,6 +247,7 @@ def test_gptr_json_research_handler_events(tmp_path):
 # --- real data ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.shared
 def test_real_searcho1_traces(shared):
     d = shared("drgym", "Searcho1_ClueWeb22")
     runs, report = _runs(d)
@@ -316,6 +317,7 @@ def test_searcho1_keypoints_explicit_dir_disabled_and_broken(tmp_path):
             _runs(traces, strict=True)
 
 
+@pytest.mark.shared
 def test_real_searcho1_keypoint_labels(shared):
     d = shared("drgym", "Searcho1_ClueWeb22")
     shared("drgym", "key_point")

@@ -229,6 +229,7 @@ def _decision_summary(rd) -> tuple:
     return frames, sorted(rd.evidence), rd.problems
 
 
+@pytest.mark.shared
 def test_real_searcho1_hits_per_search(shared):
     d = shared("drgym", "Searcho1_ClueWeb22")
     names = sorted(p.name for p in d.glob("*.a"))[:40]
