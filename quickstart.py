@@ -50,12 +50,11 @@ def _step(title: str, argv: list[str]) -> None:
 
 
 def run(args) -> int:
-    from branchgate.fileio import check_output_dir, mark_output_dir
+    from branchgate.fileio import atomic_path, check_output_dir, claim_output_dir, mark_output_dir
 
     encoder_dir = args.encoder if Path(args.encoder).exists() else None  # a local encoder folder is an input
     out = check_output_dir(args.out, [encoder_dir], OUTPUT_KIND, in_place=True)
-    out.mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, OUTPUT_KIND)
+    claim_output_dir(out, OUTPUT_KIND)  # closed (mark_output_dir) once every step is done
     start = time.perf_counter()
     sim = [
         "simulate",
@@ -101,7 +100,8 @@ def run(args) -> int:
         train.append(f"--trainer.max_epochs={args.epochs}")
     _step("train", train)
     controller = out / "run" / "controller.safetensors"
-    shutil.copyfile(out / "run" / "metrics.json", out / "metrics.json")
+    with atomic_path(out / "metrics.json") as tmp:
+        shutil.copyfile(out / "run" / "metrics.json", tmp)
     if not args.no_export:
         _step(
             "export",
@@ -116,6 +116,7 @@ def run(args) -> int:
                 str(out / "dataset"),
             ],
         )
+    mark_output_dir(out, OUTPUT_KIND)
     metrics = json.loads((out / "metrics.json").read_text())
     print(
         f"\nquickstart finished in {time.perf_counter() - start:.0f}s: {out / 'metrics.json'}"
@@ -126,4 +127,8 @@ def run(args) -> int:
         f"top-1 {metrics.get('top1_accuracy', float('nan')):.3f}, "
         f"keep rate {metrics.get('keep_rate', float('nan')):.2f} at tau {metrics.get('tau', float('nan')):.2f}"
     )
+    if not args.no_export:  # the exported controller on hand-written decisions (bench/common_sense.py)
+        from branchgate.bench.common_sense import check_model, line
+
+        print(line(check_model(out / "controller.onnx", threads=1)))
     return 0

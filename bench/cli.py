@@ -99,5 +99,11 @@ def run(args) -> int:
     )
     for line in report.get("findings", []):
         print(f"- {line}")
+    from branchgate.bench.common_sense import line as common_sense_line
+
+    for where, per in (("pre", report.get("by_labels", {})), ("read", report.get("read", {}))):
+        for source, res in per.items():
+            if res.get("common_sense"):
+                print(f"{where} gate ({source}): {common_sense_line(res['common_sense'])}")
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

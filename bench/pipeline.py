@@ -32,7 +32,7 @@ from branchgate.bench.sweeps import (
     variant_family,
 )
 from branchgate.errors import InputError
-from branchgate.fileio import check_output_dir, is_output_of, mark_output_dir
+from branchgate.fileio import check_output_dir, claim_output_dir, is_output_of, mark_output_dir
 
 OUTPUT_KIND = "bench"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
@@ -91,7 +91,9 @@ def run_bench(
     report = _report(run, pts, runs, per_source, budgets, time.perf_counter() - started, per_read)
     if command:
         report["command"] = command
-    return report, write(run.steps.out, report), run.steps
+    paths = write(run.steps.out, report)
+    mark_output_dir(run.steps.out, OUTPUT_KIND)
+    return report, paths, run.steps
 
 
 def prepare(
@@ -116,8 +118,7 @@ def prepare(
     out = check_output_dir(
         out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND, in_place=True
     )
-    out.mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, OUTPUT_KIND)
+    claim_output_dir(out, OUTPUT_KIND)  # closed (mark_output_dir) once the report is written
     run = Run(
         env_path=env_path,
         cfg=cfg,
@@ -182,7 +183,7 @@ def _report(
 
     boot = run.boot
     for res in [*per_source.values(), *per_read.values()]:
-        res.pop("controller", None)
+        res["common_sense"] = common_sense(res.pop("controller", None))
         res.pop("export_fp", None)
         res["gate_vs"] = closed_loop.gate_vs(pts, runs, boot, family=res["family"])
     for res in per_read.values():
@@ -221,6 +222,15 @@ def _report(
     report = clean(report)
     report["findings"] = findings(report)
     return report
+
+
+def common_sense(controller: str | None) -> dict | None:
+    """The exported controller's figures on the hand-written common-sense suite (``bench/common_sense.py``)."""
+    if not controller:
+        return None
+    from branchgate.bench.common_sense import check_model
+
+    return check_model(controller, threads=1)
 
 
 def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
