@@ -38,6 +38,7 @@ from branchgate.pipeline.textutil import content_words
 log = logging.getLogger(__name__)
 
 FORMATS = ("drgym", "musique")
+UNITS = ("passage", "page")  # a passage is a chunk of a document, or the whole page (``env_build.py``)
 DEFAULT_CHUNK_WORDS = 120
 ENV_VERSION = 1
 REQUIRED = ("manifest.json", "queries.jsonl", "passages.jsonl.gz")
@@ -60,6 +61,7 @@ def save(
     unreachable: list[dict],
     notes: Counter,
     skipped: list[dict],
+    unit: str = "passage",
 ) -> Path:
     """Write an environment folder (replaced atomically). Sets each query's ``reachable`` key points (those some
     passage carries) and adds the key points no passage carries to ``unreachable``."""
@@ -84,6 +86,7 @@ def save(
         "created_by": f"branchgate {__version__}",
         "chunk_words": chunk_words,
         "seed": seed,
+        **({"unit": unit} if unit != "passage" else {}),
         "n_queries": len(queries),
         "n_key_points": sum(len(q["key_points"]) for q in queries.values()),
         "n_passages": len(passages),
@@ -208,6 +211,7 @@ class Env:
         self.bm25 = bm25
         self._dense: dict[str, retrieve.DenseIndex] = {}
         self.name = manifest.get("name") or path.name
+        self.unit = manifest.get("unit", "passage")  # "page": a passage is a whole page, its first line its title
         self.memo = Memo()
 
     def idf(self, word: str) -> float:
@@ -224,7 +228,8 @@ class Env:
             {
                 k: self.manifest.get(k)
                 for k in ("format", "n_queries", "n_passages", "n_key_points", "chunk_words", "seed", "passage_words")
-            },
+            }
+            | ({"unit": self.unit} if self.unit != "passage" else {}),
             sort_keys=True,
         )
         return hashlib.sha256(text.encode()).hexdigest()[:12]

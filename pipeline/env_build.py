@@ -7,6 +7,10 @@
   query's key points), the rules ``branchgate dataset build --format searcho1`` labels evidence with: a
   document's passages carry, together, the key points the reader gives that document.
 - ``build_musique``: MuSiQue questions, one key point per decomposition step on its supporting paragraph.
+- ``unit="page"``: one passage per document (a page, as a search engine lists it: its first line is its title),
+  not chunks. drgym: the full text where known (else its quoted spans, one per line), labelled as the Search-o1
+  reader labels a document (``SpanIndex.labels``: its own key points by id, and other documents' spans located
+  in it); musique: each paragraph already is a titled page. The manifest records ``unit``.
 
 Over 400 lines: the two source formats' builds (drgym, musique) share their corpus, labelling and distractor steps;
 chunking is apart (``chunking.py``).
@@ -38,7 +42,7 @@ from branchgate.logs_to_dataset.drgym import (
 from branchgate.logs_to_dataset.spans import SpanIndex, normalize
 from branchgate.pipeline import env
 from branchgate.pipeline.chunking import Atom, pack, span_atoms, split_long, text_atoms
-from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS
+from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS, UNITS
 
 __all__ = [
     "Atom",
@@ -65,8 +69,10 @@ def _rng(*parts) -> random.Random:
 
 
 class Builder:
-    def __init__(self, fmt: str, sources: list[str], chunk_words: int = DEFAULT_CHUNK_WORDS, seed: int = 0):
-        self.fmt, self.sources, self.chunk_words, self.seed = fmt, sources, chunk_words, seed
+    def __init__(
+        self, fmt: str, sources: list[str], chunk_words: int = DEFAULT_CHUNK_WORDS, seed: int = 0, unit: str = "passage"
+    ):
+        self.fmt, self.sources, self.chunk_words, self.seed, self.unit = fmt, sources, chunk_words, seed, unit
         self.queries: dict[str, dict] = {}
         self.passages: list[dict] = []
         self._by_text: dict[str, int] = {}
@@ -128,6 +134,7 @@ class Builder:
             unreachable=self.unreachable,
             notes=self.notes,
             skipped=self.skipped,
+            unit=self.unit,
         )
 
 
@@ -157,11 +164,13 @@ def build_drgym(
     seed: int = 0,
     max_queries: int | None = None,
     progress: bool = True,
+    unit: str = "passage",
 ) -> Path:
     """Queries with key points; passages: the ground-truth documents (full text where a trace or DocStream
     holds it, spans located and never split; else their quoted spans) and the other trace documents
-    (distractors, chunked to lengths drawn from the relevant passages'), labelled by ``SpanIndex``."""
-    b = Builder("drgym", sources, chunk_words, seed)
+    (distractors, chunked to lengths drawn from the relevant passages'), labelled by ``SpanIndex``; with
+    ``unit="page"`` one passage per document (``_pages``)."""
+    b = Builder("drgym", sources, chunk_words, seed, unit)
     docs = _Docs()
     query_kps = []
     for src in map(Path, sources):
@@ -171,8 +180,11 @@ def build_drgym(
         _drgym_traces(b, src, docs, set(new_ids) if max_queries is not None else None)
     index = SpanIndex(query_kps)
     docs.names.update(index.names)  # ground-truth documents: named as in their key-point file
-    gt_lengths = _ground_truth_passages(b, index, docs, chunk_words, progress)
-    _distractor_passages(b, index, docs, sorted(gt_lengths) or [chunk_words], seed, progress)
+    if unit == "page":
+        _pages(b, index, docs)
+    else:
+        gt_lengths = _ground_truth_passages(b, index, docs, chunk_words, progress)
+        _distractor_passages(b, index, docs, sorted(gt_lengths) or [chunk_words], seed, progress)
     b.notes["full_text_docs"] = len(docs.fulltext)
     b.notes["ground_truth_docs"] = len(index.own)
     b.notes["ground_truth_docs_with_full_text"] = len(set(index.own) & set(docs.fulltext))
@@ -277,6 +289,18 @@ def _ground_truth_passages(b: Builder, index: SpanIndex, docs: _Docs, chunk_word
     return gt_lengths
 
 
+def _pages(b: Builder, index: SpanIndex, docs: _Docs) -> None:
+    """One passage per document: the ground-truth documents (full text, else their quoted spans one per line),
+    then the others; labelled by ``SpanIndex.labels`` (own key points by id, other documents' spans located)."""
+    for doc in index.documents:
+        text = docs.fulltext.get(doc) or "\n".join(dict.fromkeys(" ".join(s.split()) for s, _ in index.own_spans(doc)))
+        b.note("pages_from_spans_only", doc not in docs.fulltext)
+        b.add_passage(docs.names[doc], Atom(text, index.labels(doc, text)), "ground_truth")
+    for doc in sorted(d for d in docs.fulltext if d not in index.own):
+        text = docs.fulltext[doc]
+        b.add_passage(docs.names[doc], Atom(text, index.labels(doc, text)), "distractor")
+
+
 def _distractor_passages(b: Builder, index: SpanIndex, docs: _Docs, pool: list[int], seed: int, progress: bool) -> None:
     """Passages of the other full texts, chunked to lengths drawn from ``pool`` (the relevant passages' word
     counts, sorted); labelled where they quote another document's span (as the Search-o1 reader labels them)."""
@@ -305,11 +329,12 @@ def build_musique(
     seed: int = 0,
     max_queries: int | None = None,
     question_ids: list[str] | None = None,
+    unit: str = "passage",
 ) -> Path:
     """Questions with ``paragraphs`` (``is_supporting``) and ``question_decomposition``; one key point per
     decomposition step, covered by its supporting paragraph. Passages: the ``*_corpus.json`` files when
-    present (and no subset is asked for), else the questions' own paragraphs."""
-    b = Builder("musique", sources, 0, seed)
+    present (and no subset is asked for), else the questions' own paragraphs (each a titled page already)."""
+    b = Builder("musique", sources, 0, seed, unit)
     corpus, questions = _musique_files(b, sources)
     if question_ids is not None:
         wanted = set(question_ids)
@@ -415,6 +440,8 @@ def build(fmt: str, sources: list[str], out: str | Path, **kw) -> Path:
     source, is a file, or is a folder with files no ``env build`` wrote)."""
     if fmt not in ("drgym", "musique"):
         raise BranchgateError(f"unknown environment format {fmt!r}; one of {', '.join(FORMATS)}")
+    if kw.get("unit", "passage") not in UNITS:
+        raise BranchgateError(f"unknown passage unit {kw['unit']!r}; one of {', '.join(UNITS)}")
     check_output_dir(out, sources, OUTPUT_KIND)
     if fmt == "drgym":
         path = build_drgym(sources, out, **kw)

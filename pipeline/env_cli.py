@@ -32,6 +32,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-queries", type=int, default=None, help="keep only the first N queries (and their documents)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the distractor chunk lengths (default 0)")
+    parser.add_argument(
+        "--unit",
+        choices=["passage", "page"],
+        default="passage",
+        help="passage: documents chunked to --chunk-words (default); page: one passage per document, a search hit "
+        "is a whole page with its title (its first line) and opening words, as a search engine lists it",
+    )
     parser.add_argument("--dense", action="store_true", help="also cache passage embeddings for the dense retriever")
     parser.add_argument("--encoder", default="auto", help="encoder for --dense (auto | packaged | hub id | local dir)")
 
@@ -44,7 +51,13 @@ def run(args) -> int:
     if args.chunk_words < 10:
         raise BranchgateError("--chunk-words must be at least 10")
     out = build(
-        args.format, args.src, args.out, chunk_words=args.chunk_words, seed=args.seed, max_queries=args.max_queries
+        args.format,
+        args.src,
+        args.out,
+        chunk_words=args.chunk_words,
+        seed=args.seed,
+        max_queries=args.max_queries,
+        unit=args.unit,
     )
     if args.dense:
         from branchgate.data.embedding_cache import EmbeddingCache
