@@ -2,6 +2,11 @@
 
     branchgate train --config configs/quickstart.yaml --trainer.max_epochs=3 --model.hidden=128
     branchgate train --help          (every option: --model.*, --data.*, --trainer.*, --calibration.*, ...)
+    branchgate train --config bench_train --data.dataset real_read --init-from pretrained:read --folds 5 --out ft
+
+``--init-from CONTROLLER`` starts from a trained controller (training/init_from.py says what stays frozen: the
+sentence encoder always, the value network's towers by default); ``--folds K`` trains K folds by run, writes an
+out-of-fold report and one final model on every run (training/folds.py).
 
 ``--config NAME`` also finds the packaged configs (quickstart, paper, bench_train; ``benchmark`` is an alias of \
 bench_train) by name.
@@ -37,6 +42,8 @@ def resolve_config_names(argv: list[str]) -> list[str]:
     """``--config quickstart`` → the packaged configs/quickstart.yaml when no such file exists."""
     packaged = Path(str(files("branchgate.configs")))
     out = []
+    argv = [SPELLINGS.get(a, a) for a in argv]
+    argv = [next((SPELLINGS[k] + a[len(k) :] for k in SPELLINGS if a.startswith(k + "=")), a) for a in argv]
     for i, arg in enumerate(argv):
         if arg.startswith("--config="):
             out.append("--config=" + _find(arg.split("=", 1)[1], packaged))
@@ -47,6 +54,7 @@ def resolve_config_names(argv: list[str]) -> list[str]:
     return out
 
 
+SPELLINGS = {"--init-from": "--init_from"}  # the documented spelling → LightningCLI's option name
 CONFIG_ALIASES = {"benchmark": "bench_train"}  # the bench's training config, named benchmark until 0.1.0
 
 

@@ -72,6 +72,32 @@ class TrainCLI(LightningCLI):
             default=None,
             help="resume fitting from this Lightning checkpoint",
         )
+        parser.add_argument(
+            "--init_from",
+            type=Optional[str],  # noqa: UP045 (jsonargparse reads the typing form)
+            default=None,
+            help="(also --init-from) start from a trained controller: a controller.safetensors, an .onnx export "
+            "(its weights read from the graph, int8 dequantised) or pretrained:pre / pretrained:read; its stage and "
+            "encoder must be the dataset's. The architecture and the feature standardisation are the start's "
+            "(--model.* network options are ignored). Always frozen: the sentence encoder (the text tower); "
+            "also frozen per --freeze",
+        )
+        parser.add_argument(
+            "--freeze",
+            type=Literal["towers", "none", "mlp"],
+            default="towers",
+            help="with --init_from, what else stays fixed: towers (default) the state and candidate towers (the "
+            "MLP, heads and wide path train); mlp the towers and the MLP (heads and wide path train); none nothing",
+        )
+        parser.add_argument(
+            "--folds",
+            type=int,
+            default=0,
+            help="K ≥ 2: K-fold by run over every split's runs (validation: the next fold), an out-of-fold report "
+            "(OUT/oof.json, OUT/oof.md: per-hit and per-decision AUROC against every teacher with paired intervals "
+            "over runs), then one final model on every run (OUT/controller.safetensors). Needs ≥ 2K runs with both "
+            "a positive and a negative row",
+        )
         parser.add_argument("--calibration", type=Calibration, default=Calibration())
         parser.add_argument("--wandb", type=Wandb, default=Wandb())
         parser.add_lightning_class_args(EarlyStopping, "early_stopping")
@@ -126,6 +152,21 @@ def make_loggers(out: Path, wb: Wandb) -> list:
     return loggers
 
 
+def start(model: ControllerModule, source: str, freeze: str, dm: DecisionDataModule) -> None:
+    """``--init_from``: the model starts from ``source``'s net (``training.init_from``), checked against the data."""
+    from branchgate.training.init_from import apply_start, check_start, load_start
+
+    net, meta, how = load_start(source)
+    check_start(meta, dm.manifest, dm.dataset_path, source)
+    trainable = apply_start(net, freeze)
+    net.order = bool(model.hparams.get("order", True))  # an input switch, not a weight: --model.order decides
+    net.train()
+    model.net, model.started = net, True
+    model.start_note = {"source": source, "weights": how, "freeze": freeze, "trainable": trainable}
+    n = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    print(f"init from {how}; frozen: the sentence encoder and {freeze}; {n} trainable weights")
+
+
 def train(argv: list[str] | None = None) -> dict:
     """Run the whole training command; returns the metrics dict."""
     import torch
@@ -152,6 +193,10 @@ def train(argv: list[str] | None = None) -> dict:
         trainer_defaults={"accelerator": "cpu", "devices": 1, "deterministic": True, "log_every_n_steps": 5},
         parser_kwargs={"prog": "branchgate train", "description": __doc__.split("\n\n")[0], "default_env": False},
     )
+    if cli.config.get("folds"):
+        from branchgate.training.folds import run_folds
+
+        return run_folds(cli, list(argv or []))
     for key in ("max_epochs", "max_steps"):
         if cli.config.get(f"trainer.{key}") == 0:
             raise InputError(
@@ -166,6 +211,8 @@ def train(argv: list[str] | None = None) -> dict:
     atomic_write_text(out / "config.yaml", cli.parser.dump(cli.config, skip_none=False))
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts
+    if cli.config.get("init_from"):
+        start(model, cli.config["init_from"], cli.config.get("freeze") or "towers", dm)
     calib = cli.config_init["calibration"]
     if calib.root_tau is not None:
         as_tau(calib.root_tau, "--calibration.root_tau")

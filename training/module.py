@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from branchgate.data.dataset_schema import dataset_stage
 from branchgate.models.value_model import ValueNet
 from branchgate.training.checkpoint import checkpoint_entry, make_meta, train_feature_range
+from branchgate.training.init_from import union_range
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class ControllerModule(L.LightningModule):
         self._pos_weight = 1.0
         self._val: list[tuple[np.ndarray, np.ndarray]] = []
         self._scalars: dict[str, torch.Tensor] = {}  # split → [rows, S] scalar features (see split_scalars)
+        self.started = False  # True when ``net`` came from --init-from: keep its standardisation (init_from.py)
+        self.start_note: dict = {}  # what it started from and what stayed frozen (recorded in the controller's meta)
 
     # -- construction ------------------------------------------------------------------------------------
     def build(self, dim: int) -> ValueNet:
@@ -91,7 +94,9 @@ class ControllerModule(L.LightningModule):
         )
         if stage == "fit":  # clamp structured features to the train split's range (before any scalars are computed)
             rng = train_feature_range(dm.sets["train"].features)
-            if rng is not None:
+            if self.started:
+                union_range(self.net, rng)
+            elif rng is not None:
                 self.net.set_feature_range([v[0] for v in rng.values()], [v[1] for v in rng.values()])
         self.meta = make_meta(
             dm.encoder,
@@ -105,12 +110,14 @@ class ControllerModule(L.LightningModule):
             teacher=dm.manifest.get("teacher"),
             dataset_schema_version=dm.manifest.get("schema_version"),
             train_stats=stats,
+            **({"init_from": self.start_note} if self.started else {}),
         )
         if stage == "fit":
             self._scalars = {
                 split: split_scalars(self.net, dm.sets[split], dm.table) for split in ("train", "validation")
             }
-            fit_standardisation(self.net, self._scalars["train"], stats)
+            if not self.started:  # a started net keeps the standardisation its weights were fitted to
+                fit_standardisation(self.net, self._scalars["train"], stats)
             log.info(
                 "train: %d positive / %d negative labelled rows; BCE pos_weight %.3f",
                 stats["n_pos"],
@@ -190,7 +197,8 @@ class ControllerModule(L.LightningModule):
         self.log("val_auroc_deep", 0.5 if deep is None else deep, sync_dist=True)
 
     def configure_optimizers(self):
-        return torch.optim.AdamW(self.net.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        trainable = [p for p in self.net.parameters() if p.requires_grad]  # --freeze (init_from.py) fixes the rest
+        return torch.optim.AdamW(trainable, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

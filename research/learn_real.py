@@ -1,0 +1,225 @@
+"""Learn from real logs (issue 66): the held-out split, out-of-fold comparisons and held-out scoring.
+
+The 800 dev Search-o1 traces are one run per query (``run_id`` = the query id). ``held_out`` puts a query in the
+held-out set by a salted hash of its id, fixed before any result was looked at (``SALT``, one query in
+``HELD_OUT_ONE_IN``); every configuration is chosen out of fold on the other queries, never on held-out scores.
+
+    python3 -m research.learn_real split DATASET OUT          # OUT/dev and OUT/heldout: the dataset by query
+    python3 -m research.learn_real compare OOF_DIR... [--json F]  # out-of-fold scorers on the same rows
+    python3 -m research.learn_real heldout DATASET CONTROLLER... [--names ...] [--json F]
+
+``compare`` pools several ``train --folds`` outputs that share one dataset (the same rows, the same folds) and adds
+``sim_only`` (the start of the first, scored unchanged: ``--start``) and ``stack`` (the logistic stack of
+``read_gate_stack``: every teacher's snippet score, log(1 + rank), documents read and list length, fitted out of
+fold on the same folds), each against the best teacher with paired intervals over runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+SALT = "issue66-heldout"  # fixed before looking at any result (the held-out queries never choose anything)
+HELD_OUT_ONE_IN = 4  # a quarter of the queries are held out
+TEACHERS = ("mmr", "grn", "cd", "dpp", "sc", "lexical", "hybrid")
+SPLITS = ("train", "validation", "test")
+
+
+def held_out(run_id: str) -> bool:
+    return int(hashlib.sha256(f"{SALT}:{run_id}".encode()).hexdigest(), 16) % HELD_OUT_ONE_IN == 0
+
+
+def split(dataset: str, out: str) -> None:
+    """``OUT/dev`` (the queries not held out, their splits as built) and ``OUT/heldout`` (the held-out queries)."""
+    from datasets import DatasetDict
+
+    from branchgate.data.decision_batches import load_decision_dataset
+
+    dsd, manifest = load_decision_dataset(dataset)
+    for name, keep in (("dev", False), ("heldout", True)):
+        part = DatasetDict({s: dsd[s].filter(lambda r, k=keep: held_out(r["run_id"]) == k) for s in SPLITS})
+        where = Path(out) / name
+        part.save_to_disk(str(where))
+        n_runs = {s: len(set(part[s]["run_id"])) for s in SPLITS}
+        meta = dict(manifest, n_runs={**n_runs, "total": sum(n_runs.values())}, held_out={"salt": SALT, "part": name})
+        (where / "manifest.json").write_text(json.dumps(meta, indent=1, default=str))
+        print(f"{where}: {sum(len(part[s]) for s in SPLITS)} rows, {sum(n_runs.values())} runs with rows")
+
+
+def _key(rows) -> list[tuple]:
+    return list(zip(rows.runs, rows.frames, rows.order, rows.labels))
+
+
+def stack_inputs(dataset: str) -> dict:
+    """``{(run, frame, rank, label): stack input row}`` over every split of a dataset (labelled rows)."""
+    from branchgate.data.decision_batches import load_decision_dataset
+
+    dsd, _ = load_decision_dataset(dataset)
+    out = {}
+    for s in SPLITS:
+        d = dsd[s]
+        cols = [np.nan_to_num(np.asarray(d[f"teacher_{t}"], np.float64)) for t in TEACHERS]
+        x = np.column_stack(
+            cols
+            + [np.log1p(np.asarray(d["rank"], np.float64))]
+            + [np.asarray(d[k], np.float64) for k in ("n_retained", "n_candidates")]
+        )
+        for i, (r, f, rank, y) in enumerate(zip(d["run_id"], d["frame_id"], d["rank"], d["label"])):
+            if y >= 0:
+                out[(r, f"{r}/{f}", rank, y)] = x[i]
+    return out
+
+
+def stack_oof(x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> np.ndarray:
+    """Logistic stack (C = 1, standardised; nothing tuned) fitted on the other folds."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    score = np.zeros(len(y))
+    for k in np.unique(fold):
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, max_iter=3000))
+        model.fit(x[fold != k], y[fold != k])
+        score[fold == k] = model.decision_function(x[fold == k])
+    return score
+
+
+def start_scores(start: str, dataset: str, rows, cache: str | None) -> np.ndarray:
+    """The start controller (``--init-from`` source) scored unchanged on ``rows`` of ``dataset``, by the training
+    path: the simulator-only gate."""
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.training.evaluate import predict
+    from branchgate.training.init_from import load_start
+
+    net, meta, _ = load_start(start)
+    dm = DecisionDataModule(dataset, cache=cache, show_progress=False)
+    dm.encoder_spec = recorded_spec(meta["encoder"])
+    dm.setup("predict")
+    by_key = {}
+    for s in SPLITS:
+        p, _ = predict(net, dm.sets[s], dm.table)
+        part = dm.splits[s]
+        for r, f, rank, y, v in zip(part["run_id"], part["frame_id"], part["rank"], part["label"], p):
+            by_key[(r, f"{r}/{f}", rank, y)] = float(v)
+    return np.array([by_key[k] for k in _key(rows)])
+
+
+def compare(dirs: list[str], names: list[str], start: str | None, boot: int, cache: str | None) -> dict:
+    """Every ``train --folds`` output's pooled out-of-fold model score on the same rows, the teachers, the stack
+    and (``start``) the unchanged start; AUROC per hit and per search, each − the best teacher (paired)."""
+    from branchgate.bench import stats
+    from branchgate.training.folds import oof_rows
+
+    runs = []
+    for d in dirs:
+        rep = json.loads((Path(d) / "oof.json").read_text())
+        k = int(rep["folds"])
+        folds = [(f"{d}/folds/{i}/controller.safetensors", f"{d}/folds/{i}.dataset") for i in range(k)]
+        runs.append((rep, oof_rows(folds, cache)))
+    base = runs[0][1]
+    keys = _key(base)
+    scorers = {t: base.scorers[t] for t in TEACHERS}
+    for name, (_, rows) in zip(names, runs):
+        pos = {k: i for i, k in enumerate(_key(rows))}
+        scorers[name] = rows.scorers["gate"][[pos[k] for k in keys]]
+    rep0 = runs[0][0]
+    fold = np.array([rep0["fold_of_run"][r] for r in base.runs])
+    inputs = stack_inputs(rep0["dataset"])
+    scorers["stack"] = stack_oof(np.array([inputs[k] for k in keys]), base.labels, fold)
+    if start:
+        scorers["sim_only"] = start_scores(start, rep0["dataset"], base, cache)
+    best = max(TEACHERS, key=lambda t: base.auroc(t, np.arange(len(keys))))
+    out = {"best_teacher": best, "rows": len(keys), "positive": int(base.labels.sum()), "runs": len(base.by_run)}
+    r = stats.Rows(base.labels, base.utility, base.runs, base.frames, base.depth, scorers, base.order)
+    out["per_hit"] = stats.scorer_metrics(r, boot, ref=best)
+    out["per_search"] = stats.scorer_metrics(stats.per_decision(r), boot, ref=best)
+    show(out)
+    return out
+
+
+def show(out: dict) -> None:
+    best = out["best_teacher"]
+    print(f"{out['rows']} rows ({out['positive']} positive), {out['runs']} runs; reference: {best}")
+    for unit in ("per_hit", "per_search"):
+        m = out[unit]
+        print(f"\n{unit}: scorer | AUROC [95%] | scorer − {best} [95%, paired over runs]")
+        for name in sorted(m, key=lambda n: -(m[n]["auroc"] or 0)):
+            ci = m[name]["ci95_auroc"]
+            d = m[name].get("delta_vs_gate")
+            line = f"  {name:16s} {m[name]['auroc']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+            if d and d["mean"] is not None:  # delta_vs_gate is ref − scorer: flip to scorer − ref
+                lo, hi = d["ci95"]
+                line += f"   {-d['mean']:+.3f} [{-hi:+.3f}, {-lo:+.3f}]"
+            print(line)
+
+
+def heldout(
+    dataset: str, controllers: list[str], names: list[str], boot: int, start: str | None, cache: str | None
+) -> dict:
+    """Controllers trained on the dev queries, scored on every split of the held-out queries' dataset."""
+    from branchgate.bench import stats
+
+    base = None
+    scorers = {}
+    for c, n in zip(controllers, names):
+        rows = stats.controller_rows(c, dataset, SPLITS, cache)
+        if base is None:
+            base = rows
+            scorers.update({t: rows.scorers[t] for t in TEACHERS})
+        assert _key(rows) == _key(base)
+        scorers[n] = rows.scorers["gate"]
+    if start:
+        scorers["sim_only"] = start_scores(start, dataset, base, cache)
+    best = max(TEACHERS, key=lambda t: base.auroc(t, np.arange(len(base.labels))))
+    out = {"best_teacher": best, "rows": int(len(base.labels)), "positive": int(base.labels.sum())}
+    out["runs"] = len(base.by_run)
+    r = stats.Rows(base.labels, base.utility, base.runs, base.frames, base.depth, scorers, base.order)
+    out["per_hit"] = stats.scorer_metrics(r, boot, ref=best)
+    out["per_search"] = stats.scorer_metrics(stats.per_decision(r), boot, ref=best)
+    show(out)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("split")
+    s.add_argument("dataset")
+    s.add_argument("out")
+    c = sub.add_parser("compare")
+    c.add_argument("dirs", nargs="+")
+    c.add_argument("--names", nargs="+")
+    c.add_argument("--start", default=None, help="the --init-from source: also score it unchanged (sim_only)")
+    c.add_argument("--boot", type=int, default=1000)
+    c.add_argument("--json", default=None)
+    h = sub.add_parser("heldout")
+    h.add_argument("dataset")
+    h.add_argument("controllers", nargs="+")
+    h.add_argument("--names", nargs="+")
+    h.add_argument("--start", default=None)
+    h.add_argument("--boot", type=int, default=1000)
+    h.add_argument("--json", default=None)
+    for p in (c, h):
+        p.add_argument("--cache", default=None, help="the embedding cache the datasets were built with")
+    a = ap.parse_args(argv)
+    if a.cmd == "split":
+        split(a.dataset, a.out)
+        return
+    names = a.names or [Path(d).name for d in (a.dirs if a.cmd == "compare" else a.controllers)]
+    if a.cmd == "compare":
+        out = compare(a.dirs, names, a.start, a.boot, a.cache)
+    else:
+        out = heldout(a.dataset, a.controllers, names, a.boot, a.start, a.cache)
+    if a.json:
+        from branchgate.training.metrics import clean
+
+        Path(a.json).write_text(json.dumps(clean(out), indent=1))
+
+
+if __name__ == "__main__":
+    main()
