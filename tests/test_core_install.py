@@ -87,6 +87,7 @@ def _copy_source(dst: Path) -> Path:
         "runs",
         "out",
         "*.onnx",
+        ".ci",  # the integration virtualenvs (GBs)
     )
     pretrained = REPO / "pretrained"
 
@@ -177,3 +178,41 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     report = json.loads((out / "replay.json").read_text())
     assert report["runs"] == 2 and len(report["points"]) == 1
     assert "branchgate[replay]" in replay.stderr and not (out / "replay.png").exists()
+
+
+@pytest.mark.slow
+def test_the_built_wheel_installs_in_a_clean_venv_and_gates(tmp_path):
+    """The install the docs show without PyPI: `python -m build --wheel` in a clone, then `pip install
+    dist/branchgate-*.whl` in a venv that sees nothing of this one (pip fetches the core runtime)."""
+    src = _copy_source(tmp_path / "src")
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(src)], "python -m build")
+    (wheel,) = (tmp_path / "dist").glob("branchgate-*.whl")
+    venv = tmp_path / "venv"
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot create a venv here: {exc}")
+    py = venv / "bin" / "python"
+    _run([str(py), "-m", "pip", "install", "-q", str(wheel)], "pip install dist/branchgate-*.whl")
+    listed = {
+        p["name"].lower()
+        for p in json.loads(_run([str(py), "-m", "pip", "list", "--format", "json"], "pip list").stdout)
+    }
+    assert "branchgate" in listed and not listed & {"torch", "lightning", "datasets", "fastapi"}, listed
+    state = {"root_query": "Why are honeybee colonies collapsing?", "query": "varroa mites", "depth": 1}
+    hits = [
+        {"id": "a", "title": "Varroa mites", "snippet": "parasites that weaken bee colonies", "rank": 0},
+        {"id": "b", "title": "Honey prices", "snippet": "honey markets by country", "rank": 1},
+    ]
+    script = (
+        "import json, sys\nfrom branchgate.inference.gate import Gate\n"
+        "state, hits = json.loads(sys.argv[1])\n"
+        "sel = Gate.load('pretrained:read').select(state, hits)\n"
+        "print(json.dumps({'kept': sel.kept, 'p_keep': [float(p) for p in sel.p_keep]}))\n"
+    )
+    got = json.loads(
+        _run([str(py), "-c", script, json.dumps([state, hits])], "gate in the wheel's venv", cwd=tmp_path).stdout
+    )
+    want = Gate.load("pretrained:read").select(state, hits)
+    assert got["kept"] == want.kept
+    np.testing.assert_allclose(got["p_keep"], want.p_keep, atol=1e-5)
