@@ -226,10 +226,10 @@ def write_outputs(out: Path, report: dict, kind: str) -> None:
     from branchgate.fileio import atomic_write_json, atomic_write_text, mark_output_dir
 
     out.mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, kind)
     atomic_write_json(out / "replay.json", report)
     atomic_write_text(out / "replay.md", markdown(report))
     try:
         plot(report, out / "replay.png")
     except ModuleNotFoundError as exc:  # the core install: the table and JSON only
         log.warning("replay.png not drawn: %s is not installed (pip install 'branchgate[replay]')", exc.name)
+    mark_output_dir(out, kind)  # its manifest lists every file written above

@@ -33,9 +33,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
 
 
+def check_args(args) -> None:
+    """Every option checked before any work (``InputError`` naming it)."""
+    import math
+    from pathlib import Path
+
+    from branchgate.errors import InputError
+    from branchgate.export.controller import checked_paths
+
+    if not 1 <= args.max_decisions <= MAX_DECISIONS:
+        raise InputError(f"must be from 1 to {MAX_DECISIONS:,}, got {args.max_decisions}", "--max-decisions")
+    for name, value in (("--tol", args.tol), ("--auroc-tol", args.auroc_tol)):
+        if not (math.isfinite(value) and value >= 0):
+            raise InputError(f"must be a finite number ≥ 0, got {value}", name)
+    if args.dataset is not None and not Path(args.dataset).is_dir():
+        raise InputError("no such dataset folder (a saved decision dataset: branchgate dataset build)", args.dataset)
+    if not Path(args.checkpoint).is_file():
+        raise InputError("no such checkpoint file", args.checkpoint)
+    checked_paths(args.out)
+
+
+MAX_DECISIONS = 100_000  # parity decisions at most: each is scored by torch and by both graphs
+
+
 def run(args) -> int:
     from branchgate.export.controller import ParityError, export_controller
 
+    check_args(args)
     try:
         report = export_controller(
             args.checkpoint,

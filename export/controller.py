@@ -6,7 +6,9 @@
 
 Writes, beside ``controller.onnx``: ``controller.int8.onnx`` (dynamic int8 quantisation),
 ``controller.tokenizer.json`` (the encoder's tokenizer, read by the Gate with ``tokenizers``) and
-``controller.md`` (model card); the set replaces an earlier export's whole or not at all (``fileio.replace_files``).
+``controller.md`` (model card), and ``.controller.onnx.branchgate.json``, the record of what the export wrote; the set
+replaces an earlier export's whole or not at all, and never a file this export did not write
+(``fileio.check_file_set``, checked before any work).
 Both graphs get skippable tower and head parts (``export.parts``).
 Metadata (``metadata_props``) records the encoder, feature schema, standardisation, τ, versions and the
 training-data hash; ``Gate.load`` validates it. The encoder's weights must give the probe-text fingerprint of
@@ -49,7 +51,7 @@ from branchgate.export.onnx_metadata import OPSET, metadata, tokenizer_json, wri
 from branchgate.export.packed_tower import PackedBertTower, supports
 from branchgate.export.parity import auroc, load_decisions, max_diff, run_gate, tower_vs_encoder, training_scores
 from branchgate.features import FEATURE_NAMES
-from branchgate.fileio import replace_files
+from branchgate.fileio import check_file_set, write_file_set
 from branchgate.inference.metadata import FINGERPRINT_PROBES, PARTS, check_fingerprint
 
 log = logging.getLogger(__name__)
@@ -65,10 +67,14 @@ class ParityError(BranchgateError):
         self.report = report
 
 
+OUTPUT_KIND = "export"  # the command named in the export's record (``fileio.check_file_set``)
+
+
 def paths_for(out: str | Path) -> dict[str, Path]:
-    """The files one export writes, named after ``out`` (``controller.onnx`` → ``controller.int8.onnx``, ...)."""
+    """The files one export writes, named after ``out`` (``controller.onnx`` → ``controller.int8.onnx``, ...),
+    and ``record``, its list of what it wrote."""
     out = Path(out)
-    if out.suffix != ".onnx":
+    if out.suffix != ".onnx" or out.name == ".onnx":
         raise InputError("the output must be a .onnx file path", "--out")
     stem = out.name[: -len(".onnx")]
     return {
@@ -76,7 +82,16 @@ def paths_for(out: str | Path) -> dict[str, Path]:
         "int8": out.with_name(f"{stem}.int8.onnx"),
         "tokenizer": out.with_name(f"{stem}.tokenizer.json"),
         "card": out.with_name(f"{stem}.md"),
+        "record": out.with_name(f".{out.name}.branchgate.json"),
     }
+
+
+def checked_paths(out: str | Path) -> dict[str, Path]:
+    """``paths_for(out)`` once none of its files is one the export may not replace (``fileio.check_file_set``:
+    each absent, or written by an earlier export and unchanged) and its folder can be written; before any work."""
+    paths = paths_for(out)
+    check_file_set([p for k, p in paths.items() if k != "record"], paths["record"], OUTPUT_KIND)
+    return paths
 
 
 def export_controller(
@@ -94,6 +109,7 @@ def export_controller(
     """
     from branchgate.training.checkpoint import load_controller
 
+    checked_paths(out)  # before the checkpoint is even read
     net, meta = load_controller(ckpt)
     return export_model(
         net, meta, out, int8=int8, parity_dataset=parity_dataset, force=force, source=str(ckpt), **kwargs
@@ -119,7 +135,7 @@ def export_model(
     against its encoder, score the parity decisions with torch, write the graphs to a scratch folder beside
     ``out``, check them there, then move the whole file set into place."""
     t0 = time.perf_counter()
-    paths = paths_for(out)
+    paths = checked_paths(out)
     encoder = checked_encoder(meta, encoder, source)
     tau, notes = meta.get("tau"), []
     if tau is None:
@@ -134,7 +150,7 @@ def export_model(
     tmp = _scratch_dir(paths["fp32"])
     previous_attention = eager_attention(tower.transformer)
     try:
-        tmp_paths = {k: tmp / p.name for k, p in paths.items()}
+        tmp_paths = {k: tmp / p.name for k, p in paths.items() if k != "record"}
         tok_text = tokenizer_json(encoder)
         tmp_paths["tokenizer"].write_text(tok_text, encoding="utf-8")
         props = metadata(meta, encoder, float(tau), tok_text, paths["tokenizer"].name, net)
@@ -180,7 +196,8 @@ def export_model(
         report["total_s"] = round(time.perf_counter() - t0, 2)
         tmp_paths["card"].write_text(model_card(report, props, meta), encoding="utf-8")
         moves[paths["card"]] = tmp_paths["card"]
-        replace_files(moves)  # the whole set (model, twin, tokenizer, card) or, on any failure, the old one
+        # the whole set (model, twin, tokenizer, card) or, on any failure, the old one; checked again first
+        write_file_set(moves, paths["record"], OUTPUT_KIND)
         return report
     finally:
         set_attention(tower.transformer, previous_attention)
@@ -354,7 +371,7 @@ def _file_set(report: dict, paths: dict, tmp_paths: dict, int8: bool) -> dict:
     report["files"]["card"] = str(paths["card"])
     report["sizes_mb"] = {k: round(tmp_paths[k].stat().st_size / 2**20, 2) for k in files}
     moves = {path: tmp_paths[key] for key, path in files.items()}
-    if not int8 and paths["int8"].exists():  # a twin left by an earlier export no longer matches
+    if not int8 and paths["int8"].exists():  # an earlier export's twin no longer matches (``checked_paths``: its own)
         moves[paths["int8"]] = None
         report["notes"].append(f"removed the stale {paths['int8'].name} of an earlier export")
     return moves

@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, read_bounded
+from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, locked, read_bounded
 from branchgate.inference.inputs import (
     READ_STATE_FIELDS,
     as_decision,
@@ -317,16 +317,9 @@ def locked_runs(path: Path):
         raise InputError("is not a regular file (a folder or a device): the run state is one file", where)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(path.name + ".lock"), "a")
     except OSError as exc:
         raise InputError(f"cannot keep the run state here ({_why(exc)})", where) from None
-    with lock:
-        try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:  # no advisory locks on this platform: last writer wins
-            pass
+    with locked(path):  # its lock file is in the cache folder: nothing is left beside ``path``
         data = {"runs": {}, "ended": {}}
         raw = read_bounded(path, where) if path.exists() else b""
         if raw.strip():

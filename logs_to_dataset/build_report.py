@@ -12,7 +12,7 @@ from pathlib import Path
 
 from branchgate import __version__
 from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, columns
-from branchgate.fileio import atomic_write_json
+from branchgate.fileio import atomic_write_json, mark_output_dir
 from branchgate.logs_to_dataset.labels import LabelRecords
 from branchgate.logs_to_dataset.trace_schema import SCHEMA_VERSION
 
@@ -69,6 +69,7 @@ def _nothing_parsed(traces, out, report, files, fmt, partial_section, stage: str
     written = ""
     if not (out / "dataset_dict.json").exists():  # ``out`` passed check_output_dir; this manifest alone marks it
         atomic_write_json(out / "manifest.json", manifest)
+        mark_output_dir(out, "dataset build")  # the manifest alone, recorded as the build's (fileio)
         written = f"; what was read is in {out / 'manifest.json'}"
     first = "; ".join(
         f"{s['file']}{'' if s['line'] is None else ':' + str(s['line'])}: {s['reason']}" for s in skipped[:3]

@@ -112,7 +112,7 @@ def save(
     df = Counter()
     for p in passages:
         df.update(set(content_words(p["text"])))
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "env build") as tmp:  # the kind: pipeline.env_build.OUTPUT_KIND
         with open(tmp / "queries.jsonl", "w", encoding="utf-8") as fh:
             for q in queries.values():
                 fh.write(json.dumps(q, ensure_ascii=False) + "\n")

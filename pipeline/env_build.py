@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import BranchgateError, InputError
-from branchgate.fileio import check_output_dir, mark_output_dir
+from branchgate.fileio import check_output_dir
 from branchgate.logs_to_dataset.drgym import (
     KEYPOINT_DIR,
     TRACE_DIR,
@@ -449,5 +449,4 @@ def build(fmt: str, sources: list[str], out: str | Path, **kw) -> Path:
         kw.pop("chunk_words", None)
         kw.pop("progress", None)
         path = build_musique(sources, out, **kw)
-    mark_output_dir(path, OUTPUT_KIND)
-    return path
+    return path  # env.save wrote it as an ``env build`` output (``fileio.atomic_dir``)

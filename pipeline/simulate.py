@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.fileio import atomic_path, atomic_write_json, check_output_dir, mark_output_dir
+from branchgate.fileio import atomic_path, atomic_write_json, check_output_dir, claim_output_dir, mark_output_dir
 from branchgate.pipeline.config import Config
 from branchgate.pipeline.run import Runner
 
@@ -190,8 +190,8 @@ def simulate(
     out = check_output_dir(
         out, [env_path, queries_file, cfg.budget_reference or None, *gates], OUTPUT_KIND, in_place=True
     )
+    claim_output_dir(out, OUTPUT_KIND)  # closed (mark_output_dir) once every run is written
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, OUTPUT_KIND)
     conf = {
         "config": cfg.record(),
         "env": env_path,
@@ -224,6 +224,7 @@ def simulate(
         bar.close()
     summary = summarize(out, [run_id_of(q, r, cfg) for q, r, _ in jobs])
     atomic_write_json(out / "summary.json", {**summary, "config": conf})
+    mark_output_dir(out, OUTPUT_KIND)
     return summary
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from branchgate.cli import main
 from branchgate.errors import BranchgateError, InputError, MismatchError
-from branchgate.fileio import atomic_dir, load_json, recover_dir
+from branchgate.fileio import atomic_dir, load_json
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.logs_to_dataset.traces import ReadReport
 
@@ -504,16 +504,18 @@ def test_atomic_dir_keeps_the_old_output_when_the_second_rename_fails(tmp_path, 
     assert (out / "v").read_text() == "1"
 
 
-def test_atomic_dir_recovers_after_a_hard_kill_between_the_renames(tmp_path):
+def test_atomic_dir_never_touches_a_folder_named_like_its_own_old_one(tmp_path):
+    """A ``.out.old`` folder (the user's, or what a kill -9 between the renames once left) is never renamed or
+    deleted: the previous output goes to a new folder of its own (issue 62 item 3)."""
     out = tmp_path / "out"
     old = tmp_path / ".out.old"
     old.mkdir()
-    (old / "v").write_text("1")  # what a kill -9 after the first rename leaves
-    assert recover_dir(out) and (out / "v").read_text() == "1" and not old.exists()
-    shutil.move(str(out), str(old))
-    with atomic_dir(out) as tmp:
-        (tmp / "v").write_text("2")
-    assert (out / "v").read_text() == "2" and not old.exists()
+    (old / "v").write_text("1")
+    for v in "23":
+        with atomic_dir(out, "dataset build") as tmp:
+            (tmp / "v").write_text(v)
+        assert (out / "v").read_text() == v and (old / "v").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old", "out"]
 
 
 # -- training: zero epochs ----------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ the small bench, is in test_bench.py).
 
 Every folder-writing command refuses, with exit 2 and the path named, an ``--out`` that is equal to, inside or
 a parent of an input, an existing file, a non-empty folder another command (or the user) wrote, or a folder it
-cannot write; a previous output of the same command is still replaced (atomically) or resumed.
+cannot write; a previous output of the same command is still replaced (atomically) or resumed, unless it holds
+anything its manifest does not list unchanged (issue 62; more in test_never_delete.py).
 """
 
 from __future__ import annotations
@@ -120,23 +121,29 @@ def test_foreign_folder_is_refused_previous_output_is_replaced(tmp_path, traces,
     ds = tmp_path / "ds"
     assert main(build_argv(traces, ds)) == 0
     first = json.loads((ds / "manifest.json").read_text())
-    (ds / "stale.txt").write_text("left by the previous build\n")  # a rebuild replaces the folder whole
-    assert main(build_argv(traces, ds)) == 0
+    (ds / "notes.txt").write_text("the user's, added to the output\n")  # not the build's: the rebuild is refused
+    err = refused(build_argv(traces, ds), capsys, ds)
+    assert "notes.txt (not written by branchgate)" in err and (ds / "notes.txt").is_file()
+    (ds / "notes.txt").unlink()
+    assert main(build_argv(traces, ds)) == 0  # its own output alone: replaced whole
     assert json.loads((ds / "manifest.json").read_text())["n_decisions"] == first["n_decisions"]
-    assert not (ds / "stale.txt").exists() and not (tmp_path / ".ds.old").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "foreign", "t"]  # nothing left aside
     assert snapshot(traces) == inputs  # untouched throughout
     # another command's output is not a dataset build's to replace
     refused(["simulate", "--env", "sample", "--runs", "1", "--out", str(ds), "--no-progress"], capsys, ds)
     assert (ds / "dataset_dict.json").is_file()
 
 
-def test_dataset_folder_written_before_the_mark_is_still_replaceable(tmp_path, traces):
+def test_dataset_folder_without_its_manifest_is_refused(tmp_path, traces, capsys):
+    """No "legacy mark": a ``dataset_dict.json`` does not make a folder the build's to replace (issue 62 item 1)."""
     from branchgate.fileio import OUTPUT_MARK
 
     ds = tmp_path / "ds"
     assert main(build_argv(traces, ds)) == 0
-    (ds / OUTPUT_MARK).unlink()  # as today's datasets are: manifest.json + dataset_dict.json + splits
-    assert main(build_argv(traces, ds)) == 0 and (ds / OUTPUT_MARK).is_file()
+    (ds / OUTPUT_MARK).unlink()
+    before = snapshot(ds)
+    refused(build_argv(traces, ds), capsys, ds)
+    assert snapshot(ds) == before
 
 
 # -- item 13: the output folders' errors are named, not tracebacks ---------------------------------------------
@@ -287,8 +294,10 @@ def _make(root: Path, inputs: list[tuple[tuple, str]], out: tuple, state: str) -
         (o / "sub").mkdir()
         (o / "sub" / "keep.txt").write_text("user file\n")
     elif state in ("own", "other"):
-        (o / ".branchgate.json").write_text(json.dumps({"command": "dataset build" if state == "own" else "simulate"}))
+        from branchgate.fileio import mark_output_dir
+
         (o / "old.txt").write_text("previous output\n")
+        mark_output_dir(o, "dataset build" if state == "own" else "simulate")  # the manifest lists old.txt
 
 
 def _expected_refusal(root: Path, inputs: list[tuple[tuple, str]], out: tuple) -> bool:
@@ -303,7 +312,7 @@ def _expected_refusal(root: Path, inputs: list[tuple[tuple, str]], out: tuple) -
     if o.is_dir():
         mark = o / ".branchgate.json"
         own = mark.is_file() and json.loads(mark.read_text()).get("command") == "dataset build"
-        return not own and any(p.is_file() for p in o.rglob("*"))
+        return not own and any(o.iterdir())
     return False
 
 

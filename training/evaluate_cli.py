@@ -49,16 +49,27 @@ def run(args) -> int:
     from branchgate.inference.model_file import controller_path
     from branchgate.training.evaluate import evaluate_checkpoint, evaluate_model, format_table
 
+    threads = as_threads(args.threads or None, "--threads")  # 0: the default; else 1 to 4 per core
+    check_keep_rate(args.recalibrate, args.keep_rate)
     controller = controller_path(args.model) if args.model else Path(args.checkpoint)
     out = args.out or str(controller.resolve().parent / "eval")
     options = {"recalibrate": args.recalibrate, "keep_rate": args.keep_rate, "seed": args.seed}
     if args.model:
-        threads = as_threads(args.threads or None, "--threads")
         metrics = evaluate_model(controller, args.dataset, out, threads=threads, **options)
     else:
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        if threads:
+            torch.set_num_threads(threads)
         metrics = evaluate_checkpoint(args.checkpoint, args.dataset, out, cache=args.cache, **options)
     print(format_table(metrics))
     print(f"wrote {Path(out) / 'metrics.json'} and plots in {out}")
     return 0
+
+
+def check_keep_rate(recalibrate: str | None, keep_rate: float | None) -> None:
+    """``--keep-rate``: a share in (0, 1], needed by (and only by) ``--recalibrate keep_rate``."""
+    from branchgate.errors import InputError
+
+    if keep_rate is not None and not 0 < keep_rate <= 1:
+        raise InputError(f"must be in (0, 1], got {keep_rate}", "--keep-rate")
+    if recalibrate == "keep_rate" and keep_rate is None:
+        raise InputError("--recalibrate keep_rate needs a target: --keep-rate R", "--keep-rate")
