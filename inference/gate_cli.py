@@ -347,7 +347,7 @@ def _why(exc: OSError) -> str:
 
 def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
     """One decision of a budgeted run: load the run (or start it), apply reported spends, decide, save."""
-    from branchgate.inference.run_gate import RunGate
+    from branchgate.inference.run_gate import RunGate, apply_decision
 
     run_id = d["run_id"]
     path = state_file(run_id, state)
@@ -378,25 +378,6 @@ def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
             ended[run_id] = run.decisions
         else:
             runs[run_id] = run.to_json()
-    return answer
-
-
-def apply_decision(run, d: dict, tau, max_keep) -> dict:
-    """One parsed decision (``parse_decision``) on an open run (``RunGate``): its reported spends, then a revisit
-    or a select; the answer adds ``run_id``, and with ``end_run`` the ``never_expanded`` deferred candidates
-    (dropped from the run). The CLI's state file and ``branchgate serve``'s runs both decide through this."""
-    for tokens in d["spend"]:
-        run.spend(tokens)
-    if d["revisit"]:
-        sel = run.revisit(d["state"], max_keep=max_keep)
-        answer = sel.to_json()
-        answer["revisited"] = [r.to_json() for r in sel.revisited]
-    else:
-        sel = run.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, costs=d["costs"])
-        answer = sel.to_json()
-    answer["run_id"] = d["run_id"]
-    if d["end_run"]:
-        answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
     return answer
 
 

@@ -28,23 +28,33 @@ from typing import Any
 
 from branchgate.errors import BranchgateError, InputError
 
+MAX_AMOUNT = 10**15  # the most nodes or tokens one limit, cost or spend may hold (exact as a float; issue 62)
+
 
 class BudgetExceeded(BranchgateError):
     """A charge would take a run past its node or token budget."""
 
 
-def _limit(value, where: str) -> int | None:
+MAX_TOTAL = 2**63 - 1  # what a run's running totals may reach when read back (many spends of up to MAX_AMOUNT)
+
+
+def _limit(value, where: str, most: int = MAX_AMOUNT) -> int | None:
+    """A limit, cost or spend: None or an integer from 0 to ``most`` (a float only when it is whole); larger
+    numbers (``10**400``) are refused before anything is charged, so a run stays usable after a bad call."""
     if value is None:
         return None
+    why = f"must be a non-negative integer up to {most:.0e} or None, got {str(value)[:40]}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or value < 0:
-        raise InputError(f"must be a non-negative integer or None, got {value!r}", where)
+        raise InputError(why, where)
     if isinstance(value, float) and not value.is_integer():
-        raise InputError(f"must be a non-negative integer or None, got {value!r}", where)
+        raise InputError(why, where)
+    if value > most:
+        raise InputError(why, where)
     return int(value)
 
 
-def _amount(value, where: str) -> int:
-    value = _limit(value, where)
+def _amount(value, where: str, most: int = MAX_AMOUNT) -> int:
+    value = _limit(value, where, most)
     return 0 if value is None else value
 
 
@@ -137,9 +147,8 @@ class Budget:
         if not isinstance(obj, dict):
             raise InputError(f"must be an object, got {type(obj).__name__}", where)
         b = cls(obj.get("nodes"), obj.get("tokens"))
-        b.spent_nodes = _amount(obj.get("spent_nodes", 0), f"{where}.spent_nodes")
-        b.spent_tokens = _amount(obj.get("spent_tokens", 0), f"{where}.spent_tokens")
-        b.reserved_tokens = _amount(obj.get("reserved_tokens", 0), f"{where}.reserved_tokens")
+        for key in ("spent_nodes", "spent_tokens", "reserved_tokens"):
+            setattr(b, key, _amount(obj.get(key, 0), f"{where}.{key}", MAX_TOTAL))
         return b
 
     def __repr__(self) -> str:

@@ -59,7 +59,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from branchgate.errors import InputError
-from branchgate.inference.ledger import Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
+from branchgate.inference.ledger import MAX_TOTAL, Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
 from branchgate.inference.selection import Selection
 
 BUDGET_STATE_VERSION = 1
@@ -375,17 +375,37 @@ class RunGate:
     def _status(self, price: float, decision: int, tau: float | None = None) -> dict:
         """What a decision records: its id, the price it began at and the price after it, spent / reserved /
         remaining and the limits."""
-        b = self.budget
         return {
             "decision": decision,
             "price": round(float(price), 6),
             "price_after": round(self.price(tau), 6),
+            **self._spending(),
+        }
+
+    def _spending(self) -> dict:
+        b = self.budget
+        return {
             "spent_nodes": b.spent_nodes,
             "spent_tokens": b.spent_tokens,
             "reserved_tokens": b.reserved_tokens,
             "remaining": b.remaining(),
             "limit": {"nodes": b.nodes, "tokens": b.tokens},
         }
+
+    def status(self) -> dict:
+        """The run's budget now: its id, spent / reserved / remaining and the limits (as a decision records them),
+        whether it is exhausted, the admission price now, ``defer``, the decisions made and the pending deferred
+        candidates (``branchgate serve``'s ``GET /v1/runs/{run_id}``)."""
+        with self._lock:
+            return {
+                "run_id": self.run_id,
+                **self._spending(),
+                "exhausted": bool(self.budget.exhausted),
+                "price": round(self.price(), 6),
+                "defer": self.defer,
+                "decisions": self.decisions,
+                "deferred": [d.to_json() for d in self.deferred],
+            }
 
     def config(self) -> dict:
         """The run's budget and parameters (what a trace's run_start records)."""
@@ -452,11 +472,32 @@ class RunGate:
             )
             run.max_spend = _amount(obj.get("max_spend", 0), f"{where}.max_spend")
             run.pending = [_amount(x, f"{where}.pending") for x in obj.get("pending", [])]
-            run.decisions = _amount(obj.get("decisions", 0), f"{where}.decisions")
+            run.decisions = _amount(obj.get("decisions", 0), f"{where}.decisions", MAX_TOTAL)
             run.deferred = [Deferred.from_json(d) for d in obj.get("deferred", [])]
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"malformed run state ({exc})", where) from None
         return run
+
+
+def apply_decision(run: RunGate, d: dict, tau, max_keep) -> dict:
+    """One parsed decision on an open run: its reported spends (every one checked before any is applied, so a bad
+    one changes nothing), then a revisit or a select; the answer adds ``run_id``, and with ``end_run`` the
+    ``never_expanded`` deferred candidates (dropped from the run). ``d`` holds ``state``, ``candidates``,
+    ``costs``, ``spend`` (a list), ``revisit``, ``end_run`` and ``run_id`` (``branchgate gate``'s parsed decision);
+    the CLI's state file and ``branchgate serve``'s runs both decide through this."""
+    for tokens in [_amount(t, f"spend[{i}]") for i, t in enumerate(d.get("spend") or [])]:
+        run.spend(tokens)
+    if d.get("revisit"):
+        sel = run.revisit(d["state"], max_keep=max_keep)
+        answer = sel.to_json()
+        answer["revisited"] = [r.to_json() for r in sel.revisited]
+    else:
+        sel = run.select(d["state"], d["candidates"], tau=tau, max_keep=max_keep, costs=d.get("costs"))
+        answer = sel.to_json()
+    answer["run_id"] = d.get("run_id", run.run_id)
+    if d.get("end_run"):
+        answer["never_expanded"] = [x.to_json() for x in run.drop_deferred()]
+    return answer
 
 
 def _flag(value, where: str) -> bool:

@@ -140,16 +140,23 @@ def test_bad_input_is_a_422_naming_the_field(client, path, body, field):
     assert not error["message"].startswith("body:")
 
 
-def test_the_field_named_is_the_clis_for_the_same_input(client, models, monkeypatch, capsys):
-    """The same validators as ``branchgate gate``: the same message after the place it names."""
-    import io
-    import sys
+def test_the_server_validates_with_its_models_and_imports_no_cli_module():
+    """Issue 64: one pydantic model per body validates it; the field comes from the model's error location; no
+    module of the server imports a CLI module (``gate_cli``, ``cli``)."""
+    import ast
 
-    body = {"state": {**STATE, "depth": 1.5}, "candidates": CANDS}
-    error = _error(client.post("/v1/select", json=body), 422, "state.depth")
-    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(body)))
-    assert main(["gate", "--model", models["pre"]]) == 2
-    assert error["message"] in capsys.readouterr().err
+    from branchgate.inference.server import schema
+
+    for path in (REPO / "inference" / "server").glob("*.py"):
+        if path.name == "cli.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.endswith(("gate_cli", ".cli", "build_cli"))], path.name
+    with pytest.raises(Exception) as refused:
+        schema.SelectRequest.model_validate({"state": {**STATE, "depth": 1.5}, "candidates": CANDS})
+    assert refused.value.errors()[0]["loc"] == ("state", "depth")
 
 
 @pytest.mark.parametrize(
@@ -224,7 +231,7 @@ def test_a_stage_without_a_controller_is_a_404_naming_the_stage(gates):
     _error(read_only.post("/v1/select", json={"state": STATE, "candidates": CANDS}), 404, "stage")
     _error(read_only.post("/v1/runs", json={}), 404, "stage")
     assert pre_only.get("/health").json()["stages"] == ["pre"]
-    with pytest.raises(Exception, match="--pre"):
+    with pytest.raises(Exception, match="--model"):
         create_app(pre=gates["read"])
 
 
@@ -260,10 +267,20 @@ def test_health_models_and_openapi(client, models, gates):
     paths = {"/health", "/v1/models", "/v1/select", "/v1/read", "/v1/runs", "/v1/runs/{run_id}"}
     paths |= {f"/v1/runs/{{run_id}}/{verb}" for verb in ("select", "spend", "revisit", "close")}
     assert paths <= set(spec["paths"])
-    body = spec["paths"]["/v1/select"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    ref = spec["paths"]["/v1/select"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    body = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert body["required"] == ["state", "candidates"]
     assert "422" in spec["paths"]["/v1/select"]["post"]["responses"]
-    assert client.get("/docs").status_code == 200
+    for path, ops in spec["paths"].items():  # every endpoint answers with a schema (issue 64)
+        for method, op in ops.items():
+            ok = next(v for k, v in op["responses"].items() if k.startswith("2"))
+            assert "$ref" in ok["content"]["application/json"]["schema"], (method, path)
+    selection = spec["components"]["schemas"]["Selection"]
+    assert {"kept", "p_keep", "utility", "fallback"} <= set(selection["properties"])
+    assert all(m["feature_names"] is None or isinstance(m["feature_names"], list) for m in listed["models"])
+    page = client.get("/docs")  # Swagger UI's files come from the installed swagger-ui-bundle, not a CDN
+    assert page.status_code == 200 and "/docs-assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text
+    assert client.get("/docs-assets/swagger-ui-bundle.js").status_code == 200
 
 
 # -- budgeted runs ------------------------------------------------------------------------------------------------
@@ -313,7 +330,7 @@ def test_run_errors_name_their_field(client):
     _error(
         client.post(f"{url}/select", json={"state": STATE, "candidates": CANDS, "budget_nodes": 9}), 422, "budget_nodes"
     )
-    _error(client.post(f"{url}/spend", json={"spend": -3}), 422, "spend")
+    _error(client.post(f"{url}/spend", json={"spend": -3}), 422, "spend[0]")
     _error(client.post(f"{url}/spend", json={}), 422, "spend")
     _error(client.post(f"{url}/revisit", json={"state": STATE, "candidates": CANDS}), 422, "candidates")
     assert client.post(f"{url}/close").status_code == 200
@@ -334,16 +351,23 @@ def test_serve_command_builds_the_app_on_loopback_and_checks_stages(models, monk
     import uvicorn
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
-    assert main(["serve", "--pre", models["pre"], "--read", models["read"], "--threads", "1", "--port", "0"]) == 0
-    app, kw = calls[0]
-    assert kw["host"] == "127.0.0.1" and kw["port"] == 0
-    assert TestClient(app).get("/health").json()["stages"] == ["pre", "read"]
+
+    def served(self, sockets=None):
+        calls.append((self.config, sockets[0].getsockname()))
+        sockets[0].close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    assert main(["serve", "--model", models["pre"], "--read", models["read"], "--threads", "1", "--port", "0"]) == 0
+    config, address = calls[0]
+    assert address[0] == "127.0.0.1" and address[1] > 0 and config.port == address[1]
+    assert TestClient(config.app).get("/health").json()["stages"] == ["pre", "read"]
+    assert main(["serve", "--pre", models["pre"], "--threads", "1", "--port", "0"]) == 0  # the old name, one release
+    assert TestClient(calls[1][0].app).get("/health").json()["stages"] == ["pre"]
     with caplog.at_level("WARNING", logger="branchgate.serve"):
-        assert main(["serve", "--read", models["read"], "--host", "0.0.0.0", "--threads", "1"]) == 0
-    assert "no authentication" in caplog.text and calls[1][1]["host"] == "0.0.0.0"
-    assert main(["serve", "--pre", models["read"]]) == 2
-    assert "--pre" in capsys.readouterr().err
+        assert main(["serve", "--read", models["read"], "--host", "0.0.0.0", "--threads", "1", "--port", "0"]) == 0
+    assert "without API keys" in caplog.text and calls[2][1][0] == "0.0.0.0"
+    assert main(["serve", "--model", models["read"]]) == 2
+    assert "--model" in capsys.readouterr().err
     assert main(["serve"]) == 2 and main(["serve", "--pre", models["pre"], "--max-items", "0"]) == 2
     assert install_hint("fastapi") == "pip install 'branchgate[serve]'" and install_hint("torch").endswith("[train]'")
 

@@ -3,25 +3,28 @@ extra: FastAPI under uvicorn; the core install does not import this module).
 
     app = create_app(pre=Gate.load("controller.onnx"), read=Gate.load("read/controller.onnx"))
 
-Endpoints (JSON in and out; ``docs/use/serve.md`` shows each with an example):
+Endpoints (JSON in and out; ``docs/use/serve.md`` shows each with an example; ``schema.py`` has one pydantic
+model per body and per answer, which validate them and write ``/openapi.json``):
 
-- ``POST /v1/select`` — a pre-retrieval decision: ``branchgate gate``'s input without run fields; the answer is
-  ``Selection.to_json()``. ``POST /v1/read`` — a read decision (state + hits): the same, plus ``"stage": "read"``.
-- ``POST /v1/runs`` opens a budgeted run (``run_id`` optional: one is made; ``budget_nodes``, ``budget_tokens``,
-  ``defer``); ``POST /v1/runs/{run_id}/select`` (``costs``, ``spend`` optional), ``/spend``, ``/revisit`` and
-  ``/close`` (the answer's ``never_expanded``), ``GET /v1/runs/{run_id}`` (its budget now).
-- ``GET /health``, ``GET /v1/models`` (each controller's metadata and file hash), ``/openapi.json``, ``/docs``.
+- ``POST /v1/select`` — a pre-retrieval decision; the answer is ``Selection.to_json()``. ``POST /v1/read`` — a
+  read decision (state + hits): the same, plus ``"stage": "read"``.
+- ``POST /v1/runs`` opens a budgeted run (``run_id`` optional: one is made); ``POST /v1/runs/{run_id}/select``,
+  ``/spend``, ``/revisit`` and ``/close``, ``GET /v1/runs/{run_id}`` (its budget now). Runs live in a store
+  (``runs.py``: memory, SQLite or Redis), each request applied once by compare-and-set.
+- ``GET /health``, ``GET /v1/models``, ``/openapi.json``, ``/docs`` (Swagger UI from the installed
+  ``swagger-ui-bundle`` package, never from the network).
 
-Bodies are read as raw JSON (``fileio.load_json``) and validated by the CLI's own rules (``gate_cli``), so an
-error names the field as ``branchgate gate`` does: ``{"error": {"field": ..., "message": ...}}`` with 422 for
-an invalid field, 400 malformed JSON, 413 a body over ``max_body_bytes`` (refused from its Content-Length, or
-as it streams past the limit) or a list over ``max_items``, 415 not JSON, 404 an unknown run or a stage this
-server has no controller for, 409 a run id already open, 429 ``max_runs`` runs open; anything else is a 500
-whose body says only ``internal error`` (the traceback goes to the server's log).
+A body is read under the size limit, checked for lists over ``max_items``, validated by its model, then its
+candidates or hits by the Gate's own rule (``inputs.py``). Then its tokens are counted with the controller's
+tokenizer (each text at most the controller's ``max_length``, as the Gate cuts it), and a request over
+``max_request_tokens`` is refused; at most ``max_encodes`` requests encode at once, and one that waits
+``encode_wait`` seconds for a slot is answered 429: a request's memory is bounded, and so is the server's.
 
-Runs live in this process's memory (``Runs``): each behind its own lock, so concurrent requests on one run are
-applied one at a time and never spend past its budget; a run stays until closed, or until the server needs
-room and it has been idle for ``run_ttl`` seconds. Gate calls run in the threadpool (the Gate is thread-safe).
+Errors are ``{"error": {"field": ..., "message": ...}}``: 400 malformed JSON, 401 no or an unknown API key, 403 a run
+of another key, 404 an unknown run or a stage this server has no controller for, 409 a run id already open, 413
+a body, a list or the tokens over a limit, 415 not JSON, 422 an invalid field (named from the validator's
+location, never from error text), 429 ``max_runs`` runs open, a key over its rate limit or no encoder slot free
+(with ``Retry-After``); anything else a 500 that says only ``internal error`` (the traceback goes to the log).
 """
 
 from __future__ import annotations
@@ -31,153 +34,80 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 
 import functools
 import hashlib
+import json
 import logging
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError
 from branchgate.fileio import load_json
-from branchgate.inference.gate_cli import apply_decision, parse_decision, parse_read_decision, run_field, run_fields
-from branchgate.inference.server.schema import error_responses, openapi_extra
+from branchgate.inference.gate_texts import CHARS_PER_TOKEN_LIMIT
+from branchgate.inference.inputs import as_decision, as_read_decision, decision_texts
+from branchgate.inference.run_gate import apply_decision
+from branchgate.inference.server import schema
+from branchgate.inference.server.runs import Runs, StoreError
 from branchgate.logs_to_dataset.decision_points import MAX_CANDIDATES
 
 log = logging.getLogger("branchgate.serve")
 MAX_BODY_BYTES = 1 << 20  # a request body (JSON); larger ones are refused with 413 before being read whole
 MAX_ITEMS = MAX_CANDIDATES  # items of any list in a body (candidates, hits, state.retained, ...): the dataset's cap
-MAX_RUNS = 10_000  # open budgeted runs per server process
-RUN_TTL = 3600.0  # seconds: an idle run may be dropped after this when the server needs room for a new one
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-WHERE = "body"  # what the CLI's validators call the request body in their messages
-FIELD = re.compile(r"field(?:\(s\))? '?([A-Za-z_][\w.\[\]]*)")
-FIELDS = {  # the fields each endpoint's body may have
-    "select": ("state", "candidates", "tau", "root_tau", "max_keep"),
-    "read": ("state", "hits", "items", "tau", "root_tau", "max_keep", "floor"),
-    "open": ("run_id", "budget_nodes", "budget_tokens", "defer"),
-    "run_select": ("state", "candidates", "tau", "root_tau", "max_keep", "costs", "spend"),
-    "revisit": ("state", "max_keep", "spend"),
-    "spend": ("spend",),
-    "close": ("spend",),
+MAX_RUNS = 10_000  # open budgeted runs per store
+RUN_TTL = 3600.0  # seconds: an idle run may be dropped after this when the store needs room for a new one
+MAX_REQUEST_TOKENS = 8192  # tokens one request may make the Gate encode (about 0.3 GB at 256 tokens a text)
+MAX_ENCODES = 2  # requests encoding at once (each up to MAX_REQUEST_TOKENS)
+ENCODE_WAIT = 30.0  # seconds a request waits for an encoder slot before a 429
+WHERE = "body"  # what errors call the request body
+HINTS = {  # a field an endpoint does not take, and where it belongs
+    ("select", "hits"): "a search's hits go to POST /v1/read (a read controller)",
+    ("read", "candidates"): "candidate sub-queries go to POST /v1/select (a pre-retrieval controller)",
+    ("run_select", "root_tau"): "root_tau and a budgeted run do not combine (the run admits by its own price)",
+    **{
+        ("read", k): "a pre-retrieval state's field: a read state has root_query, query, goal, read, read_ids, depth"
+        for k in ("frame_query", "parent_goal", "retained")
+    },
 }
+RUN_FIELDS = ("run_id", "budget_nodes", "budget_tokens", "defer", "costs", "spend", "revisit", "end_run")
 
 
 class ApiError(Exception):
-    """A request the server refuses: an HTTP status, a message and the field at fault (or None)."""
+    """A request the server refuses: an HTTP status, a message, the field at fault (or None) and headers."""
 
-    def __init__(self, status: int, message: str, field: str | None = None):
+    def __init__(self, status: int, message: str, field: str | None = None, headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.field = status, message, field
+        self.status, self.message, self.field, self.headers = status, message, field, headers
 
 
-def error_response(status: int, message: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"field": field, "message": message}}, status_code=status)
-
-
-def input_error(exc: InputError) -> ApiError:
-    """An ``InputError`` from the CLI's validators or the Gate as a 422 naming the field it names."""
-    message = str(exc).removeprefix(f"{WHERE}: ")
-    found = FIELD.search(str(exc))
-    name = found.group(1) if found else (exc.file if exc.file not in (None, WHERE) else None)
-    return ApiError(422, message, name)
+def error_response(status: int, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"field": field, "message": message}}, status_code=status, headers=headers)
 
 
 @dataclass
 class Limits:
-    """What one request and the server's runs may hold (``create_app``)."""
+    """What one request, a key and the server's runs may use (``create_app``)."""
 
     max_body_bytes: int = MAX_BODY_BYTES
     max_items: int = MAX_ITEMS
     max_runs: int = MAX_RUNS
     run_ttl: float = RUN_TTL
+    max_request_tokens: int = MAX_REQUEST_TOKENS
+    max_encodes: int = MAX_ENCODES
+    encode_wait: float = ENCODE_WAIT
+    rate_limit: int | None = None  # requests per minute per API key (per client address without keys); None: none
 
 
-@dataclass
-class _Run:
-    run: object  # RunGate
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    used: float = field(default_factory=time.monotonic)
-    open: bool = True
-
-
-class Runs:
-    """The open budgeted runs of one server process: at most ``max_runs``, each used under its own lock."""
-
-    def __init__(self, gate, max_runs: int = MAX_RUNS, ttl: float = RUN_TTL):
-        self.gate, self.max_runs, self.ttl = gate, int(max_runs), float(ttl)
-        self._runs: dict[str, _Run] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._runs)
-
-    def open(self, run_id: str, budget_nodes, budget_tokens, defer: bool):
-        run = self.gate.run(budget_nodes=budget_nodes, budget_tokens=budget_tokens, defer=defer, run_id=run_id)
-        with self._lock:
-            if run_id in self._runs:
-                raise ApiError(409, f"run {run_id!r} is already open (close it, or open another run_id)", "run_id")
-            if len(self._runs) >= self.max_runs and not self._evict_idle():
-                raise ApiError(429, f"{self.max_runs} runs are open (the server's --max-runs): close some first")
-            self._runs[run_id] = _Run(run)
-        return run
-
-    def _evict_idle(self) -> bool:
-        """Drop the runs idle for longer than ``ttl`` that no request is using; True when any was dropped."""
-        cutoff = time.monotonic() - self.ttl
-        idle = [k for k, e in self._runs.items() if e.used < cutoff and e.lock.acquire(blocking=False)]
-        for k in idle:
-            entry = self._runs.pop(k)
-            entry.open = False  # a request already waiting for its lock then answers 404
-            entry.lock.release()
-            log.info("run %r dropped after %.0f s idle", k, self.ttl)
-        return bool(idle)
-
-    def call(self, run_id: str, fn: Callable, close: bool = False):
-        """``fn(run)`` under the run's lock (requests on one run are applied one at a time); with ``close`` the run
-        is forgotten after it. An unknown or closed run is a 404 naming ``run_id``."""
-        with self._lock:
-            entry = self._runs.get(run_id)
-        if entry is None:
-            raise ApiError(404, f"no open run {run_id!r} (never opened, closed, or dropped)", "run_id")
-        with entry.lock:
-            if not entry.open:
-                raise ApiError(404, f"no open run {run_id!r} (closed meanwhile)", "run_id")
-            entry.used = time.monotonic()
-            out = fn(entry.run)
-            if close:
-                entry.open = False
-                with self._lock:
-                    self._runs.pop(run_id, None)
-            return out
-
-
-def run_status(run) -> dict:
-    """A run's budget now: limits, spent, reserved, remaining, the admission price, decisions, deferred entries."""
-    b = run.budget
-    return {
-        "run_id": run.run_id,
-        "limit": {"nodes": b.nodes, "tokens": b.tokens},
-        "spent_nodes": b.spent_nodes,
-        "spent_tokens": b.spent_tokens,
-        "reserved_tokens": b.reserved_tokens,
-        "remaining": b.remaining(),
-        "exhausted": bool(b.exhausted),
-        "price": round(run.price(), 6),
-        "defer": run.defer,
-        "decisions": run.decisions,
-        "deferred": [d.to_json() for d in run.deferred],
-    }
-
-
+# -- reading and validating a body --------------------------------------------------------------------------------
 async def read_body(request: Request, limits: Limits, optional: bool = False) -> dict:
     """The request's JSON object, read under the size limit: 413 from a Content-Length over it or as the stream
     passes it (never read whole first), 415 not JSON, 400 malformed or (unless ``optional``) empty."""
@@ -204,41 +134,148 @@ async def read_body(request: Request, limits: Limits, optional: bool = False) ->
     try:
         obj = load_json(raw, WHERE)
     except InputError as exc:
-        raise ApiError(400, str(exc).removeprefix(f"{WHERE}: ")) from None
+        raise ApiError(400, exc.reason) from None
     if not isinstance(obj, dict):
         raise ApiError(422, f"the body must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
-def check_body(body: dict, endpoint: str, max_items: int) -> dict:
-    """Fields this endpoint does not take are a 422 naming them; a list over ``max_items`` a 413 naming it."""
-    allowed = FIELDS[endpoint]
-    for key in body:
-        if key not in allowed:
-            run = endpoint in ("select", "read") and run_field({key: True}) is not None
-            hint = " (budgeted runs: POST /v1/runs, then POST /v1/runs/{run_id}/select)" if run else ""
-            raise ApiError(422, f"unknown field '{key}' here (this endpoint takes {', '.join(allowed)}){hint}", key)
+def check_items(body: dict, max_items: int) -> None:
+    """A list over ``max_items`` in the body or its ``state`` is a 413 naming it (before anything else reads it)."""
     state = body.get("state")
     nested = state.items() if isinstance(state, Mapping) else ()
     for key, value in [*body.items(), *((f"state.{k}", v) for k, v in nested)]:
         if isinstance(value, list) and len(value) > max_items:
             raise ApiError(413, f"field '{key}' has {len(value)} items (at most {max_items} per request)", key)
-    return body
 
 
-def guarded(handler):
-    """A route's handler with every failure answered as JSON: ``ApiError`` as itself, ``InputError`` 422 naming
-    the field, other ``BranchgateError`` 422, anything else a 500 saying only ``internal error`` (logged here)."""
+def field_name(loc) -> str | None:
+    """A validator's location as the field's name: ``("state", "depth")`` → ``state.depth``,
+    ``("candidates", 2, "query")`` → ``candidates[2].query``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+def validation_error(exc: ValidationError, model: type[BaseModel], endpoint: str) -> ApiError:
+    """A model's first validation error as a 422 naming its field (from the error's ``loc`` and ``type``); a field
+    the body should not have comes first (``hits`` sent to /v1/select says so, not that candidates are missing)."""
+    errors = exc.errors(include_url=False)
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    name = field_name(err["loc"])
+    if err["type"] == "extra_forbidden":
+        key = str(err["loc"][-1])
+        takes = ", ".join(model.model_fields) if len(err["loc"]) == 1 else "its own fields"
+        hint = HINTS.get((endpoint, key))
+        if hint is None and endpoint in ("select", "read") and key in RUN_FIELDS:
+            hint = "budgeted runs: POST /v1/runs, then POST /v1/runs/{run_id}/select"
+        return ApiError(422, f"unknown field '{name}' here (this takes {takes})" + (f"; {hint}" if hint else ""), name)
+    if err["type"] == "missing":
+        return ApiError(422, f"missing field '{name}'", name)
+    return ApiError(422, f"field '{name}': {err['msg']}", name)
+
+
+def validate(body: dict, model: type[BaseModel], endpoint: str):
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc, model, endpoint) from None
+
+
+def state_of(model: BaseModel) -> dict:
+    """A validated state as the Gate takes it: the fields given."""
+    return model.model_dump(exclude_none=True)
+
+
+# -- bounding the work --------------------------------------------------------------------------------------------
+class Encoder:
+    """The work of one server: each request's tokens counted (the Gate's tokenizer, each text cut as the Gate cuts
+    it) and at most ``max_encodes`` requests encoding at once."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_encodes)
+
+    def check(self, gate, texts: list[str], field: str) -> int:
+        """The tokens of a decision's texts; over ``max_request_tokens`` a 413 naming ``field``."""
+        tok = getattr(gate, "tokenizer", None) or gate.gate.tokenizer  # a Gate, or a TeacherGate's
+        cut = gate.max_length * CHARS_PER_TOKEN_LIMIT
+        n = sum(len(e.ids) for e in tok.encode_batch([t[:cut] for t in texts if t]))
+        if n > self.limits.max_request_tokens:
+            raise ApiError(
+                413,
+                f"the request's texts are {n} tokens (each counted up to the controller's max_length, "
+                f"{gate.max_length}): at most {self.limits.max_request_tokens} per request (--max-request-tokens); "
+                f"send fewer or shorter {field}",
+                field,
+            )
+        return n
+
+    def run(self, fn: Callable, *args, **kw):
+        """``fn(*args, **kw)`` holding an encoder slot (called in a worker thread): a 429 after ``encode_wait``."""
+        if not self.slots.acquire(timeout=self.limits.encode_wait):
+            wait = max(1, int(self.limits.encode_wait))
+            raise ApiError(429, "every encoder slot is busy: retry later", None, {"Retry-After": str(wait)})
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.slots.release()
+
+
+# -- keys and rates -----------------------------------------------------------------------------------------------
+def key_id(key: str) -> str:
+    """What the server keeps of an API key (the owner of a run, the rate counter's name): a hash, never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+class Gatekeeper:
+    """API keys (optional) and the rate limit per key: ``who(request)`` is the key's id (None without keys)."""
+
+    def __init__(self, keys, rate_limit: int | None, store):
+        self.ids = None if keys is None else frozenset(key_id(k) for k in keys)
+        self.rate_limit, self.store = rate_limit, store
+
+    def who(self, request: Request) -> str | None:
+        key = request.headers.get("x-api-key")
+        auth = request.headers.get("authorization", "")
+        if key is None and auth.lower().startswith("bearer "):
+            key = auth[7:].strip()
+        ident = None
+        if self.ids is not None:
+            if not key:
+                raise ApiError(401, "no API key: send it in the X-API-Key header (or Authorization: Bearer KEY)")
+            ident = key_id(key)
+            if ident not in self.ids:
+                raise ApiError(401, "unknown API key")
+        if self.rate_limit is not None:
+            name = ident or f"addr:{request.client.host if request.client else '-'}"
+            now = time.time()
+            if self.store.hit(name, int(now // 60)) > self.rate_limit:
+                wait = str(max(1, 60 - int(now % 60)))
+                raise ApiError(
+                    429, f"over {self.rate_limit} requests a minute for this key", None, {"Retry-After": wait}
+                )
+        return ident
+
+
+def guarded(handler, keeper: Gatekeeper | None):
+    """A route's handler with every failure answered as JSON: ``ApiError`` and the store's as themselves,
+    ``InputError`` 422 naming its field, other ``BranchgateError`` 422, anything else a 500 saying only
+    ``internal error`` (logged here). With a ``keeper``, the key and the rate are checked first."""
 
     @functools.wraps(handler)
     async def route(request: Request):
         try:
+            if keeper is not None:
+                request.state.owner = keeper.who(request)
             return await handler(request)
-        except ApiError as exc:
-            return error_response(exc.status, exc.message, exc.field)
+        except (ApiError, StoreError) as exc:
+            return error_response(exc.status, exc.message, exc.field, getattr(exc, "headers", None))
         except InputError as exc:
-            err = input_error(exc)
-            return error_response(err.status, err.message, err.field)
+            field = exc.file if exc.file != WHERE else None
+            message = f"field '{field}' {exc.reason}" if field else exc.reason
+            return error_response(422, message, field)
         except BranchgateError as exc:
             return error_response(422, str(exc))
         except Exception:
@@ -253,6 +290,7 @@ def model_info(gate) -> dict:
     meta = gate.meta
     with open(gate.path, "rb") as f:  # streamed in blocks, never read whole
         digest = hashlib.file_digest(f, "sha256")
+    names = meta.get("feature_names")
     return {
         "stage": gate.stage,
         "file": gate.path.name,
@@ -263,145 +301,242 @@ def model_info(gate) -> dict:
         "precision": meta.get("precision"),
         "dim": gate.dim,
         "max_length": gate.max_length,
-        "feature_names": meta.get("feature_names"),
-        "teacher": meta.get("teacher"),  # a pretrained teacher default (inference/teacher_gate.py), else None
+        "feature_names": None if names is None else list(json.loads(names)),  # checked at load (metadata.py)
+        "teacher": meta.get("teacher"),
         "branchgate_version": meta.get("branchgate_version"),
         "trained_with": meta.get("trained_with"),
     }
 
 
-def create_app(pre=None, read=None, *, limits: Limits | None = None) -> FastAPI:
+def swagger_assets():
+    """The folder of Swagger UI's files from the installed ``swagger-ui-bundle`` package, or None."""
+    try:
+        from swagger_ui_bundle import swagger_ui_path
+    except ModuleNotFoundError:
+        return None
+    return swagger_ui_path
+
+
+# -- the app ------------------------------------------------------------------------------------------------------
+def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None, api_keys=None) -> FastAPI:
     """The FastAPI app over loaded Gates (``Gate.load``): ``pre`` a pre-retrieval controller, ``read`` a read
-    controller, at least one of them. Endpoints and errors: the module docstring."""
+    controller, at least one of them. ``store``: where runs live (``runs.open_store``; default this process's
+    memory); ``api_keys``: the keys accepted (None: no keys needed). Endpoints and errors: the module docstring."""
+    from branchgate.inference.server.runs import MemoryStore
+
     if pre is None and read is None:
-        raise InputError("give a pre-retrieval controller, a read controller or both", "--pre/--read")
-    for name, gate in (("pre", pre), ("read", read)):
+        raise InputError("give a pre-retrieval controller, a read controller or both", "--model/--read")
+    for name, flag, gate in (("pre", "--model", pre), ("read", "--read", read)):
         if gate is not None and gate.stage != name:
-            raise InputError(f"{gate.path} is a {gate.stage} controller (metadata stage={gate.stage})", f"--{name}")
+            raise InputError(f"{gate.path} is a {gate.stage} controller (metadata stage={gate.stage})", flag)
     limits = limits or Limits()
+    store = store if store is not None else MemoryStore()
     gates = {"pre": pre, "read": read}
-    runs = Runs(pre, limits.max_runs, limits.run_ttl) if pre is not None else None
+    runs = Runs(pre, store, limits.max_runs, limits.run_ttl) if pre is not None else None
+    encoder = Encoder(limits)
     models = [model_info(g) for g in gates.values() if g is not None]
-    app = FastAPI(title="branchgate", version=__version__, description="Gate deep-research decisions over HTTP/JSON.")
+    keeper = Gatekeeper(api_keys, limits.rate_limit, store)
+    app = FastAPI(
+        title="branchgate",
+        version=__version__,
+        description="Gate deep-research decisions over HTTP/JSON.",
+        docs_url=None,
+        redoc_url=None,
+    )
 
     def need(stage: str):
         if gates[stage] is None:
-            flag = "--pre PRE.onnx" if stage == "pre" else "--read READ.onnx"
+            flag = "--model PRE.onnx" if stage == "pre" else "--read READ.onnx"
             raise ApiError(404, f"this server has no {stage} controller (start it with {flag})", "stage")
         return gates[stage]
 
-    async def body_of(request: Request, endpoint: str, optional: bool = False) -> dict:
-        return check_body(await read_body(request, limits, optional), endpoint, limits.max_items)
+    async def body_of(request: Request, model: type[BaseModel], endpoint: str, optional: bool = False):
+        body = await read_body(request, limits, optional)
+        check_items(body, limits.max_items)
+        return validate(body, model, endpoint)
 
-    def route(method: str, path: str, body: str | None, *codes: int, optional: bool = False, status: int = 200):
-        extra = openapi_extra(body, optional)
-        responses = error_responses(*codes, 500)
+    def route(method, path, answer, body=None, *codes, optional=False, status=200, keyed=True):
+        codes = (*codes, 401, 429) if keyed and (api_keys is not None or limits.rate_limit) else codes
+        kw = {
+            "response_model": answer,
+            "response_model_exclude_unset": True,
+            "responses": schema.error_responses(*sorted(set(codes)), 500),
+            "status_code": status,
+        }
+        if body is not None:
+            kw["openapi_extra"] = schema.request_body(body, optional)
         add = getattr(app, method)
-        return lambda fn: add(path, openapi_extra=extra, responses=responses, status_code=status)(guarded(fn))
+        return lambda fn: add(path, **kw)(guarded(fn, keeper if keyed else None))
 
-    @route("get", "/health", None)
+    @route("get", "/health", schema.Health, keyed=False)
     async def health(request: Request):
-        """Liveness: the stages this server gates and its open runs."""
+        """Liveness: the stages this server gates and the open runs in its store."""
         stages = [s for s, g in gates.items() if g is not None]
-        return {"status": "ok", "stages": stages, "open_runs": 0 if runs is None else len(runs)}
+        count = None if runs is None else await run_in_threadpool(len, runs)
+        return {"status": "ok", "stages": stages, "open_runs": count}
 
-    @route("get", "/v1/models", None)
+    @route("get", "/v1/models", schema.Models)
     async def list_models(request: Request):
         """Each loaded controller's stage, encoder, τ, precision, file hash and the branchgate that exported it."""
         return {"branchgate_version": __version__, "models": models}
 
-    @route("post", "/v1/select", "select", 400, 404, 413, 415, 422)
+    @route("post", "/v1/select", schema.Selection, schema.SelectRequest, 400, 404, 413, 415, 422, 429)
     async def select(request: Request):
         """Gate one pre-retrieval decision (which candidate sub-queries to expand)."""
-        gate, body = need("pre"), await body_of(request, "select")
-        d = parse_decision(body, WHERE, "pre")
-        kw = {"tau": d["tau"], "max_keep": d["max_keep"], "root_tau": d["root_tau"]}
-        sel = await run_in_threadpool(gate.select, d["state"], d["candidates"], **kw)
-        return JSONResponse(sel.to_json())
+        gate = need("pre")
+        body = await body_of(request, schema.SelectRequest, "select")
+        state = state_of(body.state)
+        await run_in_threadpool(encoder.check, gate, decision_texts(*as_decision(state, body.candidates)), "candidates")
+        kw = {"tau": body.tau, "max_keep": body.max_keep, "root_tau": body.root_tau}
+        sel = await run_in_threadpool(encoder.run, gate.select, state, body.candidates, **kw)
+        return sel.to_json()
 
-    @route("post", "/v1/read", "read", 400, 404, 413, 415, 422)
+    @route("post", "/v1/read", schema.ReadSelection, schema.ReadRequest, 400, 404, 413, 415, 422, 429)
     async def read_hits(request: Request):
         """Gate one read decision (which hits of a search to read)."""
-        gate, body = need("read"), await body_of(request, "read")
-        d = parse_read_decision(body, WHERE)
-        kw = {"tau": d["tau"], "max_keep": d["max_keep"], "root_tau": d["root_tau"], "floor": d["floor"]}
-        sel = await run_in_threadpool(gate.select, d["state"], d["hits"], **kw)
-        return JSONResponse({**sel.to_json(), "stage": "read"})
+        gate = need("read")
+        body = await body_of(request, schema.ReadRequest, "read")
+        if body.hits is not None and body.items is not None:
+            raise ApiError(422, "give the hits once: 'hits' or 'items', not both", "items")
+        key = "hits" if body.hits is not None or body.items is None else "items"
+        hits = getattr(body, key)
+        if hits is None:
+            raise ApiError(422, "missing field 'hits'", "hits")
+        state = state_of(body.state)
+        d = as_read_decision(state, hits, key)
+        await run_in_threadpool(encoder.check, gate, decision_texts(d.state, d.texts), key)
+        kw = {"tau": body.tau, "max_keep": body.max_keep, "root_tau": body.root_tau, "floor": body.floor}
+        sel = await run_in_threadpool(encoder.run, gate.select, state, hits, **kw)
+        return {**sel.to_json(), "stage": "read"}
 
-    @route("post", "/v1/runs", "open", 400, 404, 409, 413, 415, 422, 429, optional=True, status=201)
+    @route("post", "/v1/runs", schema.RunStatus, schema.OpenRunRequest, 400, 403, 404, 409, 413, 415, 422, 429,
+           optional=True, status=201)  # fmt: skip
     async def open_run(request: Request):
         """Open a budgeted run (``run_id`` optional: one is made)."""
         need("pre")
-        body = await body_of(request, "open", optional=True)
-        run_id = body.get("run_id")
-        if run_id is not None and not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
-            why = "must be 1-128 letters, digits or . _ : - (the first a letter or digit)"
-            raise ApiError(422, f"field 'run_id' {why}", "run_id")
-        f = run_fields({**body, "run_id": run_id or uuid.uuid4().hex}, 0, WHERE)
-        run = runs.open(f["run_id"], f["budget_nodes"], f["budget_tokens"], bool(f["defer"]))
-        return JSONResponse(run_status(run), status_code=201)
+        body = await body_of(request, schema.OpenRunRequest, "open", optional=True)
+        run_id = body.run_id or uuid.uuid4().hex
+        owner = getattr(request.state, "owner", None)
+        args = (run_id, body.budget_nodes, body.budget_tokens, body.defer, owner)
+        return await run_in_threadpool(runs.open, *args)
 
-    async def in_run(request: Request, endpoint: str, fn: Callable, optional: bool = False, close: bool = False):
+    async def in_run(request: Request, fn: Callable, close: bool = False):
         need("pre")
-        run_id = request.path_params["run_id"]
-        body = await body_of(request, endpoint, optional) if endpoint else {}
-        return JSONResponse(await run_in_threadpool(runs.call, run_id, lambda run: fn(run, body, run_id), close))
+        owner = getattr(request.state, "owner", None)
+        return await run_in_threadpool(runs.call, request.path_params["run_id"], fn, owner, close)
 
-    @route("get", "/v1/runs/{run_id}", None, 404)
+    @route("get", "/v1/runs/{run_id}", schema.RunStatus, None, 403, 404)
     async def get_run(request: Request):
         """A run's budget now (spent, reserved, remaining, price, deferred candidates)."""
-        return await in_run(request, "", lambda run, body, rid: run_status(run))
+        return await in_run(request, lambda run: run.status())
 
-    @route("post", "/v1/runs/{run_id}/select", "run_select", 400, 404, 413, 415, 422)
+    @route("post", "/v1/runs/{run_id}/select", schema.RunSelection, schema.RunSelectRequest,
+           400, 403, 404, 413, 415, 422, 429)  # fmt: skip
     async def run_select(request: Request):
         """Gate one decision within the run's budget (``costs``: one token estimate per candidate)."""
+        gate = need("pre")
+        body = await body_of(request, schema.RunSelectRequest, "run_select")
+        d = {**decision(body, request), "candidates": body.candidates, "costs": body.costs}
+        await run_in_threadpool(encoder.check, gate, decision_texts(*as_decision(d["state"], d["candidates"])),
+                                "candidates")  # fmt: skip
+        return await in_run(request, lambda run: encoder.run(apply_decision, run, d, body.tau, body.max_keep))
 
-        def decide(run, body, run_id):
-            d = parse_decision({**body, "run_id": run_id}, WHERE, "pre")
-            return apply_decision(run, d, d["tau"], d["max_keep"])
-
-        return await in_run(request, "run_select", decide)
-
-    @route("post", "/v1/runs/{run_id}/revisit", "revisit", 400, 404, 413, 415, 422)
+    @route("post", "/v1/runs/{run_id}/revisit", schema.RunSelection, schema.RevisitRequest,
+           400, 403, 404, 413, 415, 422, 429)  # fmt: skip
     async def run_revisit(request: Request):
         """Which deferred candidates to expand now, re-scored against ``state`` (answer: ``revisited``)."""
+        need("pre")
+        body = await body_of(request, schema.RevisitRequest, "revisit")
+        d = {**decision(body, request), "revisit": True}
+        return await in_run(request, lambda run: encoder.run(apply_decision, run, d, None, body.max_keep))
 
-        def revisit(run, body, run_id):
-            d = parse_decision({**body, "run_id": run_id, "revisit": True}, WHERE, "pre")
-            return apply_decision(run, d, None, d["max_keep"])
-
-        return await in_run(request, "revisit", revisit)
-
-    @route("post", "/v1/runs/{run_id}/spend", "spend", 400, 404, 413, 415, 422)
+    @route("post", "/v1/runs/{run_id}/spend", schema.RunStatus, schema.SpendRequest, 400, 403, 404, 413, 415, 422)
     async def run_spend(request: Request):
         """Report the tokens expansions really used (settles their reservations)."""
-        return await in_run(request, "spend", functools.partial(spend_in, required=True))
+        body = await body_of(request, schema.SpendRequest, "spend")
+        return await in_run(request, functools.partial(spend_in, spends=spends_of(body.spend)))
 
-    @route("post", "/v1/runs/{run_id}/close", "close", 400, 404, 413, 415, 422, optional=True)
+    @route("post", "/v1/runs/{run_id}/close", schema.ClosedRun, schema.CloseRequest,
+           400, 403, 404, 413, 415, 422, optional=True)  # fmt: skip
     async def run_close(request: Request):
         """Close the run: the answer lists its deferred candidates never expanded (``never_expanded``)."""
+        body = await body_of(request, schema.CloseRequest, "close", optional=True)
 
-        def close(run, body, run_id):
-            status = spend_in(run, body, run_id)
+        def close(run):
+            status = spend_in(run, spends_of(body.spend))
             return {**status, "never_expanded": [x.to_json() for x in run.drop_deferred()], "deferred": []}
 
-        return await in_run(request, "close", close, optional=True, close=True)
+        return await in_run(request, close, close=True)
+
+    add_docs(app)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(schema.request_schemas())
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):  # unknown paths, wrong methods
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
+    async def request_error(request: Request, exc: RequestValidationError):
         return error_response(422, "invalid request")
 
     return app
 
 
-def spend_in(run, body: dict, run_id: str, required: bool = False) -> dict:
-    """Apply a body's ``spend`` (checked as ``branchgate gate`` checks it) to the run; its status after."""
-    if required and "spend" not in body:
-        raise InputError("missing field 'spend'", WHERE)
-    for tokens in run_fields({"spend": body.get("spend"), "run_id": run_id}, 0, WHERE)["spend"]:
+def add_docs(app: FastAPI) -> None:
+    """``/docs``: Swagger UI with its files from the installed ``swagger-ui-bundle`` package (never from a CDN);
+    without that package, ``/docs`` answers 404 saying what to install."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    assets = swagger_assets()
+    if assets is None:
+
+        @app.get("/docs", include_in_schema=False)
+        async def no_docs():
+            return error_response(404, "Swagger UI is not installed (pip install swagger-ui-bundle); see /openapi.json")
+
+        return
+    from starlette.staticfiles import StaticFiles
+
+    app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="branchgate",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
+
+
+def decision(body, request: Request) -> dict:
+    """A run request as the decision ``run_gate.apply_decision`` takes."""
+    return {
+        "state": state_of(body.state),
+        "candidates": [],
+        "costs": None,
+        "spend": spends_of(body.spend),
+        "revisit": False,
+        "end_run": False,
+        "run_id": request.path_params["run_id"],
+    }
+
+
+def spends_of(spend) -> list[int]:
+    return [] if spend is None else spend
+
+
+def spend_in(run, spends: list[int]) -> dict:
+    """Apply reported spends to the run; its status after."""
+    for tokens in spends:
         run.spend(tokens)
-    return run_status(run)
+    return run.status()
