@@ -179,7 +179,8 @@ class DocumentRun(TraceRecorder):
         for i, d in enumerate(hits):
             action = "read" if i in read else "skip"
             actor = "budget" if i in over else "seen" if i in seen else o.read_name
-            self._write("read", candidate_id=cid, hit_id=d.id, action=action, actor=actor, score=p_keep[i], p_keep=p_keep[i])
+            p = p_keep[i]
+            self._write("read", candidate_id=cid, hit_id=d.id, action=action, actor=actor, score=p, p_keep=p)
         self._retrieval(cid, query, [evidence[i] for i in sorted(read)], spend=False)
         for i in sorted(read):
             self._remember(hits[i])
@@ -257,7 +258,8 @@ class DocumentGate:
         self.gate, self.system = gate, system
         self.tau = None if tau is None else as_tau(tau)
         self.floor = as_floor(floor)
-        self.budget_docs, self.budget_tokens = _limit(budget_docs, "budget_docs"), _limit(budget_tokens, "budget_tokens")
+        self.budget_docs = _limit(budget_docs, "budget_docs")
+        self.budget_tokens = _limit(budget_tokens, "budget_tokens")
         if trace is None or hasattr(trace, "write"):
             self._writer = None if trace is None else _SharedWriter(trace, own=False)
         else:
