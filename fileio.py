@@ -265,8 +265,9 @@ def check_file_set(targets, record: str | Path, kind: str, name: str = "--out") 
     record = Path(record)
     listed = _read_file_record(record, kind)
     if listed is None:
-        raise InputError(f"exists and `branchgate {kind}` did not write it: move it away, or choose another {name}",
-                         str(record))
+        raise InputError(
+            f"exists and `branchgate {kind}` did not write it: move it away, or choose another {name}", str(record)
+        )
     for target in map(Path, targets):
         if not os.path.lexists(target):
             continue
@@ -300,10 +301,8 @@ def write_file_set(moves: dict, record: str | Path, kind: str, name: str = "--ou
     except OSError as exc:
         raise InputError(f"cannot write the files ({exc.strerror or exc}); the previous ones are kept", name) from None
     for target, new in moves.items():
-        if new is None:
-            listed.pop(Path(target).name, None)
-        else:
-            listed[Path(target).name] = _digest(Path(target))
+        listed[Path(target).name] = None if new is None else _digest(Path(target))
+    listed = {k: v for k, v in listed.items() if v is not None and (record.parent / k).is_file()}
     atomic_write_json(record, {"command": kind, "created_by": f"branchgate {__version__}", "files": listed})
 
 
@@ -316,7 +315,7 @@ def record_written(path: str | Path) -> None:
     try:
         real = Path(os.path.realpath(path.parent)) / path.name
         folder = _enclosing_output(real.parent)
-        if folder is not None and (folder / OUTPUT_JOURNAL).is_file():
+        if folder is not None and _is_open(folder):
             size, sha = _digest(real)
             _append_journal(folder, {"file": real.relative_to(folder).as_posix(), "size": size, "sha256": sha})
     except (OSError, ValueError):
@@ -369,8 +368,8 @@ def _foreign(folder: Path, rec: _Record, prefix: str, budget: list) -> list[str]
                 return [*found, f"{prefix or '.'} (more than {MAX_OUTPUT_ENTRIES:,} entries: not checked)"]
             rel = f"{sub}/{e.name}" if sub else e.name
             shown = prefix + rel
-            if not sub and e.name in (OUTPUT_MARK, OUTPUT_JOURNAL) and e.is_file(follow_symlinks=False):
-                continue
+            if not sub and (e.name == OUTPUT_MARK or (e.name == OUTPUT_JOURNAL and rec.open)):
+                continue  # the manifest (read as ``rec``); the journal only while the manifest says it is open
             if e.is_symlink():
                 found.append(f"{shown} (a link branchgate did not make)")
             elif e.is_dir():
@@ -423,24 +422,18 @@ def _inventory(folder: Path, kind: str) -> _Record:
 
 def _read_record(folder: Path) -> _Record | None:
     """``folder``'s manifest (plus its journal while open), or None when it has none or it cannot be read."""
-    mark = folder / OUTPUT_MARK
-    try:
-        if mark.is_symlink() or not mark.is_file() or mark.stat().st_size > MAX_MARK_BYTES:
-            return None
-        m = json.loads(mark.read_bytes())
-    except (OSError, ValueError):
+    m = _read_mark(folder)
+    if m is None:
         return None
-    if not isinstance(m, dict) or not isinstance(m.get("command"), str):
-        return None
-    files, outputs = m.get("files"), m.get("outputs")
+    files, dirs, outputs = (m.get(k) for k in ("files", "dirs", "outputs"))
     rec = _Record(
         m["command"],
         {k: v for k, v in files.items() if _rel_ok(k) and _digest_ok(v)} if isinstance(files, dict) else {},
-        {d for d in m.get("dirs") or [] if isinstance(d, str) and _rel_ok(d)} if isinstance(m.get("dirs"), list) else set(),
+        {d for d in dirs if _rel_ok(d)} if isinstance(dirs, list) else set(),
         {k: v for k, v in outputs.items() if _rel_ok(k) and isinstance(v, str)} if isinstance(outputs, dict) else {},
     )
     journal = folder / OUTPUT_JOURNAL
-    if journal.is_file() and not journal.is_symlink():
+    if m.get("complete") is False and journal.is_file() and not journal.is_symlink():
         rec.open = True
         try:
             lines = read_bounded(journal, str(journal), MAX_MARK_BYTES).splitlines()
@@ -458,6 +451,18 @@ def _read_record(folder: Path) -> _Record | None:
             elif _rel_ok(j.get("output")) and isinstance(j.get("command"), str):
                 rec.outputs[j["output"]] = j["command"]
     return rec
+
+
+def _read_mark(folder: Path) -> dict | None:
+    """``folder``'s manifest as a dict with a ``command``, or None (none, unreadable, not a manifest)."""
+    mark = folder / OUTPUT_MARK
+    try:
+        if mark.is_symlink() or not mark.is_file() or mark.stat().st_size > MAX_MARK_BYTES:
+            return None
+        m = json.loads(mark.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and isinstance(m.get("command"), str) else None
 
 
 def _read_file_record(record: Path, kind: str) -> dict | None:
@@ -500,7 +505,7 @@ def _record_output(folder: Path, kind: str) -> None:
     if parent is None:
         return
     rel = real.relative_to(parent).as_posix()
-    if (parent / OUTPUT_JOURNAL).is_file():
+    if _is_open(parent):
         _append_journal(parent, {"output": rel, "command": kind})
         return
     rec = _read_record(parent)
@@ -508,6 +513,13 @@ def _record_output(folder: Path, kind: str) -> None:
         rec.outputs[rel] = kind
         rec.dirs.discard(rel)
         _write_mark(parent, rec, complete=True)
+
+
+def _is_open(folder: Path) -> bool:
+    """Whether a command is writing in the output folder ``folder`` (its manifest says so, its journal is there)."""
+    m = _read_mark(folder)
+    journal = folder / OUTPUT_JOURNAL
+    return m is not None and m.get("complete") is False and journal.is_file() and not journal.is_symlink()
 
 
 def _enclosing_output(start: Path) -> Path | None:
@@ -544,7 +556,8 @@ def _remove_previous(aside: Path, kind: str | None) -> None:
     problems = output_problems(aside, kind) if kind else []
     if problems:
         log.warning(
-            "the previous output, moved to %s, holds what branchgate did not write (%s): it stays there", aside,
+            "the previous output, moved to %s, holds what branchgate did not write (%s): it stays there",
+            aside,
             "; ".join(problems[:_SHOWN]),
         )
         return
@@ -614,7 +627,6 @@ def locked(path: str | Path):
         except ImportError:
             pass
         yield
-
 
 
 # -- reading JSON from untrusted files -------------------------------------------------------------------

@@ -9,7 +9,6 @@ import builtins
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
