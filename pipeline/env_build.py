@@ -8,9 +8,11 @@
   document's passages carry, together, the key points the reader gives that document.
 - ``build_musique``: MuSiQue questions, one key point per decomposition step on its supporting paragraph.
 - ``unit="page"``: one passage per document (a page, as a search engine lists it: its first line is its title),
-  not chunks. drgym: the full text where known (else its quoted spans, one per line), labelled as the Search-o1
-  reader labels a document (``SpanIndex.labels``: its own key points by id, and other documents' spans located
-  in it); musique: each paragraph already is a titled page. The manifest records ``unit``.
+  not chunks. drgym: every document whose full text is known (from the traces or a DocStream), labelled as the
+  Search-o1 reader labels a document (``SpanIndex.labels``: its own key points by id, and other documents' spans
+  located in it); a ground-truth document known only by its quoted spans is no page (a string of quotes has
+  neither a title nor a page's length; counted in the notes, its key points reachable only where another page
+  quotes them); musique: each paragraph already is a titled page. The manifest records ``unit``.
 
 Over 400 lines: the two source formats' builds (drgym, musique) share their corpus, labelling and distractor steps;
 chunking is apart (``chunking.py``).
@@ -290,12 +292,11 @@ def _ground_truth_passages(b: Builder, index: SpanIndex, docs: _Docs, chunk_word
 
 
 def _pages(b: Builder, index: SpanIndex, docs: _Docs) -> None:
-    """One passage per document: the ground-truth documents (full text, else their quoted spans one per line),
-    then the others; labelled by ``SpanIndex.labels`` (own key points by id, other documents' spans located)."""
-    for doc in index.documents:
-        text = docs.fulltext.get(doc) or "\n".join(dict.fromkeys(" ".join(s.split()) for s, _ in index.own_spans(doc)))
-        b.note("pages_from_spans_only", doc not in docs.fulltext)
-        b.add_passage(docs.names[doc], Atom(text, index.labels(doc, text)), "ground_truth")
+    """One passage per document whose full text is known, labelled by ``SpanIndex.labels`` (own key points by id,
+    other documents' spans located); ground-truth documents first."""
+    b.note("ground_truth_docs_without_text_not_pages", sum(d not in docs.fulltext for d in index.documents))
+    for doc in [d for d in index.documents if d in docs.fulltext]:
+        b.add_passage(docs.names[doc], Atom(docs.fulltext[doc], index.labels(doc, docs.fulltext[doc])), "ground_truth")
     for doc in sorted(d for d in docs.fulltext if d not in index.own):
         text = docs.fulltext[doc]
         b.add_passage(docs.names[doc], Atom(text, index.labels(doc, text)), "distractor")

@@ -11,7 +11,12 @@ draws an *origin*:
 - ``redundant``: a rephrasing of the frame query, the root question or a sibling — retrieves what is
   already known;
 - ``tangent``: a phrase from the weaker retrieved passages (or, failing that, from a random passage of
-  the corpus) asked about without the topic — off-target.
+  the corpus) asked about without the topic — off-target;
+- ``gold``: when the environment's query carries human-written sub-questions (MuSiQue's
+  ``question_decomposition``, in the query's ``meta.decomposition``), the first one is a candidate of the plan and
+  the next one (its ``#k`` references filled with the answers found) a follow-up of a gold branch.
+Candidates read like an agent's queries (the topic is the question without its question words, ``topic_of``;
+the templates are phrases an agent writes: "impact of X on T", "X definition"), not strings of keywords.
 The mix depends on depth (more redundancy and drift deeper in the tree), the order is shuffled, and every
 choice comes from the ``random.Random`` handed in (seeded by the caller from seed, run and frame).
 """
@@ -41,19 +46,19 @@ MIX = {0: (0.55, 0.25, 0.20), 1: (0.45, 0.30, 0.25)}
 MIX_DEEP = (0.40, 0.30, 0.30)
 
 ASPECT_Q = [
-    "{topic} {phrase}",
+    "{phrase} and {topic}",
     "how does {phrase} affect {topic}",
     "what role does {phrase} play in {topic}",
-    "{phrase} and {topic} evidence",
+    "evidence on {phrase} and {topic}",
     "impact of {phrase} on {topic}",
     "why {phrase} matters for {topic}",
-    "{topic}: {phrase} explained",
+    "{phrase} in {topic}",
 ]
 DRILL_Q = [
-    "{topic} {focus} {phrase}",
-    "how is {phrase} related to {focus} in {topic}",
-    "{phrase} and {focus}: {topic}",
-    "examples of {phrase} in {topic}",
+    "{phrase} and {focus}",
+    "how is {phrase} related to {focus}",
+    "{focus}: the role of {phrase}",
+    "examples of {phrase} in {focus}",
 ]
 ASPECT_G = [
     "Find concrete facts, figures and examples on {phrase} and how it bears on {topic}.",
@@ -65,17 +70,18 @@ DRILL_G = [
     "Follow up on {focus}: what does {phrase} add, with supporting details?",
 ]
 REDUNDANT_Q = [
-    "{frame} overview",
+    "overview of {frame}",
     "what is known about {topic}",
     "{topic} explained",
     "{frame}",
     "latest research on {topic}",
-    "{topic} facts",
+    "facts about {topic}",
 ]
 REDUNDANT_G = [
     "Get a general overview of {topic}.",
     "Summarise the main points about {topic}.",
 ]
+FALLBACK_Q = ("more details on", "examples of", "evidence on", "analysis of", "debate on", "sources on")
 TANGENT_Q = [
     "history of {phrase}",
     "{phrase} definition",
@@ -92,9 +98,66 @@ _PHRASE_SPLIT = re.compile(r"[,;:()\[\]\"!?|/]+|\s[-\u2013\u2014]\s")
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9'\-]*|\d[\d,.%]*")
 
 
-def topic_of(root: str, max_words: int = 6) -> str:
-    ws = list(dict.fromkeys(content_words(root)))
-    return " ".join(ws[:max_words]) or root.strip().rstrip("?")
+QUESTION_WORDS = frozenset(
+    "what which who whom whose when where why how is are was were do does did can could should would will has have "
+    "had many much".split()
+)
+_TRAILING = frozenset("a an the of in on at to for with by from and or as that which who".split())
+_CLAUSE = re.compile(r"\s(?:that|which|who|whom|whose|where|when|while|because|if)\s", re.I)
+
+
+def topic_of(root: str, max_words: int = 8) -> str:
+    """What a question is about, as an agent would write it in a query: the question without its leading question
+    words ("Why are honeybee colonies collapsing?" → "honeybee colonies collapsing"), cut at a clause boundary
+    (else after ``max_words`` words) when longer than ``max_words``."""
+    ws = " ".join(root.replace("?", " ").split()).split(" ")
+    while len(ws) > 1 and ws[0].lower().strip(",") in QUESTION_WORDS:
+        ws = ws[1:]
+    text = " ".join(ws).strip(" ,.;:")
+    if len(text.split()) > max_words:
+        m = _CLAUSE.search(text)
+        if m and 2 <= len(text[: m.start()].split()) <= max_words:
+            text = text[: m.start()]
+        else:
+            text = " ".join(text.split()[:max_words])
+        ws = text.split()
+        while len(ws) > 1 and ws[-1].lower() in _TRAILING:
+            ws = ws[:-1]
+        text = " ".join(ws)
+    return text or root.strip().rstrip("?")
+
+
+def gold_steps(meta: dict | None, key_points: list[dict] | None = None) -> list[tuple[str, str]]:
+    """A query's human-written sub-questions and their answers, ``[(question, answer)]``, from ``meta.decomposition``
+    (MuSiQue's ``question_decomposition``: questions, or ``"X >> relation"`` triples, which read as "relation of
+    X"); the answer of a step is what its key point's text adds after the question. Statements (a decomposition
+    of supporting sentences, as the HotpotQA sample has) are not sub-questions: none."""
+    steps = (meta or {}).get("decomposition") or []
+    if not steps or not all(isinstance(q, str) and (q.strip().endswith("?") or ">>" in q or "#" in q) for q in steps):
+        return []
+    texts = [str(k.get("text", "")) for k in key_points or []]
+    out = []
+    for i, q in enumerate(steps):
+        q = " ".join(q.split())
+        kp = texts[i] if i < len(texts) else ""
+        answer = kp[len(q) :].strip() if kp.startswith(q) else ""
+        if ">>" in q:
+            subject, _, relation = (x.strip() for x in q.partition(">>"))
+            ends_in_preposition = relation.split()[-1:] and relation.split()[-1].lower() in _TRAILING
+            q = f"{relation} {subject}" if ends_in_preposition else f"{relation} of {subject}"
+        out.append((q, answer))
+    return out
+
+
+def fill_gold(question: str, answers: list[str]) -> str | None:
+    """``question`` with its ``#k`` references replaced by the answers of steps k (None when one is unknown)."""
+
+    def sub(m):
+        k = int(m.group(1)) - 1
+        return answers[k] if 0 <= k < len(answers) and answers[k] else "\x00"
+
+    out = re.sub(r"#(\d+)", sub, question)
+    return None if "\x00" in out else " ".join(out.replace(" ?", "?").split())
 
 
 def keyphrases(texts: list[str], idf, exclude: set[str], max_len: int = 3, df=None) -> list[tuple[str, float]]:
@@ -186,6 +249,7 @@ class OfflineGenerator:
 
     def __init__(self, env):
         self.env = env
+        self._gold = {q.query.strip(): gold_steps(q.meta, q.key_points) for q in getattr(env, "queries", [])}
 
     def _df(self, word: str) -> int:
         return self.env.df.get(word, 0)
@@ -200,7 +264,7 @@ class OfflineGenerator:
         )
 
     def plan(self, root: str, texts: list[str], k: int, rng: random.Random) -> list[Cand]:
-        return self._frame(root, root, "", texts, k, rng, depth=0)
+        return self._with_gold(self._frame(root, root, "", texts, k, rng, depth=0), root, 0, rng)
 
     def followups(
         self,
@@ -212,10 +276,25 @@ class OfflineGenerator:
         depth: int,
         learned: list[str] | None = None,
     ) -> list[Cand]:
-        return self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
+        out = self._frame(root, parent.query, parent.focus, texts, k, rng, depth)
+        return self._with_gold(out, root, depth, rng) if parent.origin == "gold" else out
 
     def learnings(self, query: str, texts: list[str]) -> list[str]:
         return env_learnings(self.env, query, texts)
+
+    def _with_gold(self, cands: list[Cand], root: str, depth: int, rng: random.Random) -> list[Cand]:
+        """``cands`` with the query's sub-question of step ``depth`` (its references filled) in place of one
+        candidate (an aspect one when there is one), when the query has human-written sub-questions."""
+        steps = self._gold.get(root.strip()) or []
+        if depth >= len(steps) or not cands:
+            return cands
+        q = fill_gold(steps[depth][0], [a for _, a in steps])
+        if q is None or any(c.query.lower() == q.lower() for c in cands):
+            return cands
+        aspects = [j for j, c in enumerate(cands) if c.origin == "aspect"]
+        j = aspects[rng.randrange(len(aspects))] if aspects else rng.randrange(len(cands))
+        cands[j] = Cand(q, f"Answer: {q}", "gold", topic_of(q, 4))
+        return cands
 
     def _frame(
         self, root: str, frame_query: str, focus: str, texts: list[str], k: int, rng: random.Random, depth: int
@@ -242,10 +321,9 @@ class OfflineGenerator:
                     break
                 cand = None
             if cand is None:  # nothing left to say: fall back to a rephrasing
+                fresh = [f"{w} {topic}" for w in FALLBACK_Q if f"{w} {topic}" not in queries]
                 cand = Cand(
-                    f"{topic} "
-                    f"{rng.choice(['details', 'examples', 'evidence', 'analysis', 'sources', 'debate'])} "
-                    f"{len(out) + 1}",
+                    rng.choice(fresh) if fresh else f"{topic} ({len(out) + 1})",
                     rng.choice(REDUNDANT_G).format(topic=topic),
                     "redundant",
                     focus,
@@ -261,7 +339,7 @@ class OfflineGenerator:
             if phrase is None:
                 return None
             if focus and depth > 0 and rng.random() < 0.7:
-                q = rng.choice(DRILL_Q).format(focus=focus, phrase=phrase, topic=" ".join(topic.split()[:3]))
+                q = rng.choice(DRILL_Q).format(focus=focus, phrase=phrase)
                 g = rng.choice(DRILL_G).format(focus=focus, phrase=phrase)
             else:
                 q = rng.choice(ASPECT_Q).format(topic=topic, phrase=phrase)
@@ -287,9 +365,11 @@ class OfflineGenerator:
 
 
 def _pick(scored: list[tuple[str, float]], used: set[str], rng: random.Random, top: int) -> str | None:
-    """One of the ``top`` best phrases not yet used (nor sharing a word with a used one)."""
+    """One of the ``top`` best phrases not yet used (nor sharing a word with a used one), phrases of two or more
+    words first (a single word rarely makes a query an agent would write)."""
     used_words = {w for p in used for w in p.split()}
-    pool = [p for p, _ in scored if p not in used and not set(p.split()) & used_words][:top]
+    free = [p for p, _ in scored if p not in used and not set(p.split()) & used_words]
+    pool = ([p for p in free if " " in p] + [p for p in free if " " not in p])[:top]
     if not pool:
         return None
     phrase = pool[rng.randrange(len(pool))]
