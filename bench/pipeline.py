@@ -89,6 +89,13 @@ def run_bench(
         per_read[source] = res
     budgets = budget_step(run, first["controller"], first["export_fp"])
     report = _report(run, pts, runs, per_source, budgets, time.perf_counter() - started, per_read)
+    if real:  # the simulator against the real logs on the same statistics (bench/calibration.py)
+        from branchgate.bench.calibration import bench_table
+
+        loop = run.steps.out / "closed_loop"
+        report["calibration"] = bench_table(
+            [str(loop / f"seed{s}" / "none" / "traces") for s in run.seeds], eval_set, list(real), real_sets
+        )
     if command:
         report["command"] = command
     paths = write(run.steps.out, report)

@@ -87,6 +87,9 @@ def markdown(
     lines += opened(f"Every policy point ({len(report['policies'])})") if fold else []
     lines += ["| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
     for name, p in report["policies"].items():
+    if report.get("calibration"):  # bench/calibration.py, with --real
+        lines += ["", f"{h} The simulator against the real logs (unpruned eval runs vs the first --real)", ""]
+        lines += report["calibration"]["table"]
         lines.append(
             f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
             f"| {_mc(p['kpr'])} |"
