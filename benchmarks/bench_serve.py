@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-READY = re.compile(r"Uvicorn running on (http://\S+)")
+READY = re.compile(r"(?:Uvicorn running|branchgate serve: listening) on (http://[^\s)]+)")
 
 
 def start_server(argv: list[str], timeout: float = 180.0) -> tuple[subprocess.Popen, str, list[str]]:

@@ -30,7 +30,7 @@ Depth = Annotated[int, Field(ge=0, le=MAX_DEPTH)]
 AMOUNT = {"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT}
 Spend = Annotated[  # one number is taken as a list of one (so an error names spend[i], one place for the rule)
     list[Amount],
-    BeforeValidator(lambda v: [v] if isinstance(v, int) and not isinstance(v, bool) else v),
+    BeforeValidator(lambda v: [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else v),
     WithJsonSchema(
         {
             "description": "tokens the expansions since the last call really used: one number or one per expansion",
