@@ -45,3 +45,24 @@ def read_dataset(traces: Path, root: Path, labels: str = "teacher:dpp") -> dict:
     argv += ["--encoder", "packaged", "--workers", "1", "--cache", str(cache), "--no-progress"]
     assert main(argv) == 0
     return json.loads((out / "manifest.json").read_text())
+
+
+def page_blocks(page: str, language: str) -> list[str]:
+    """The fenced ``language`` blocks of ``docs/use/PAGE``, in order (the tests run what the page shows)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "use" / page).read_text()
+    return [m.group(1) for m in re.finditer(rf"^```{language}\n(.*?)^```$", text, re.M | re.S)]
+
+
+def run_page_commands(page: str) -> list[str]:
+    """Run the ``branchgate ...`` lines of the page's bash blocks in the current directory (the CLI's ``main``,
+    as the shell would call it); returns them."""
+    import shlex
+
+    from branchgate.cli import main
+
+    lines = [ln for b in page_blocks(page, "bash") for ln in b.splitlines() if ln.startswith("branchgate ")]
+    for line in lines:
+        assert main(shlex.split(line)[1:]) == 0, line
+    return lines
