@@ -93,7 +93,7 @@ class TrainCLI(LightningCLI):
             "--folds",
             type=int,
             default=0,
-            help="K ≥ 2: K-fold by run over every split's runs (validation: the next fold), an out-of-fold report "
+            help="K ≥ 3: K-fold by run over every split's runs (validation: the next fold), an out-of-fold report "
             "(OUT/oof.json, OUT/oof.md: per-hit and per-decision AUROC against every teacher with paired intervals "
             "over runs), then one final model on every run (OUT/controller.safetensors). Needs ≥ 2K runs with both "
             "a positive and a negative row",
@@ -196,7 +196,7 @@ def train(argv: list[str] | None = None) -> dict:
     if cli.config.get("folds"):
         from branchgate.training.folds import run_folds
 
-        return run_folds(cli, list(argv or []))
+        return run_folds(cli, list(argv or []), train)
     for key in ("max_epochs", "max_steps"):
         if cli.config.get(f"trainer.{key}") == 0:
             raise InputError(

@@ -48,8 +48,8 @@ def run_labels(dsd) -> dict[str, tuple[int, int]]:
 
 
 def check_enough(counts: dict[str, tuple[int, int]], k: int, where: str) -> None:
-    if k < 2:
-        raise InputError(f"must be ≥ 2 (or 0: no folds), got {k}", "--folds")
+    if k < 3:  # one fold tests, the next validates, the rest train: 3 at least
+        raise InputError(f"must be ≥ 3 (or 0: no folds), got {k}", "--folds")
     both = sum(1 for p, n in counts.values() if p and n)
     labelled = sum(1 for p, n in counts.values() if p or n)
     need = MIN_RUNS_PER_FOLD * k
@@ -57,7 +57,7 @@ def check_enough(counts: dict[str, tuple[int, int]], k: int, where: str) -> None
         raise InputError(
             f"too small to judge with --folds {k}: it has {both} run(s) with both a positive and a negative labelled "
             f"row ({labelled} with any labelled row, {len(counts)} in all); K folds need at least {need} "
-            f"({MIN_RUNS_PER_FOLD}K). Add runs or use fewer folds (K ≥ 2)",
+            f"({MIN_RUNS_PER_FOLD}K). Add runs or use fewer folds (K ≥ 3)",
             where,
         )
 
@@ -94,9 +94,9 @@ def write_fold(dsd, manifest: dict, folds: dict[str, int], i: int, k: int, out: 
 
 
 def oof_rows(fold_runs: list[tuple[str, str]], cache: str | None = None):
-    """The pooled out-of-fold ``bench.stats.Rows``: each fold's controller on its fold's test split (embeddings
+    """The pooled out-of-fold ``training.stats.Rows``: each fold's controller on its fold's test split (embeddings
     from ``cache``, the training's)."""
-    from branchgate.bench import stats
+    from branchgate.training import stats
 
     parts = [stats.controller_rows(ckpt, data, ("test",), cache) for ckpt, data in fold_runs]
     names = [n for n in parts[0].scorers if all(n in p.scorers for p in parts)]
@@ -113,7 +113,7 @@ def oof_rows(fold_runs: list[tuple[str, str]], cache: str | None = None):
 
 def report(rows, boot: int = 1000) -> dict:
     """Per row and per decision: every scorer's AUROC [95% over runs], ``gate`` − scorer paired."""
-    from branchgate.bench import stats
+    from branchgate.training import stats
 
     return {
         "per_row": stats.scorer_metrics(rows, boot, ref="gate"),
@@ -183,15 +183,15 @@ def best_epoch(metrics: dict) -> int:
     return int(m.group(1)) + 1 if m else int(metrics.get("epochs") or 0) + 1
 
 
-def run_folds(cli, argv: list[str]) -> dict:
-    """The whole ``--folds K`` command (module docstring); ``cli`` is the parsed TrainCLI, ``argv`` its arguments."""
+def run_folds(cli, argv: list[str], train) -> dict:
+    """The whole ``--folds K`` command (module docstring); ``cli`` is the parsed TrainCLI, ``argv`` its arguments,
+    ``train`` the one training run (``fit.train``: passed in, as ``fit`` calls this module)."""
     from datasets import DatasetDict, concatenate_datasets
 
     from branchgate.data.dataset_schema import dataset_stage
     from branchgate.data.decision_batches import load_decision_dataset
     from branchgate.fileio import atomic_write_text, mark_output_dir
     from branchgate.training.checkpoint import CONTROLLER_FILE
-    from branchgate.training.fit import train
 
     k, dataset, out = int(cli.config["folds"]), str(cli.config["data.dataset"]), Path(cli.config["out"])
     dsd, manifest = load_decision_dataset(dataset)
