@@ -7,7 +7,7 @@ The check recomputes every run's budget from the reference (the same rounding: d
 trace's own ``llm_call`` events (not from the run's totals), so a run over its budget cannot hide; it also
 checks the run's reported total against those events. Summaries: per point nodes/tokens/KPR with intervals
 over queries, the share of its budget a run spends, and per fraction each budgeted gate's KPR minus each
-baseline's, paired over queries (``bench/stats.bootstrap_ci`` through ``mean_ci``).
+baseline's, paired over queries (``training/stats.bootstrap_ci`` through ``mean_ci``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import numpy as np
 
 from branchgate.bench import closed_loop
 from branchgate.bench.settings import Run, write_ids
-from branchgate.bench.stats import mean_ci
 from branchgate.bench.steps import keeps_folder
 from branchgate.bench.sweeps import BUDGET_FAMILIES, PolicyPoint, budget_family, budget_points
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_json
+from branchgate.training.stats import mean_ci
 
 KEYS = ("nodes", "tokens", "kpr")
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench.stats import mean_ci
 from branchgate.bench.steps import fingerprint
 from branchgate.bench.sweeps import PolicyPoint
 from branchgate.fileio import atomic_write_json
+from branchgate.training.stats import mean_ci
 
 KEYS = ("nodes", "tokens", "kpr")
 SEARCH_KEYS = ("search_calls", "hits_offered", "hits_read")  # a run's search accounting besides LLM tokens

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench import stats
 from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.settings import Run
 from branchgate.bench.steps import keeps_folder
 from branchgate.bench.sweeps import gate_points, read_gate_points, variant_taus
+from branchgate.training import stats
 
 
 def source_steps(

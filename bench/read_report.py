@@ -9,8 +9,19 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 
 import numpy as np
 
-from branchgate.bench.report import _f, _mc
 from branchgate.bench.sweeps import BOTH_FAMILY, BOTH_REVERSE_FAMILY, FLOOR_FAMILY, READ_FAMILY, looser_families
+
+
+def _f(v, fmt=".3f") -> str:
+    """A figure for a report table: ``fmt`` of ``v``, "–" when it is None."""
+    return "–" if v is None else format(v, fmt)
+
+
+def _mc(d: dict, fmt=".3f") -> str:
+    """A mean and its 95% interval (``{"mean", "ci95"}``) as "m [lo, hi]"."""
+    lo, hi = d.get("ci95") or (None, None)
+    return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
+
 
 TOKEN_SHARE = 0.30  # the two-stage target: KPR (as a share of unpruned) at this share of unpruned tokens
 CURVES = ("gate", READ_FAMILY, FLOOR_FAMILY, BOTH_FAMILY, BOTH_REVERSE_FAMILY)

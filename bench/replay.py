@@ -20,9 +20,10 @@ The cost rule (one rule for every log format):
 Keeping everything reproduces the log: its ``llm_call`` tokens and its key-point recall.
 
 The read stage: a kept branch's ``results`` event lists its hits; the hits not read earlier in the replay are
-offered to the read policy with the search's state (root question, the sub-query, its goal, the frame's depth,
-the texts of the hits read before); the evidence of the hits it reads (``evidence.hit_id``) is what the branch
-finds. A branch without a ``results`` event finds its ``retrieval`` evidence, as with no read stage.
+offered to the read policy with the search's state (``inference.read_state``: root question, the sub-query, its
+goal, the frame's depth, the newest ``READ_WINDOW`` hits read before, as a live run sees them); the evidence of
+the hits it reads (``evidence.hit_id``) is what the branch finds. A branch without a ``results`` event finds its
+``retrieval`` evidence, as with no read stage.
 
 Value kept (``RunValue``): the key points of the evidence found over the run's key points (``keypoints``), the
 cited evidence found over the cited evidence (``citations``, the report's ``cited_ids``), or the sum of a decision
@@ -37,6 +38,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from branchgate.inference.read_state import ReadState
 from branchgate.logs_to_dataset.decision_points import run_decisions
 from branchgate.texts import candidate_text, hit_text
 
@@ -153,7 +155,7 @@ class ReplayRun:
         """Walk the run keeping what ``pre`` keeps at each frame (None: every candidate) and reading what ``read``
         reads of each kept search's new hits (None: every hit). ``budget``, a run budget's ``RunGate`` made with
         ``charges=False``, replaces ``pre`` (``_Ledger``: the reference pipeline's exact-cost rule)."""
-        out, walk = Outcome(tokens=self.plan), _Walk()
+        out, walk = Outcome(tokens=self.plan), _Walk(reads=ReadState(self.root_query))
         ledger = _Ledger(self, budget) if budget is not None else None
         open_frames = {fid for fid, f in self.frames.items() if f.parent_candidate is None}
         for _, kind, key in self.timeline:
@@ -191,7 +193,7 @@ class ReplayRun:
     def cost_now(self, cid: str, walk: _Walk) -> int:
         """What searching ``cid`` would cost now, reading every hit: its calls for the evidence it would find new
         and that evidence's growth of the synthesis call (0 when it would find nothing new: no call)."""
-        new = self.new_evidence(cid, walk.found, walk.read_ids)
+        new = self.new_evidence(cid, walk.found, walk.reads.read_ids)
         return self.branch_tokens(cid, new) + sum(self.tokens_of(new)) if new else 0
 
     def _state(self, frame, walk: _Walk) -> dict:
@@ -221,31 +223,20 @@ class ReplayRun:
             found = self.ev.get(cid, [])
         else:
             seq, hits = self.results[cid]
-            offered = [h for h in hits if h.hit_id not in walk.read_ids]
+            offered = [hits[i] for i in walk.reads.new(h.hit_id for h in hits)]
             out.hits_offered += len(offered)
             chosen = range(len(offered))
             if read is not None and offered:
-                chosen = read(self._read_state(query, goal, frame, walk), offered)
+                chosen = read(walk.reads.state(query, goal, frame.depth), offered)
             found = []
             for h in (offered[i] for i in chosen):
-                walk.read_ids.add(h.hit_id)
-                walk.reads.append((h.hit_id, hit_text(h.title or "", h.snippet or "")))
+                walk.reads.add(h.hit_id, hit_text(h.title or "", h.snippet or ""))
                 out.read.append((seq, h.hit_id))
                 found += self.hit_evidence.get(h.hit_id, [])
             out.hits_read += len(chosen)
         new = [i for i in dict.fromkeys(found) if i not in walk.found and i in self.evidence]
         walk.found.update(new)
         return new
-
-    def _read_state(self, query: str, goal: str, frame, walk: _Walk) -> dict:
-        return {
-            "root_query": self.root_query,
-            "query": query,
-            "goal": goal,
-            "read": [text for _, text in walk.reads],
-            "read_ids": [hid for hid, _ in walk.reads],
-            "depth": frame.depth,
-        }
 
     @property
     def n_key_points(self) -> int:
@@ -298,8 +289,7 @@ class _Walk:
     kept: set = field(default_factory=set)
     retained: list = field(default_factory=list)
     found: set = field(default_factory=set)
-    read_ids: set = field(default_factory=set)
-    reads: list = field(default_factory=list)
+    reads: ReadState = field(default_factory=ReadState)  # the hits read (``inference.read_state``)
 
 
 def keypoint_value(run: ReplayRun, out: Outcome) -> float:

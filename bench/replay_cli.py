@@ -1,6 +1,6 @@
 """`branchgate replay`: what the controller(s) would have done on your own unpruned logs, before you switch them on.
 
-    branchgate replay --traces LOGS --model pre.onnx [--read read.onnx]
+    branchgate replay --traces LOGS --pre pre.onnx [--read read.onnx]
         [--labels keypoints|citations|teacher:NAME|judge] [--dataset DIR] [--keep 0.95 | --budget 0.3]
         [--taus T,...] [--run-budgets SHARE,...] --out DIR
 
@@ -9,7 +9,7 @@ the pre-retrieval controller's τ, or with ``--read`` the read controller's (the
 ``--pre-tau``, default its own). Per τ: searches, hits read, LLM tokens and the value kept (key points, cited
 evidence, or a decision dataset's row utilities: ``--dataset``, or ``--labels teacher:NAME|judge``, which builds
 that dataset from LOGS into OUT/dataset first and needs the train extra), each as a mean over runs and a share of
-the unpruned replay with a 95% interval over runs (``bench.stats.bootstrap_ci``). It recommends the τ that keeps
+the unpruned replay with a 95% interval over runs (``training.stats.bootstrap_ci``). It recommends the τ that keeps
 ``--keep`` of the value at the fewest tokens, or the most value within ``--budget`` of the tokens, and writes
 ``replay.json``, ``replay.md`` and ``replay.png``. ``--run-budgets`` adds points that replay the pre controller's
 run budget (``RunGate``) at shares of each run's unpruned tokens.
@@ -37,11 +37,15 @@ log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from branchgate.inference.options import HELP, deprecated_alias
     from branchgate.logs_to_dataset.build_cli import add_judge_options
 
     parser.add_argument("--traces", nargs="+", required=True, help="unpruned run logs: files or folders, any format")
-    parser.add_argument("--model", default=None, help="the pre-retrieval controller (controller.onnx or its folder)")
-    parser.add_argument("--read", default=None, help="the read controller: its τ is swept (the pre one held)")
+    parser.add_argument("--pre", dest="model", default=None, metavar="PATH", help=HELP["pre"])
+    deprecated_alias(parser, "--model", "--pre", "model")
+    parser.add_argument(
+        "--read", default=None, metavar="PATH", help=HELP["read"] + "; its τ is swept (the pre one held)"
+    )
     parser.add_argument(
         "--labels",
         default=None,
@@ -94,15 +98,15 @@ def run(args) -> int:
     report = summarise(rows, runs, args, labels, sweep)
     if not report["unpruned"]["tokens"]:
         log.warning("the logs record no LLM calls and no evidence tokens: no token shares, no recommendation")
-    write_outputs(out, report, OUTPUT_KIND)
+    written = write_outputs(out, report, OUTPUT_KIND)
     print(report["summary"], file=sys.stderr)
-    print(f"wrote {out}/replay.json, replay.md, replay.png", file=sys.stderr)
+    print(f"wrote {out}/{', '.join(written)}", file=sys.stderr)
     return 0
 
 
 def check_args(args) -> None:
     if args.model is None and args.read is None:
-        raise InputError("give a controller to replay: --model (pre-retrieval) and/or --read", "--model")
+        raise InputError("give a controller to replay: --pre (pre-retrieval) and/or --read", "--pre")
     if not 0 < args.keep <= 1:
         raise InputError(f"must be in (0, 1], got {args.keep}", "--keep")
     if args.budget is not None and not 0 < args.budget <= 1:
@@ -205,13 +209,13 @@ class Sweep:
 
         pre = Gate.load(args.model, threads=args.threads) if args.model else None
         read = Gate.load(args.read, threads=args.threads) if args.read else None
-        for gate, flag, want in ((pre, "--model", "pre"), (read, "--read", "read")):
+        for gate, flag, want in ((pre, "--pre", "pre"), (read, "--read", "read")):
             if gate is not None and gate.stage != want:
                 raise InputError(f"{gate.path} is a {gate.stage} controller; {flag} takes a {want} controller", flag)
         budgets = parse_shares(args.run_budgets, "--run-budgets") if args.run_budgets else []
         if budgets and (pre is None or read is not None or hasattr(pre, "teacher")):
             raise InputError(
-                "run budgets replay a learned pre-retrieval controller alone: --model, no --read "
+                "run budgets replay a learned pre-retrieval controller alone: --pre, no --read "
                 "(a teacher default has no budgeted runs: pretrained:pre-model)",
                 "--run-budgets",
             )

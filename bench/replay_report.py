@@ -22,7 +22,7 @@ FIELDS = ("searches", "hits_read", "tokens", "value")
 def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
     """The report: ``unpruned`` (means), ``points`` (per τ: means with intervals, shares of unpruned with
     intervals, what was saved) and ``recommended``."""
-    from branchgate.bench.stats import bootstrap_ci, mean_ci
+    from branchgate.training.stats import bootstrap_ci, mean_ci
 
     base = np.array(rows[0]["per_run"], np.float64)
     points = []
@@ -222,14 +222,19 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(out: Path, report: dict, kind: str) -> None:
+def write_outputs(out: Path, report: dict, kind: str) -> list[str]:
+    """Writes the report's files; returns the names of those written (no picture without tokens or matplotlib)."""
     from branchgate.fileio import atomic_write_json, atomic_write_text, mark_output_dir
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "replay.json", report)
     atomic_write_text(out / "replay.md", markdown(report))
+    written = ["replay.json", "replay.md"]
     try:
-        plot(report, out / "replay.png")
+        if report["unpruned"]["tokens"]:  # without token counts there is nothing to draw
+            plot(report, out / "replay.png")
+            written.append("replay.png")
     except ModuleNotFoundError as exc:  # the core install: the table and JSON only
         log.warning("replay.png not drawn: %s is not installed (pip install 'branchgate[replay]')", exc.name)
     mark_output_dir(out, kind)  # its manifest lists every file written above
+    return written

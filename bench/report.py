@@ -14,6 +14,8 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 from functools import partial
 from pathlib import Path
 
+from branchgate.bench import read_report
+from branchgate.bench.read_report import _f, _mc
 from branchgate.bench.sweeps import VARIANTS
 from branchgate.fileio import atomic_path, atomic_write_json, atomic_write_text
 
@@ -43,15 +45,6 @@ REAL_STRATA = {
 }
 PLOT = "kpr_vs_tokens.png"
 REAL_PLOT = "real_auroc.png"
-
-
-def _f(v, fmt=".3f") -> str:
-    return "–" if v is None else format(v, fmt)
-
-
-def _mc(d: dict, fmt=".3f") -> str:
-    lo, hi = d.get("ci95") or (None, None)
-    return f"{_f(d.get('mean'), fmt)} [{_f(lo, fmt)}, {_f(hi, fmt)}]"
 
 
 def markdown(
@@ -87,9 +80,6 @@ def markdown(
     lines += opened(f"Every policy point ({len(report['policies'])})") if fold else []
     lines += ["| policy | spec | runs | nodes | tokens | KPR |", "|---|---|---|---|---|---|"]
     for name, p in report["policies"].items():
-    if report.get("calibration"):  # bench/calibration.py, with --real
-        lines += ["", f"{h} The simulator against the real logs (unpruned eval runs vs the first --real)", ""]
-        lines += report["calibration"]["table"]
         lines.append(
             f"| {name} | `{p['spec']}` | {p['runs']} | {_mc(p['nodes'], '.2f')} | {_mc(p['tokens'], '.0f')} "
             f"| {_mc(p['kpr'])} |"
@@ -97,9 +87,10 @@ def markdown(
     lines += closed
     if report.get("budgets"):
         lines += [""] + budget_table(report["budgets"], h)
+    if report.get("calibration"):  # bench/calibration.py, with --real
+        lines += ["", f"{h} The simulator against the real logs (unpruned eval runs vs the first --real)", ""]
+        lines += report["calibration"]["table"]
     if report.get("read"):
-        from branchgate.bench import read_report
-
         lines += [""] + read_report.section(report, h)
     lines += [
         "",
@@ -237,8 +228,6 @@ def findings(report: dict) -> list[str]:
     ties or loses to at their budgets, a τ sweep that collapses, labels the gate fits but that do not transfer
     to real decisions, and a pooled AUROC that mostly measures the root frame."""
     out = []
-    from branchgate.bench import read_report
-
     pol = report["policies"]
 
     verdict = partial(curve_verdict, pol)

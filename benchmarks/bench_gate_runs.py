@@ -42,7 +42,7 @@ def main() -> int:
         "-m",
         "branchgate.cli",
         "bench-gate",
-        "--model",
+        "--pre",
         args.model,
         "--checkpoint",
         args.checkpoint,

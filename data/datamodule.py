@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from branchgate.data.dataset_schema import SPLITS
 from branchgate.data.decision_batches import TextTable, build_decisions, check_encoder, load_decision_dataset
-from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
+from branchgate.data.embedding_cache import EmbeddingCache
+from branchgate.models.encoder import LazyEncoder
 
 log = logging.getLogger(__name__)
 # the splits a ``setup`` stage needs labelled rows in; any other stage (fit: training ends on the test split)

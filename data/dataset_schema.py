@@ -15,7 +15,7 @@ Stages (``STAGES``; the manifest's ``stage``, "pre" when absent: schema version 
 
 | column | type | meaning (pre) | meaning (read) |
 |---|---|---|---|
-| run_id | string | the run; splits are by run (``logs_to_dataset.decision_points.split_of``) or question | same |
+| run_id | string | the run; splits are by run (``data.dataset_schema.split_of``) or question | same |
 | frame_id | string | the frame | the read point: ``f"{candidate_id}@{seq}"`` (the searched candidate, the seq of \
 its ``results`` event) |
 | candidate_id | string | the candidate | the hit id |
@@ -45,9 +45,20 @@ only, so that a list of K new hits does not store the run's reading K times.
 
 from __future__ import annotations
 
+import hashlib
+
 from branchgate.errors import InputError
 
 SPLITS = ("train", "validation", "test")
+
+
+def split_of(key: str) -> str:
+    """Stable split of a run by its key (its id, ``logs_to_dataset.decision_points.split_key``): sha256(key) mod 100
+    → <80 train, <90 validation, else test."""
+    bucket = int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % 100
+    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
+
+
 DATASET_SCHEMA_VERSION = 2  # 2: the manifest's ``stage`` and read datasets (a version 1 dataset is a pre dataset)
 STAGES = ("pre", "read")
 TEACHER_PREFIX = "teacher_"

@@ -17,9 +17,8 @@ import random
 import re
 
 from branchgate import __version__
-from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS
+from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, split_of
 from branchgate.data.dataset_schema import features as schema_features
-from branchgate.logs_to_dataset.decision_points import split_of
 from branchgate.texts import candidate_text
 
 TOPICS = [

@@ -7,15 +7,17 @@ import argparse
 import json
 import sys
 
+from branchgate.inference.options import chosen_controller, controller_options
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", required=True, help="controller.onnx (or its directory); its .int8.onnx twin is used when present"
-    )
+    controller_options(parser)  # --pre PATH or --read PATH; its .int8.onnx twin is used when present
     parser.add_argument(
         "--checkpoint", required=True, help="the controller.safetensors the model was exported from (torch side)"
     )
-    parser.add_argument("--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of --model)")
+    parser.add_argument(
+        "--int8-model", default=None, help="int8 model (default: the .int8.onnx sibling of the controller)"
+    )
     parser.add_argument(
         "--threads", type=int, default=2, help="CPU threads for torch and each ONNX Gate alike (default 2)"
     )
@@ -34,6 +36,7 @@ def run(args) -> int:
     from branchgate.inference.gate_cli import read_decisions
     from branchgate.inference.model_file import read_stage
 
+    args.model = chosen_controller(args)
     decisions = None
     if args.decisions:
         stage = read_stage(args.model)

@@ -57,6 +57,7 @@ modules.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -74,9 +75,7 @@ from branchgate.inference.gate_texts import BUCKET_OVERHEAD_TOKENS, CHARS_PER_TO
 from branchgate.inference.inputs import (
     DecisionState,
     as_decision,
-    as_floor,
     as_max_keep,
-    as_read_decision,
     as_tau,
     as_threads,
     decision_texts,
@@ -93,9 +92,21 @@ from branchgate.inference.metadata import (
     controller_stage,
 )
 from branchgate.inference.model_file import controller_path, read_metadata
+from branchgate.inference.read_state import check_floor, select_hits
 from branchgate.inference.schedule import group_threads
 from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
+from branchgate.inference.teacher_gate import TeacherGate
 from branchgate.inference.wordpiece import checked_wordpiece
+from branchgate.pretrained import choice, is_pretrained, resolve
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside ``inference/`` for a warning raised by the function that calls
+    this: the warning names the caller's own line, whichever path (pre, read, a run) led there."""
+    here, frame, level = os.path.dirname(os.path.abspath(__file__)), sys._getframe(2), 2
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class Gate(GateTexts):
@@ -173,11 +184,14 @@ class Gate(GateTexts):
         Default: 2 when there are ≥ 2 threads (a decision's few hundred tokens keep two threads busier as two
         runs than as one, int8 especially), else 1 (one graph run per decision).
         """
-        if isinstance(path, str) and path.startswith("pretrained:"):  # a packaged controller (branchgate.pretrained)
-            from branchgate.pretrained import load
-
+        if is_pretrained(path):  # a packaged controller (branchgate.pretrained): a Gate, or its teacher behind one
             kw = dict(cache_size=cache_size, tokenizer=tokenizer, bucketing=bucketing, text_groups=text_groups)
-            return load(path, expected_encoder=expected_encoder, threads=threads, **kw)
+            stage, kind, file = resolve(path)
+            gate = cls.load(file, expected_encoder=expected_encoder, threads=threads, **kw)
+            if kind == "model":
+                return gate
+            c = choice(stage)
+            return TeacherGate(gate, c["teacher"], float(c["teacher_taus"][c["teacher"]]))
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -299,31 +313,14 @@ class Gate(GateTexts):
         and keeps no hit when none passes τ, unless ``floor="root"`` (then the top hit at depth 0).
         """
         tau, root_tau = self.thresholds(tau, root_tau)
-        max_keep = as_max_keep(max_keep)
+        max_keep, floor = as_max_keep(max_keep), check_floor(self.stage, floor)
         if self.stage == "read":
-            return self._select_hits(state, candidates, tau, root_tau, max_keep, as_floor(floor))
-        if floor is not None:
-            raise InputError(
-                "applies to a read controller only (a pre-retrieval controller keeps its top-1 when none passes τ)",
-                "floor",
-            )
+            return select_hits(state, candidates, self.predict, tau, root_tau, max_keep, floor, True, self.out_of_range)
         state, texts = as_decision(state, candidates)
         tau = threshold_at(state.depth, tau, root_tau)
         p, u = self.predict(state, texts)
         d = decide(p, tau, max_keep=max_keep)
         return Selection(d.kept, p, u, d.fallback, tau, self.out_of_range(state, len(texts)))
-
-    def _select_hits(self, state, hits, tau: float, root_tau, max_keep, floor) -> Selection:
-        """A read decision: the new hits scored in rank order, kept by ``decide`` without the top-1 fallback (with
-        it at the root frame when ``floor`` is ``"root"``); every index is the caller's."""
-        read = as_read_decision(state, hits)
-        tau = threshold_at(read.state.depth, tau, root_tau)
-        p, u = self.predict(read.state, read.texts)
-        d = decide(p, tau, max_keep=max_keep, fallback=floor == "root" and read.state.depth == 0)
-        p_all, u_all = np.full((2, read.n_hits), np.nan, np.float32)  # NaN: not scored (read before)
-        p_all[read.scored], u_all[read.scored] = p, u
-        kept, out_of_range = sorted(read.scored[i] for i in d.kept), self.out_of_range(read.state, len(read.texts))
-        return Selection(kept, p_all, u_all, d.fallback, tau, out_of_range, not_new=read.not_new)
 
     def run(
         self,
@@ -357,7 +354,7 @@ class Gate(GateTexts):
                 f"{self.path}: decision outside the training range ({seen}): clamped to it, named in "
                 "Selection.out_of_range (warned once per Gate)",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=_caller_level(),
             )
         return out
 

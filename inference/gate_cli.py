@@ -56,6 +56,7 @@ from branchgate.inference.inputs import (
 )
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 from branchgate.inference.model_file import read_stage
+from branchgate.inference.options import chosen_controller, controller_options
 
 NO_ROOT_TAU_IN_RUNS = "root_tau and a budgeted run do not combine (the run admits by its own price)"
 HIT_KEYS = ("hits", "items")  # a read decision's hit list: the first of these keys present
@@ -63,7 +64,7 @@ RUN_KEYS = ("run_id", "revisit", "budget_nodes", "budget_tokens", "defer", "cost
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="controller.onnx (or controller.int8.onnx, or their directory)")
+    controller_options(parser)  # --pre PATH or --read PATH (inference/options.py)
     parser.add_argument("--input", default="-", help="read from this file instead of stdin")
     parser.add_argument("--jsonl", action="store_true", help="one decision per input line, one answer per output line")
     parser.add_argument("--tau", type=float, default=None, help="keep threshold (default: the model's calibrated τ)")
@@ -270,6 +271,7 @@ def run(args) -> int:
     from branchgate.inference.gate import Gate
 
     _check_flags(args)
+    args.model = chosen_controller(args)
     objects = read_json(args.input, args.jsonl)
     stage = read_stage(args.model)  # from the file's metadata: which kind of decision the input holds
     if args.floor is not None and stage != "read":

@@ -184,7 +184,7 @@ class GateTexts:
 def padded_tokens(texts: Sequence[str], tokenizer, wordpiece, pad_id: int) -> dict[str, np.ndarray]:
     """``input_ids`` / ``attention_mask`` [N, longest] of ``texts`` (N ≥ 1), padded on the right with ``pad_id``:
     plain ASCII through ``wordpiece`` (``checked_wordpiece``, or None), the rest through ``tokenizer``.
-    The Gate's tokenising, and the dataset build's ONNX encoder's (``models.onnx_encoder``)."""
+    The Gate's tokenising, and the dataset build's ONNX encoder's (``export.onnx_encoder``)."""
     rows = [wordpiece.ids(t) for t in texts] if wordpiece is not None else [None] * len(texts)
     slow = [i for i, r in enumerate(rows) if r is None]
     if slow:  # encode_batch_fast (tokenizers ≥ 0.21) skips character offsets the Gate never reads

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from branchgate.errors import BranchgateError
 from branchgate.inference.metadata import controller_stage
+from branchgate.pretrained import is_pretrained, resolve
 
 METADATA_FIELD = 14
 MAX_ENTRY_BYTES = 16 << 20  # one metadata entry; a larger one is a crafted file, not a controller
@@ -20,9 +21,7 @@ MAX_ENTRY_BYTES = 16 << 20  # one metadata entry; a larger one is a crafted file
 def controller_path(path: str | Path) -> Path:
     """The controller file ``path`` names: the file itself, ``controller.onnx`` in a folder, or a packaged
     ``pretrained:NAME`` (``branchgate.pretrained``: the stage's shipped int8 file)."""
-    if isinstance(path, str) and path.startswith("pretrained:"):
-        from branchgate.pretrained import resolve
-
+    if is_pretrained(path):
         return resolve(path)[2]
     path = Path(path)
     if path.is_dir():

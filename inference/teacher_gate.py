@@ -24,15 +24,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from branchgate.decide import decide, threshold_at
-from branchgate.errors import BranchgateError, InputError
-from branchgate.inference.inputs import (
-    DecisionState,
-    as_decision,
-    as_floor,
-    as_max_keep,
-    as_read_decision,
-    as_tau,
-)
+from branchgate.errors import BranchgateError
+from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau
+from branchgate.inference.read_state import check_floor, select_hits
 from branchgate.inference.selection import Selection
 
 
@@ -97,29 +91,20 @@ class TeacherGate:
     ) -> Selection:
         """``Gate.select``'s inputs and answer, the teacher's scores in place of p_keep (module docstring)."""
         tau, root_tau = self.thresholds(tau, root_tau)
-        max_keep = as_max_keep(max_keep)
+        max_keep, floor = as_max_keep(max_keep), check_floor(self.stage, floor)
+        hib = self.teacher.higher_is_better
         if self.stage == "read":
-            read = as_read_decision(state, candidates)
-            t = threshold_at(read.state.depth, tau, root_tau)
-            s = self.scores(read.state, read.texts)
-            d = decide(
-                s,
-                t,
-                higher_is_better=self.teacher.higher_is_better,
-                max_keep=max_keep,
-                fallback=as_floor(floor) == "root" and read.state.depth == 0,
-            )
-            s_all = np.full(read.n_hits, np.nan, np.float32)
-            s_all[read.scored] = s
-            kept = sorted(read.scored[i] for i in d.kept)
-            return Selection(kept, s_all, s_all.copy(), d.fallback, t, [], not_new=read.not_new)
-        if floor is not None:
-            raise InputError("applies to a read controller only", "floor")
+            return select_hits(state, candidates, self._scored, tau, root_tau, max_keep, floor, hib)
         st, texts = as_decision(state, candidates)
         t = threshold_at(st.depth, tau, root_tau)
-        s = self.scores(st, texts)
-        d = decide(s, t, higher_is_better=self.teacher.higher_is_better, max_keep=max_keep)
+        s, _ = self._scored(st, texts)
+        d = decide(s, t, higher_is_better=hib, max_keep=max_keep)
         return Selection(d.kept, s, s.copy(), d.fallback, t, [])
+
+    def _scored(self, state: DecisionState, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The teacher's scores in the Gate's (p_keep, utility) place."""
+        s = self.scores(state, texts)
+        return s, s.copy()
 
     def score(self, x, state) -> np.ndarray:
         """The ``ValueModel`` protocol: the teacher's own score (the texts embedded by the tower)."""

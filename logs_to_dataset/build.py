@@ -52,7 +52,7 @@ embeddings, then their rows written to disk at once (``RowSpill``; in memory sta
 the few fields labelling and the manifest read, so memory is flat in the number of runs) and read back
 memory-mapped for the write. Embedding (``--embed``): ``onnx`` (default) through the encoder's fp32 ONNX text
 tower in ``--workers`` processes, checked against the torch encoder before the first text
-(``models/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
+(``export/onnx_encoder.py``); ``torch`` through sentence-transformers. Same vectors within 1e-6, same rows.
 
 (The read → label flow and its counting of what was skipped are one job; the manifest and messages are
 ``build_report.py``; the rows' storage and write are ``row_store.py``.)
@@ -72,7 +72,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from branchgate.data.dataset_schema import SPLITS, check_stage, features
+from branchgate.data.dataset_schema import SPLITS, check_stage, features, split_of
 from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir
 from branchgate.logs_to_dataset.build_report import (
@@ -89,7 +89,6 @@ from branchgate.logs_to_dataset.decision_points import (
     partial_reason,
     run_decisions,
     split_key,
-    split_of,
 )
 from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_info
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
@@ -172,7 +171,7 @@ def build(traces: list[str | Path], out: str | Path, **options) -> dict:
     either way they are counted in the manifest's ``partial_runs`` and a kept one gives a warning line.
 
     ``embed``: "onnx" (default) embeds through the encoder's exported fp32 text tower in ``workers`` processes
-    (default: the available cores), checked against the torch encoder first (``models.onnx_encoder``: same
+    (default: the available cores), checked against the torch encoder first (``export.onnx_encoder``: same
     vectors within 1e-6, else ``TowerParityError``); "torch" through sentence-transformers. An ``encoder_obj``
     is used as it is (and left open: an ``OnnxEncoder``'s workers are the caller's to ``close``). The
     manifest's ``embedder`` says which ran.
@@ -212,8 +211,8 @@ def run_build(settings: BuildSettings) -> dict:
 
 def check_settings(s: BuildSettings) -> None:
     """An ``InputError`` naming the option when one has no valid value (before any work)."""
+    from branchgate.export.onnx_encoder import EMBED_MODES
     from branchgate.models import teachers as T
-    from branchgate.models.onnx_encoder import EMBED_MODES
 
     if check_stage(s.stage) == "read":
         check_read_labels(s.labels)
@@ -278,7 +277,7 @@ class _Build:
         """The encoder's ``EmbeddingCache``, loaded on first use (a bad input fails before the slow load)."""
         if self.emb_cache is None:
             from branchgate.data.embedding_cache import EmbeddingCache
-            from branchgate.models.onnx_encoder import build_encoder
+            from branchgate.export.onnx_encoder import build_encoder
 
             s = self.s
             t = time.perf_counter()
@@ -460,7 +459,7 @@ class _Build:
         if s.stage == "read":
             manifest["read"] = {k: int(self.read_counts[k]) for k in READ_COUNTS}
         manifest["deferral"] = {k: int(self.deferral[k]) for k in DEFERRAL_COUNTS}
-        from branchgate.models.onnx_encoder import describe
+        from branchgate.export.onnx_encoder import describe
 
         manifest["embedder"] = describe(self.encoder)
         if partial["runs"] and s.partial_runs == "keep":

@@ -43,7 +43,6 @@ reach 6 candidates, 69 retained branches and 215 context items; DeepResearchGym'
 
 from __future__ import annotations
 
-import hashlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import islice
@@ -75,12 +74,6 @@ def partial_reason(events: list) -> str | None:
 
 
 SPLIT_BY = ("run", "question")  # dataset build --split-by
-
-
-def split_of(run_id: str) -> str:
-    """Stable split by run: sha256(run_id) mod 100 → <80 train, <90 validation, else test."""
-    bucket = int(hashlib.sha256(run_id.encode("utf-8")).hexdigest(), 16) % 100
-    return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
 def check_split_by(split_by: str) -> str:

@@ -77,7 +77,7 @@ def ray_run_build(
 
     ``num_actors`` (default: the settings' ``workers``, the CLI's ``--workers``): encoder actors (default: Ray's
     CPUs, at most 8), each embedding in one process the way the local build's ``embed`` says (``onnx``: the
-    exported tower, ``torch``: sentence-transformers; ``models/onnx_encoder.py``). ``work_dir``: where the Parquet
+    exported tower, ``torch``: sentence-transformers; ``export/onnx_encoder.py``). ``work_dir``: where the Parquet
     shards go (default: a temporary folder beside ``out``, removed afterwards). ``gpus_per_actor`` > 0: each
     encoder actor reserves that many GPUs and encodes on CUDA (``embed="torch"`` only; not covered by the CPU
     tests). The driver's encoder is the local build's (``onnx_encoder.build_encoder``), with one process: the
@@ -95,7 +95,7 @@ def ray_run_build(
     num_actors = num_actors or s.workers
     encoder_obj = s.encoder_obj
     if encoder_obj is None:
-        from branchgate.models.onnx_encoder import build_encoder
+        from branchgate.export.onnx_encoder import build_encoder
 
         encoder_obj = build_encoder(s.encoder, s.embed, 1)
     if not ray.is_initialized():
@@ -234,9 +234,8 @@ class _PoolEncoder:
 def _portable(encoder):
     """What an actor rebuilds the driver's encoder from: the ONNX tower's encoder, or a sentence-transformers
     encoder, by its spec (and window); anything else (an encoder object passed to ``build``) as itself."""
-    from branchgate.data.embedding_cache import LazyEncoder
-    from branchgate.models.encoder import Encoder
-    from branchgate.models.onnx_encoder import OnnxEncoder
+    from branchgate.export.onnx_encoder import OnnxEncoder
+    from branchgate.models.encoder import Encoder, LazyEncoder
 
     if isinstance(encoder, OnnxEncoder):
         kind, spec, kw = _portable(encoder.torch_encoder)
@@ -256,8 +255,8 @@ class _EncoderActor:
     def __init__(self, encoder, threads: int, batch_size: int, device: str = "cpu"):
         kind, obj, kw = encoder
         if kind == "onnx":  # one process, one onnxruntime thread (more actors rather than threads)
-            from branchgate.data.embedding_cache import LazyEncoder
-            from branchgate.models.onnx_encoder import OnnxEncoder
+            from branchgate.export.onnx_encoder import OnnxEncoder
+            from branchgate.models.encoder import LazyEncoder
 
             obj = OnnxEncoder(LazyEncoder(obj, **kw["load"]), workers=1, cache_dir=kw["cache_dir"])
         else:

@@ -38,6 +38,17 @@ BINARY_SNIFF = 8192
 
 
 @dataclass
+class Run:
+    """One run's canonical events, in ``seq`` order, and the file they came from (what a reader yields)."""
+
+    run_id: str
+    events: list[Event]
+    file: str
+    format: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Skipped:
     """A record that could not be read; reported, never silently dropped."""
 

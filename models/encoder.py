@@ -10,6 +10,7 @@ encoder actually used is what every manifest, checkpoint and ONNX file records.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import warnings
@@ -282,6 +283,58 @@ _POOLING_FLAGS = (
     ("pooling_mode_weightedmean_tokens", "weightedmean"),
     ("pooling_mode_lasttoken", "lasttoken"),
 )
+
+
+class LazyEncoder:
+    """An encoder resolved now (id, path) whose weights load only when a text must actually be encoded.
+
+    With a warm cache, training and evaluation never import sentence-transformers. ``dim`` and
+    ``max_length`` come from the model's sentence-transformers config files when present.
+    """
+
+    def __init__(self, spec, **load_kwargs):
+        self.spec, self.id, self._kwargs, self._encoder = spec, spec.id, load_kwargs, None
+
+    def load(self):
+        if self._encoder is None:
+            self._encoder = Encoder(self.spec, **self._kwargs)
+        return self._encoder
+
+    def unload(self) -> None:
+        """Drop the loaded weights (``export.onnx_encoder.OnnxEncoder`` needs them only for its parity check)."""
+        self._encoder = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    def _config(self, rel: str, key: str):
+        try:
+            return json.loads((Path(self.spec.path) / rel).read_text(encoding="utf-8"))[key]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def dim(self) -> int:
+        if self._encoder is None:
+            dim = (
+                self._config("1_Pooling/config.json", "word_embedding_dimension")  # sentence-transformers < 6
+                or self._config("1_Pooling/config.json", "embedding_dimension")
+            )
+            if dim:
+                return int(dim)
+        return self.load().dim
+
+    @property
+    def max_length(self) -> int:
+        if self._encoder is None and not self._kwargs.get("max_length"):
+            length = self._config("sentence_bert_config.json", "max_seq_length")
+            if length:
+                return int(length)
+        return self.load().max_length
+
+    def encode(self, texts, **kwargs):
+        return self.load().encode(texts, **kwargs)
 
 
 def pooling_modes(pooling) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from branchgate.inference.read_state import ReadState
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points
 from branchgate.pipeline.exact_costs import RunBudget, SynthBound
 from branchgate.pipeline.read_stage import ReadStage
@@ -83,10 +84,10 @@ class Expander(ReadStage):
         context: list,
         synth: SynthBound,
         children: bool = True,
-        reads: list | None = None,
+        reads: ReadState | None = None,
     ) -> Expansion:
-        """Candidate ``c``'s expansion against ``seen``/``context`` and the hits read so far, ``reads`` ((hit id,
-        hit text) pairs, oldest first; default: the run's) — nothing written, no state changed."""
+        """Candidate ``c``'s expansion against ``seen``/``context`` and the hits read so far, ``reads`` (default: the
+        run's) — nothing written, no state changed."""
         from branchgate.models.teachers import State
 
         env, led = self.env, r.led
@@ -395,7 +396,7 @@ class _Run:
     retained_branches: list = field(default_factory=list)
     context: list = field(default_factory=list)  # retained evidence, in admission order
     seen: set = field(default_factory=set)  # every passage admitted or pruned in this run (read-skipped ones are not)
-    reads: list = field(default_factory=list)  # (hit id, hit text) of the hits read, oldest first (newest READ_CONTEXT)
+    reads: ReadState = field(default_factory=ReadState)  # the hits read and the window a read decision sees
     pruned: set = field(default_factory=set)
     emitted: set = field(default_factory=set)
     protected: set = field(default_factory=set)  # never removed by post-retrieval or pre-synthesis pruning

@@ -1,10 +1,13 @@
 """The read stage of the reference pipeline (``--read``): which hits of a search to read, before any is read.
 
 After a candidate's search, the hits new to the run (``Expansion.offered``; protected passages are already seen)
-are shown to the read policy as a search engine shows them: title "" (the pipeline has none) and snippet = the
-first ``Config.snippet_words`` whitespace words of the passage; a hit's text is ``texts.hit_text("", snippet)``.
+are shown to the read policy as a search engine shows them (``ReadStage.hit``): in an environment of pages
+(``env build --unit page``) the page's title (its first line) and the opening ``Config.snippet_words`` words after
+it; else title "" and the first ``Config.snippet_words`` words of the passage; a hit's text is
+``texts.hit_text(title, snippet)``.
 The state: the root question, the searched sub-query and its goal, the depth of the candidate's frame, and the
-texts (and ids) of the hits read earlier in the run, oldest first (the newest ``READ_CONTEXT``: ``_Run.reads``).
+texts (and ids) of the hits read earlier in the run, oldest first: ``_Run.reads``, the run's
+``inference.read_state.ReadState`` (its window: the newest ``READ_WINDOW``), as the agents' hook and replay keep it.
 A skipped hit is not seen (a later search may offer it again), not processed, and costs no LLM tokens.
 
 ``ReadStage`` (a mixin of ``expand.Expander``) makes the choice (``_read_stage``) and writes it (``_write_reads``):
@@ -15,59 +18,51 @@ one ``results`` event (every hit retrieved, in rank order; ``hit_id`` = the pass
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from branchgate.inference.read_state import ReadState
+from branchgate.models.teachers import State
 from branchgate.pipeline.accounting import token_counts
 from branchgate.pipeline.stage_policies import Choice, ReadGatePolicy
-from branchgate.texts import hit_text, snippet
-
-if TYPE_CHECKING:
-    from branchgate.pipeline.expand import Expansion, _Run
-
-READ_CONTEXT = 128  # hits read a read decision sees (the newest)
+from branchgate.texts import hit_text, snippet, title_of
 
 
 class ReadStage:
     """The read stage's steps on one expansion (a mixin: ``run.Runner`` is the class; it has ``env``, ``cfg``,
     ``read`` = the read policy, ``items``, ``_rng`` and ``_log``)."""
 
-    def snippet(self, pi: int) -> str:
-        """Passage ``pi`` as a search hit's snippet: its first ``Config.snippet_words`` whitespace words."""
-        return snippet(self.env.texts[pi], self.cfg.snippet_words)
+    def hit(self, pi: int) -> tuple[str, str]:
+        """Passage ``pi`` as a search engine lists it, ``(title, snippet)``: a page's first line and the opening
+        ``Config.snippet_words`` words after it; a chunk's first ``Config.snippet_words`` words, no title."""
+        text = self.env.texts[pi]
+        if self.env.unit == "page":
+            return title_of(text), snippet(text.strip().partition("\n")[2], self.cfg.snippet_words)
+        return "", snippet(text, self.cfg.snippet_words)
 
-    def hits_read(self, e: Expansion) -> list[tuple[str, str]]:
-        """(hit id, hit text) of each hit expansion ``e`` reads, as the read stage's context keeps them."""
-        return [(self.env.ids[pi], hit_text("", self.snippet(pi))) for pi in e.new]
+    def hits_read(self, e) -> list[tuple[str, str]]:
+        """(hit id, hit text) of each hit expansion ``e`` (``expand.Expansion``) reads."""
+        return [(self.env.ids[pi], hit_text(*self.hit(pi))) for pi in e.new]
 
-    def _read_stage(self, r: _Run, fr: dict, cid: str, c, hits: list, offered: list, reads: list) -> Choice:
+    def _read_stage(self, r, fr: dict, cid: str, c, hits: list, offered: list, reads: ReadState) -> Choice:
         """The read stage's choice among a search's ``offered`` hits (kept = indices into ``offered``): every one
         with ``--read none``; else the read policy on their snippets, with the search's state (root question,
-        sub-query, goal, the depth of the candidate's frame) and the hits read before (``reads``)."""
+        sub-query, goal, the depth of the candidate's frame) and the hits read before (``reads``). ``r`` is the
+        run (``expand._Run``)."""
         n = len(offered)
         if not self.read.prunes or not offered:
             return Choice(list(range(n)), [None] * n, [None] * n)
-        from branchgate.models.teachers import State
-
         env, led = self.env, r.led
-        snippets = [self.snippet(pi) for pi in offered]
+        shown = [self.hit(pi) for pi in offered]
         with led.timed("read"):
             if isinstance(self.read, ReadGatePolicy):
                 rank = {pi: k for k, pi in enumerate(dict.fromkeys(hits))}
-                state = {
-                    "root_query": r.root,
-                    "query": c.query,
-                    "goal": c.goal,
-                    "read": [text for _, text in reads],
-                    "read_ids": [hid for hid, _ in reads],
-                    "depth": fr["depth"],
-                }
+                state = reads.state(c.query, c.goal, fr["depth"])
                 listed = [
-                    {"id": env.ids[pi], "title": "", "snippet": s, "rank": rank[pi]} for pi, s in zip(offered, snippets)
+                    {"id": env.ids[pi], "title": t, "snippet": s, "rank": rank[pi]}
+                    for pi, (t, s) in zip(offered, shown)
                 ]
                 choice = self.read.choose_hits(state, listed)
             else:
-                texts = [hit_text("", s) for s in snippets]
-                read_texts = [text for _, text in reads]
+                texts = [hit_text(t, s) for t, s in shown]
+                read_texts = reads.texts
                 state = State(
                     query=r.root_items,
                     context=self.items(read_texts, token_counts(read_texts), self.read, led),
@@ -81,17 +76,19 @@ class ReadStage:
         self._log("read", choice.scores)
         return choice
 
-    def _write_reads(self, r: _Run, e: Expansion) -> None:
+    def _write_reads(self, r, e) -> None:
         """The search's ``results`` event (every hit retrieved, in rank order, as a snippet) and one ``read`` event
-        per offered hit (read / skip, by the read policy's actor); counts them and remembers the hits read."""
+        per offered hit (read / skip, by the read policy's actor); counts them and remembers the hits read (``r``:
+        the run, ``expand._Run``; ``e``: the expansion, ``expand.Expansion``)."""
         env, w, choice = self.env, r.w, e.read_choice
         w(
             "results",
             candidate_id=e.cid,
             query=e.cand.query,
             hits=[
-                {"hit_id": env.ids[pi], "title": "", "snippet": self.snippet(pi), "rank": k, "url": None}
+                {"hit_id": env.ids[pi], "title": t, "snippet": s, "rank": k, "url": None}
                 for k, pi in enumerate(dict.fromkeys(e.hits))
+                for t, s in [self.hit(pi)]
             ],
         )
         kept = set(choice.kept)
@@ -111,7 +108,7 @@ class ReadStage:
         add_reads(r.reads, self.hits_read(e))
 
 
-def add_reads(reads: list, new: list) -> None:
-    """Append ``new`` (hit id, hit text) pairs to ``reads`` in place, keeping the newest ``READ_CONTEXT``."""
-    reads.extend(new)
-    del reads[: max(0, len(reads) - READ_CONTEXT)]
+def add_reads(reads: ReadState, new: list) -> None:
+    """Record ``new`` (hit id, hit text) pairs as read in ``reads``."""
+    for hit_id, text in new:
+        reads.add(hit_id, text)

@@ -43,6 +43,7 @@ import numpy as np
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError
+from branchgate.inference.read_state import ReadState
 from branchgate.pipeline import accounting, stage_policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
 from branchgate.pipeline.config import PROTECT, SHAPES, Config, _reference, check_snippet_words
@@ -160,6 +161,7 @@ class Runner(Expander):
             kp_set=set(query.kp_ids),
             synth=SynthBound(env, root),
             run_gate=run_gate,
+            reads=ReadState(root),
         )
         r.budget = RunBudget(limits[0], limits[1], led, r.synth)
         w(
@@ -317,7 +319,7 @@ class Runner(Expander):
         those the budget cannot afford are None (dropped, actor "budget")."""
         cands, budget = fr["cands"], r.budget
         plan: dict[int, Expansion | None] = {}
-        seen, context, synth, reads = set(r.seen), list(r.context), r.synth.copy(), list(r.reads)
+        seen, context, synth, reads = set(r.seen), list(r.context), r.synth.copy(), r.reads.copy()
         committed, expanded, changed = budget.committed(), budget.expanded, False
         for i in sorted(choice.kept):
             e = alone.get(i) if not changed else None

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+
+from branchgate.inference.options import deprecated_alias
 
 POLICY_HELP = (
     "none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
@@ -29,9 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--queries", default=None, metavar="FILE", help="query ids to run, one per line (or JSON lines with 'id')"
     )
-    parser.add_argument("--pre", default="none", metavar="SPEC", help=f"pre-retrieval policy: {POLICY_HELP}")
     parser.add_argument(
-        "--read",
+        "--pre-policy", dest="pre", default="none", metavar="SPEC", help=f"pre-retrieval policy: {POLICY_HELP}"
+    )
+    parser.add_argument(
+        "--read-policy",
+        dest="read",
         default="none",
         metavar="SPEC",
         help="read stage: which hits new to the run of each search's result list to read, seen as snippets "
@@ -48,11 +54,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a hit's snippet at the read stage: the first N words of its passage (default 20)",
     )
     parser.add_argument(
-        "--post", default="none", metavar="SPEC", help="post-retrieval policy (same syntax, no shallow)"
+        "--post-policy",
+        dest="post",
+        default="none",
+        metavar="SPEC",
+        help="post-retrieval policy (same syntax, no shallow)",
     )
     parser.add_argument(
-        "--synth", default="none", metavar="SPEC", help="pre-synthesis policy (same syntax, no shallow)"
+        "--synth-policy",
+        dest="synth",
+        default="none",
+        metavar="SPEC",
+        help="pre-synthesis policy (same syntax, no shallow)",
     )
+    for stage in ("pre", "read", "post", "synth"):  # the old spellings, kept for one release (inference/options.py)
+        deprecated_alias(parser, f"--{stage}", f"--{stage}-policy", stage)
     parser.add_argument(
         "--breadth", type=int, default=4, help="breadth at the first level; halves per level, floor 2 (default 4)"
     )
@@ -158,4 +174,42 @@ def run(args) -> int:
         f"tokens {m('tokens') / 1000:.1f}k, KPR {m('kpr'):.3f} (before synthesis {m('kpr_before_synthesis'):.3f}), "
         f"{reads}wall {m('wall_s'):.2f}s/run; expansions adding ≥1 key point: {s['frac_expansions_with_gain'] or 0:.1%}"
     )
+    for warning in stage_drops(s, {"pre": args.pre, "read": args.read, "post": args.post, "synth": args.synth}):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+# per stage: the summary's count of what the stage sees and of what it lets through
+STAGE_COUNTS = {
+    "pre": ("n_candidates", "n_expanded", "candidate sub-queries"),
+    "read": ("hits_offered", "hits_read", "hits"),
+    "post": ("n_evidence", "n_context", "passages read"),
+    "synth": ("n_context", "n_final", "context passages"),
+}
+
+
+def stage_drops(summary: dict, specs: dict[str, str], limit: float = 0.9) -> list[str]:
+    """A warning per stage whose policy runs at its default threshold (no threshold=, tau=, max_items= or budget
+    in its spec) and drops more than ``limit`` of what it sees: its default is likely the wrong knob here."""
+    out = []
+    for stage, spec in specs.items():
+        seen_key, kept_key, what = STAGE_COUNTS[stage]
+        if spec in ("", "none") or re.search(r"\b(threshold|tau|max_items|budget_nodes|budget_tokens)=", spec):
+            continue
+        if seen_key not in summary or kept_key not in summary or not summary[seen_key]["mean"]:
+            continue
+        seen, kept = summary[seen_key]["mean"], summary[kept_key]["mean"]
+        if 1 - kept / seen > limit:
+            out.append(
+                f"--{stage}-policy {spec} at its default threshold dropped {1 - kept / seen:.0%} of the {what} it saw "
+                f"({kept:.1f} of {seen:.1f} a run kept); give it its knob: {_knob(spec)}"
+            )
+    return out
+
+
+def _knob(spec: str) -> str:
+    """How to loosen ``spec``: a gate's τ, a teacher's threshold or keep-top-k."""
+    sep = "," if ":" in spec else ":"
+    if spec.startswith("gate:"):
+        return f"{spec}{sep}tau=T with T below the controller's τ"
+    return f"{spec}{sep}threshold=T or {spec}{sep}max_items=K"

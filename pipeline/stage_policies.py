@@ -31,7 +31,12 @@ from branchgate.pipeline.policy_spec import (
 )
 
 STAGES = ("pre_retrieval", "read", "post_retrieval", "pre_synthesis")
-FLAGS = {"pre_retrieval": "--pre", "read": "--read", "post_retrieval": "--post", "pre_synthesis": "--synth"}
+FLAGS = {
+    "pre_retrieval": "--pre-policy",
+    "read": "--read-policy",
+    "post_retrieval": "--post-policy",
+    "pre_synthesis": "--synth-policy",
+}
 READ_CONTROLLER = "read"  # ``Gate.stage`` of a read controller ("pre", or no ``stage``: a pre-retrieval one)
 
 
@@ -161,7 +166,7 @@ class ControllerPolicy(Policy):
     tau: float | None = None  # overrides the controller's τ
     actor: str = "controller:gate"
     prunes: bool = True
-    flag: str = "--pre"  # the option that gave the spec (error messages)
+    flag: str = "--pre-policy"  # the option that gave the spec (error messages)
     _gate: object = field(default=None, repr=False)
     reads: ClassVar[bool] = False  # decides result lists (a read controller)
 
@@ -257,7 +262,7 @@ class ReadGatePolicy(ControllerPolicy):
     ``Gate.select(state, hits, tau=, floor=)`` on each result list; reads the hits it keeps (possibly none)."""
 
     floor: str | None = None  # "root": read the top hit of a root-frame list when none passes τ
-    flag: str = "--read"
+    flag: str = "--read-policy"
     reads: ClassVar[bool] = True
 
     def choose_hits(self, state: dict, hits: list[dict]) -> Choice:
@@ -270,7 +275,7 @@ class ReadGatePolicy(ControllerPolicy):
         return Choice(sorted(int(i) for i in sel.kept), p, list(p))  # None: not scored (the Gate's not_new)
 
     def choose(self, x, state, stage, rng) -> Choice:
-        raise BranchgateError(f"--read {self.spec}: a read controller decides result lists only (choose_hits)")
+        raise BranchgateError(f"--read-policy {self.spec}: a read controller decides result lists only (choose_hits)")
 
 
 _GATES: dict[str, object] = {}  # one Gate per controller file and process: the τ points of a sweep share its embeddings
@@ -299,12 +304,12 @@ def _controller(path: str, spec: str, flag: str, read: bool):
     if read and stage != READ_CONTROLLER:
         raise BranchgateError(
             f"{flag} {spec}: {path} is a pre-retrieval controller (Gate.stage {stage!r}), not a read controller; "
-            "--read takes a controller trained on read decisions (stage 'read')"
+            "--read-policy takes a controller trained on read decisions (stage 'read')"
         )
     if not read and stage == READ_CONTROLLER:
         raise BranchgateError(
             f"{flag} {spec}: {path} is a read controller (Gate.stage 'read'): it decides which hits to read; "
-            "give it to --read"
+            "give it to --read-policy"
         )
     return gate
 
@@ -399,7 +404,9 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
     if name == "gate":
         path = arg
         if "floor" in opts:
-            raise BranchgateError(f"{flag} {spec}: floor=root is a read-stage setting (--read gate:PATH,floor=root)")
+            raise BranchgateError(
+                f"{flag} {spec}: floor=root is a read-stage setting (--read-policy gate:PATH,floor=root)"
+            )
         if not path:
             raise BranchgateError(
                 f"{flag} {spec}: expected gate:PATH[,tau=T][,root_tau=R][,greedy=1][,fallback=root]"
@@ -486,19 +493,19 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
 
 
 def _read_gate(path: str, opts: dict, spec: str) -> ReadGatePolicy:
-    """``--read gate:PATH[,tau=T][,floor=root]``: the read controller's policy (loaded on first use)."""
+    """``--read-policy gate:PATH[,tau=T][,floor=root]``: the read controller's policy (loaded on first use)."""
     if not path:
         raise BranchgateError(
-            f"--read {spec}: expected gate:PATH[,tau=T][,floor=root] (a read controller's controller.onnx "
+            f"--read-policy {spec}: expected gate:PATH[,tau=T][,floor=root] (a read controller's controller.onnx "
             "or its folder)"
         )
     other = [k for k in opts if k not in ("tau", "floor")]
     if other:
         raise BranchgateError(
-            f"--read {spec}: {', '.join(other)}: not a read-stage setting (the read controller takes tau=T "
+            f"--read-policy {spec}: {', '.join(other)}: not a read-stage setting (the read controller takes tau=T "
             "and floor=root)"
         )
     if opts.get("floor", "root") != "root":
-        raise BranchgateError(f"--read {spec}: floor must be root, got {opts['floor']!r}")
-    tau = _number_option(opts, "tau", "--read", spec) if opts.get("tau") else None
+        raise BranchgateError(f"--read-policy {spec}: floor must be root, got {opts['floor']!r}")
+    tau = _number_option(opts, "tau", "--read-policy", spec) if opts.get("tau") else None
     return ReadGatePolicy(path=path, spec=spec, tau=tau, floor=opts.get("floor"))

@@ -10,6 +10,8 @@ figures it was chosen on). Names:
 - ``pre-model`` / ``read-model``: the learned controller itself (a ``Gate``);
 - ``pre-teacher`` / ``read-teacher``: the teacher through the same keep rule (``inference.teacher_gate``), its
   texts embedded by the stage's own shipped text tower (no third copy of the tower).
+
+This package only names and finds the files (it imports nothing of the Gate); ``Gate.load`` loads them.
 """
 
 from __future__ import annotations
@@ -54,16 +56,3 @@ def resolve(name: str) -> tuple[str, str, Path]:
         raise InputError(f"the pretrained {stage} controller is not installed ({path} missing)", "model")
     return stage, kind or choice(stage)["default"], path
 
-
-def load(name: str, **kw):
-    """The pretrained controller ``name`` (``NAMES``): a ``Gate`` or a ``TeacherGate``; ``kw`` go to ``Gate.load``."""
-    from branchgate.inference.gate import Gate
-
-    stage, kind, path = resolve(name)
-    gate = Gate.load(path, **kw)
-    if kind == "model":
-        return gate
-    from branchgate.inference.teacher_gate import TeacherGate
-
-    c = choice(stage)
-    return TeacherGate(gate, c["teacher"], float(c["teacher_taus"][c["teacher"]]))

@@ -19,8 +19,8 @@ def logit(p) -> np.ndarray:
 
 
 def paired(d: np.ndarray, boot: int = 1000) -> tuple[float, float, float]:
-    """Mean of per-run differences and its 95% interval (``bench.stats.mean_ci``, the one bootstrap)."""
-    from branchgate.bench.stats import mean_ci
+    """Mean of per-run differences and its 95% interval (``training.stats.mean_ci``, the one bootstrap)."""
+    from branchgate.training.stats import mean_ci
 
     m = mean_ci(d, boot)
     return m["mean"], *m["ci95"]
@@ -76,7 +76,7 @@ class Tree:
 
 def gate_scores(checkpoint: str, dataset: str) -> dict:
     """``{(run_id, candidate_id): (p_keep, label, depth)}`` over every split of the dataset."""
-    from branchgate.bench.stats import controller_predictions
+    from branchgate.training.stats import controller_predictions
 
     return {
         (r, c): (float(x), int(y), int(d))
@@ -90,7 +90,7 @@ def unpruned(
 ) -> tuple[list, list[Tree], dict]:
     """The runs of ``runs_path`` (only those of ``split``, the first ``max_runs`` when > 0), their ``Tree`` and
     the gate's scores on ``dataset``, the decision dataset built from them; every candidate must have a row."""
-    from branchgate.logs_to_dataset.decision_points import split_of
+    from branchgate.data.dataset_schema import split_of
     from branchgate.logs_to_dataset.readers import read_runs
 
     runs = [r for r in read_runs([runs_path]) if split is None or split_of(r.run_id) == split][: max_runs or None]
@@ -157,9 +157,9 @@ def load_real(dataset: str, cache: str | None) -> Real:
     from datasets import concatenate_datasets
 
     from branchgate.data.decision_batches import load_decision_dataset
-    from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
+    from branchgate.data.embedding_cache import EmbeddingCache
     from branchgate.models import teachers as T
-    from branchgate.models.encoder import recorded_spec
+    from branchgate.models.encoder import LazyEncoder, recorded_spec
     from branchgate.texts import candidate_text
 
     dd, manifest = load_decision_dataset(dataset)
@@ -199,8 +199,8 @@ def compare(models: dict, y, runs, teachers: dict, reps: int = 5, boot: int = 10
     """Print each model's out-of-fold AUROC (mean ± sd over ``reps`` fold draws) and, for the first draw, its
     difference to the best teacher with a 95% bootstrap interval over runs. ``models``: ``{name: (x, C)}``
     or ``{name: (x, C, scaled)}`` (``out_of_fold``'s ``scaled``)."""
-    from branchgate.bench.stats import bootstrap_ci
     from branchgate.training.metrics import safe_auroc
+    from branchgate.training.stats import bootstrap_ci
 
     print(f"{len(y)} labelled decisions from {len(np.unique(runs))} runs, {y.mean():.1%} positive")
     best = max(teachers, key=lambda n: safe_auroc(y, teachers[n]))

@@ -5,7 +5,7 @@
 Collects the texts ``dataset build`` embeds for these runs (a build whose encoder only records them), then
 times, in this one process, on the same texts (after a warm-up):
 
-- the fp32 ONNX tower in one session with one thread (``models.onnx_encoder.embed_texts``): what one build
+- the fp32 ONNX tower in one session with one thread (``export.onnx_encoder.embed_texts``): what one build
   worker does;
 - the torch encoder (sentence-transformers) with 1 and ``--threads`` threads: the old path's embedding;
 - where the ONNX session spends its time (onnxruntime's profiler, share of node time per operator).
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
         simulate("sample", Config(encoder=a.encoder), work / "sim", runs=a.runs, progress=False)
         traces = work / "sim" / "traces"
     texts = build_texts(traces, a.encoder, work)
+    from branchgate.export.onnx_encoder import _runner, embed_texts, prepare_tower
     from branchgate.models.encoder import Encoder, resolve
-    from branchgate.models.onnx_encoder import _runner, embed_texts, prepare_tower
 
     enc = Encoder(resolve(a.encoder))
     tower = prepare_tower(enc)

@@ -112,7 +112,7 @@ def start_scores(start: str, dataset: str, rows, cache: str | None) -> np.ndarra
 def compare(dirs: list[str], names: list[str], start: str | None, boot: int, cache: str | None) -> dict:
     """Every ``train --folds`` output's pooled out-of-fold model score on the same rows, the teachers, the stack
     and (``start``) the unchanged start; AUROC per hit and per search, each − the best teacher (paired)."""
-    from branchgate.bench import stats
+    from branchgate.training import stats
     from branchgate.training.folds import oof_rows
 
     runs = []
@@ -162,7 +162,7 @@ def heldout(
     dataset: str, controllers: list[str], names: list[str], boot: int, start: str | None, cache: str | None
 ) -> dict:
     """Controllers trained on the dev queries, scored on every split of the held-out queries' dataset."""
-    from branchgate.bench import stats
+    from branchgate.training import stats
 
     base = None
     scorers = {}

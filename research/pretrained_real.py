@@ -5,7 +5,7 @@ Scores the shipped int8 controllers (``pretrained/<stage>/controller.int8.onnx``
 Gate's own path) on the rows of decision datasets built from the real Search-o1 traces, every split, against every
 teacher's column on the same rows (and the teacher gate, ``inference.teacher_gate``, whose texts the int8 tower
 embeds): AUROC per row (pre: per candidate sub-query; read: per hit, and per search), with each scorer's paired
-difference to the controller (``bench.stats.scorer_metrics``: bootstrap over runs, 1,000 resamples). With
+difference to the controller (``training.stats.scorer_metrics``: bootstrap over runs, 1,000 resamples). With
 ``--sample-pre`` / ``--sample-read`` also the in-domain figure: the bundled samples' held-out test split (split by
 question). ``--write-choice`` records in ``pretrained/<stage>/choice.json`` which of model and best teacher is the
 stage's default: the model only when its paired interval against the best teacher lies above zero.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench import stats
 from branchgate.inference.inputs import DecisionState
 from branchgate.texts import candidate_text
+from branchgate.training import stats
 
 SPLITS = ("train", "validation", "test")
 

@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from branchgate.bench import stats
 from branchgate.bench.gate_steps import real_table, with_rank
+from branchgate.training import stats
 
 SPLITS = ("train", "validation", "test")
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.bench import stats
 from branchgate.bench.gate_steps import real_table, with_rank
+from branchgate.training import stats
 from research.read_gate_real import SPLITS, show
 
 TEACHERS = ("mmr", "grn", "cd", "dpp", "sc", "lexical", "hybrid")

@@ -2,7 +2,7 @@
 
 A sequential agent's real decisions (Search-o1: one search per decision) are mostly first searches, made
 before there is any search state; there every relevance scorer ranks alike. This probe scores a controller on
-a real decision dataset and prints, per depth stratum (``bench.stats.DEPTH_STRATA``), the gate's and each
+a real decision dataset and prints, per depth stratum (``training.stats.DEPTH_STRATA``), the gate's and each
 teacher's AUROC, and two bounds on the pooled AUROC with the gate's depth-0 ranking kept:
 
 - *shift*: the best constant added to the gate's logit below the root (what any recalibration between the
@@ -49,8 +49,8 @@ def main() -> None:
     ap.add_argument("--dataset", required=True, help="a real decision dataset (all its splits are scored)")
     args = ap.parse_args()
 
-    from branchgate.bench.stats import DEPTH_STRATA, controller_rows
     from branchgate.training.metrics import safe_auroc
+    from branchgate.training.stats import DEPTH_STRATA, controller_rows
 
     rows = controller_rows(args.checkpoint, args.dataset, ("train", "validation", "test"))
     labels, gate = rows.labels, logit(rows.scorers["gate"])

@@ -5,7 +5,7 @@ for the pre-retrieval gate, ``OUT/read/<labels>/closed_loop`` for the read gate)
 (``OUT/closed_loop/seed0/none``). Replay predicts each closed-loop point from the unpruned runs alone, with the
 same controller at the same τ (``bench/replay.py``, the rules ``branchgate replay`` uses). This compares the two per
 point: mean tokens, KPR and searches a run, and the paired difference per query with a 95% bootstrap interval
-over queries (``bench.stats.bootstrap_ci``).
+over queries (``training.stats.bootstrap_ci``).
 
     python3 -m research.replay_agreement --bench OUT [--labels keypoints] [--out agreement.json]
 
@@ -27,9 +27,9 @@ import numpy as np
 
 from branchgate.bench.replay import ReplayRun, keypoint_value
 from branchgate.bench.replay_cli import pre_rule, read_rule
-from branchgate.bench.stats import bootstrap_ci
 from branchgate.inference.gate import Gate
 from branchgate.logs_to_dataset.readers import read_runs
+from branchgate.training.stats import bootstrap_ci
 
 POINT = re.compile(r"^(gate|read_gate)(@(tau|budget)=([0-9.]+))?$")
 

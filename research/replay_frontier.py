@@ -112,7 +112,7 @@ def main() -> int:
         "--split",
         default=None,
         choices=("train", "validation", "test"),
-        help="only the runs of this split (logs_to_dataset.decision_points.split_of)",
+        help="only the runs of this split (data.dataset_schema.split_of)",
     )
     args = ap.parse_args()
 

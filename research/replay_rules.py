@@ -188,7 +188,7 @@ def main() -> int:
         "--split",
         default=None,
         choices=("train", "validation", "test"),
-        help="only the runs of this split (logs_to_dataset.decision_points.split_of)",
+        help="only the runs of this split (data.dataset_schema.split_of)",
     )
     ap.add_argument(
         "--rules", nargs="*", default=None, help="fixed rules FAMILY:R,T,X (see above); default: every grid"

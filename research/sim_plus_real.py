@@ -60,9 +60,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="the fold assignment's seed")
     args = ap.parse_args()
 
-    from branchgate.bench import stats
     from branchgate.data.decision_batches import load_decision_dataset
     from branchgate.fileio import atomic_write_json
+    from branchgate.training import stats
     from branchgate.training.cli import resolve_config_names
     from branchgate.training.fit import train
 

@@ -205,7 +205,7 @@ def exported_read(encoder) -> dict:
 def runs_in_every_split(prefix: str, n_train: int = 2) -> list[str]:
     """Run ids that ``split_of`` sends to validation, to test and (``n_train`` of them) to train, in that order:
     a dataset built from one run each trains (it needs every split)."""
-    from branchgate.logs_to_dataset.decision_points import split_of
+    from branchgate.data.dataset_schema import split_of
 
     ids = [f"{prefix}-{i}" for i in range(200)]
     return [next(r for r in ids if split_of(r) == s) for s in ("validation", "test")] + [

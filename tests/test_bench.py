@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from branchgate.bench.closed_loop import interpolate
-from branchgate.bench.stats import bootstrap_ci
+from branchgate.training.stats import bootstrap_ci
 from branchgate.bench.steps import Steps
 from branchgate.cli import main
 from branchgate.models.teachers import NAMES
@@ -104,7 +104,7 @@ def _contains(d):
 def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
     """Issue 48 item 14, the issue's 30 / 10 bundled-sample bench: the eval queries' runs fill no validation split,
     which an eval-only dataset does not need."""
-    from branchgate.logs_to_dataset.decision_points import split_of
+    from branchgate.data.dataset_schema import split_of
     from branchgate.pipeline.config import Config
     from branchgate.pipeline.simulate import run_id_of
 

@@ -9,7 +9,6 @@ import pytest
 from branchgate.bench.closed_loop import curve_vs
 from branchgate.bench.read_report import targets
 from branchgate.bench.settings import gate_stages
-from branchgate.bench.stats import Rows, per_decision
 from branchgate.bench.sweeps import (
     BOTH_FAMILY,
     BOTH_REVERSE_FAMILY,
@@ -22,6 +21,7 @@ from branchgate.bench.sweeps import (
     read_gate_points,
 )
 from branchgate.errors import InputError
+from branchgate.training.stats import Rows, per_decision
 
 
 def test_read_gate_points_put_each_controller_in_its_own_stage():

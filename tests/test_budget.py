@@ -274,7 +274,7 @@ def _cli(monkeypatch, capsys, model, request, *extra):
 
     text = "\n".join(json.dumps(r) for r in request) if isinstance(request, list) else json.dumps(request)
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
-    rc = main(["gate", "--model", model, *extra, *(["--jsonl"] if isinstance(request, list) else [])])
+    rc = main(["gate", "--pre", model, *extra, *(["--jsonl"] if isinstance(request, list) else [])])
     out = capsys.readouterr()
     return rc, [json.loads(x) for x in out.out.splitlines()], out.err
 

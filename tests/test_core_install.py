@@ -130,7 +130,7 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
             cwd=tmp_path,
         )
 
-    proc = in_venv(cli, "gate", "--model", model, stdin=json.dumps(DECISION))
+    proc = in_venv(cli, "gate", "--pre", model, stdin=json.dumps(DECISION))
     assert proc.returncode == 0, proc.stderr[-2000:]
     answer = json.loads(proc.stdout)
     want = Gate.load(model).select(DECISION["state"], DECISION["candidates"])
@@ -138,7 +138,7 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
     np.testing.assert_allclose(answer["p_keep"], want.p_keep, atol=1e-5)
     assert len(answer["utility"]) == 3
 
-    bad = in_venv(cli, "gate", "--model", model, stdin='{"state": {}, "candidates": []}')
+    bad = in_venv(cli, "gate", "--pre", model, stdin='{"state": {}, "candidates": []}')
     assert bad.returncode == 2 and "state.root_query" in bad.stderr
     helped = in_venv(cli, "--help", timeout=120)
     assert helped.returncode == 0 and "gate" in helped.stdout
@@ -165,7 +165,7 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
         "replay",
         "--traces",
         traces / "traces",
-        "--model",
+        "--pre",
         "pretrained:pre",
         "--taus",
         "0.3",

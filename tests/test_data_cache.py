@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from branchgate.data.embedding_cache import EmbeddingCache, LazyEncoder
-from branchgate.models.encoder import resolve
+from branchgate.data.embedding_cache import EmbeddingCache
+from branchgate.models.encoder import LazyEncoder, resolve
 
 
 class Counting:

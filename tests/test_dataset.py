@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from branchgate.cli import main
-from branchgate.data.dataset_schema import columns
+from branchgate.data.dataset_schema import columns, split_of
 from branchgate.errors import InputError
 from branchgate.logs_to_dataset.build import NothingParsed, build
-from branchgate.logs_to_dataset.decision_points import run_decisions, split_of
+from branchgate.logs_to_dataset.decision_points import run_decisions
 from branchgate.logs_to_dataset.readers import read_runs
 from branchgate.logs_to_dataset.trace_schema import SchemaVersionError
 from branchgate.logs_to_dataset.traces import TraceWriter

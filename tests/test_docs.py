@@ -196,7 +196,7 @@ def _check(toks: list[str], i: int, known: dict, where: str, out: list[str]) -> 
 
 
 def path_problems(path: Path, root: Path = REPO) -> list[str]:
-    """Repository paths named in inline code (``scripts/split_queries.py``, ``bench/stats.bootstrap_ci``) that do
+    """Repository paths named in inline code (``scripts/split_queries.py``, ``training/stats.bootstrap_ci``) that do
     not exist. Placeholders (``NAME``, ``<step>``, ``*``) are skipped; ``folder/module.name`` may name a module's
     attribute."""
     tops = {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(("__", ".git"))}

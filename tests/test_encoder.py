@@ -70,8 +70,7 @@ def test_cls_pooled_controller_exports_and_gates_like_the_encoder(cls_encoder, t
 
 
 def test_a_model_saved_by_sentence_transformers_6_is_read_without_loading_it(encoder, tmp_path):
-    from branchgate.data.embedding_cache import LazyEncoder
-    from branchgate.models.encoder import resolve
+    from branchgate.models.encoder import LazyEncoder, resolve
 
     folder = pooled_copy(tmp_path / "st6", {"embedding_dimension": 384, "pooling_mode": "mean", "include_prompt": True})
     lazy = LazyEncoder(resolve(str(folder)))

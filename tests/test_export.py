@@ -157,7 +157,7 @@ def test_bench_gate_reports_all_three_latencies(encoder, tmp_path, capsys):
     rc = main(
         [
             "bench-gate",
-            "--model",
+            "--pre",
             report["files"]["fp32"],
             "--checkpoint",
             report["checkpoint"],

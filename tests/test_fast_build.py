@@ -1,4 +1,4 @@
-"""The dataset build's ONNX embedding path (models/onnx_encoder.py): the same dataset as the torch path, the
+"""The dataset build's ONNX embedding path (export/onnx_encoder.py): the same dataset as the torch path, the
 same vectors whatever the number of workers, a loud parity failure on a bad tower, runs read as a stream."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from branchgate.errors import BranchgateError
-from branchgate.logs_to_dataset.build import build
-from branchgate.models.onnx_encoder import (
+from branchgate.export.onnx_encoder import (
     PARITY_PROBES,
     PARITY_TOL,
     OnnxEncoder,
@@ -20,6 +19,7 @@ from branchgate.models.onnx_encoder import (
     prepare_tower,
     tower_dir,
 )
+from branchgate.logs_to_dataset.build import build
 
 FIX = Path(__file__).parent / "fixtures"
 TRACES = [FIX / "canonical", FIX / "searcho1", FIX / "gptr"]  # 7 runs of three formats, teacher-labelled
@@ -274,7 +274,7 @@ def test_rows_go_to_disk_as_they_are_built(encoder, torch_built, tmp_path, monke
 KILLED_PARENT = """
 import sys, time
 from branchgate.models.encoder import Encoder, resolve
-from branchgate.models.onnx_encoder import OnnxEncoder
+from branchgate.export.onnx_encoder import OnnxEncoder
 if __name__ == "__main__":  # the workers are spawned: they import this file
     enc = OnnxEncoder(Encoder(resolve("packaged")), workers=2, cache_dir=sys.argv[1])
     enc.encode(["a first text", "a second one"])

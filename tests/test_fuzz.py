@@ -21,8 +21,9 @@ from hypothesis import strategies as st  # noqa: E402 (after the importorskip ab
 from test_hardening import gptr_doc, logs, run_lines  # noqa: E402
 
 from branchgate.cli import main  # noqa: E402
+from branchgate.data.dataset_schema import split_of  # noqa: E402
 from branchgate.errors import BranchgateError, InputError  # noqa: E402
-from branchgate.logs_to_dataset.decision_points import partial_reason, run_decisions, split_of  # noqa: E402
+from branchgate.logs_to_dataset.decision_points import partial_reason, run_decisions  # noqa: E402
 from branchgate.logs_to_dataset.readers import read_runs  # noqa: E402
 from branchgate.logs_to_dataset.trace_schema import SchemaVersionError, parse_event, to_json  # noqa: E402
 from branchgate.logs_to_dataset.traces import ReadReport  # noqa: E402
@@ -274,7 +275,7 @@ def test_gate_select_only_named_errors_and_never_empty(gate, state, cands, tau, 
 )
 def test_gate_cli_stdin(model, monkeypatch, capsys, text):
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
-    rc = main(["gate", "--model", model, "--threads", "1"])
+    rc = main(["gate", "--pre", model, "--threads", "1"])
     out = capsys.readouterr()
     assert rc in (0, 2) and "Traceback" not in out.err
     if rc == 0:

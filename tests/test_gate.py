@@ -290,7 +290,7 @@ def test_tokenizer_must_match_the_model(model, tmp_path):
 # -- CLI ----------------------------------------------------------------------------------------------------
 def _gate_cli(monkeypatch, capsys, model, stdin: str, *extra):
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-    rc = main(["gate", "--model", model, *extra])
+    rc = main(["gate", "--pre", model, *extra])
     return rc, capsys.readouterr()
 
 

@@ -418,7 +418,7 @@ def test_gate_state_leaves_no_lock_file_beside_it(tmp_path, monkeypatch, capsys)
     folder.mkdir()
     request = {"run_id": "r1", "budget_nodes": 4, "state": state, "candidates": cands}
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(request)))
-    rc = main(["gate", "--model", "pretrained:pre-model", "--state", str(folder / "runs.json")])
+    rc = main(["gate", "--pre", "pretrained:pre-model", "--state", str(folder / "runs.json")])
     assert rc == 0, capsys.readouterr().err
     assert sorted(p.name for p in folder.iterdir()) == ["runs.json"]
     assert list((tmp_path / "cache" / "locks").glob("*.lock"))  # the lock lives in the cache folder

@@ -104,9 +104,9 @@ def test_unknown_name_lists_the_names():
 
 def test_gate_cli_pretrained_read(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"state": READ_STATE, "hits": HITS})))
-    assert main(["gate", "--model", "pretrained:read"]) == 0
+    assert main(["gate", "--read", "pretrained:read"]) == 0
     ans = json.loads(capsys.readouterr().out)
     assert ans["stage"] == "read" and ans["not_new"] == [0] and ans["p_keep"][0] is None and 0 not in ans["kept"]
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"state": PRE_STATE, "candidates": PRE_CANDS})))
-    assert main(["gate", "--model", "pretrained:nope"]) == 2
+    assert main(["gate", "--pre", "pretrained:nope"]) == 2
     assert "pre-model" in capsys.readouterr().err  # an unknown name: exit 2, the names listed

@@ -212,7 +212,7 @@ def test_pre_stage_selection_is_unchanged(pre_gate):
 # -- branchgate gate --------------------------------------------------------------------------------------
 def _gate_cli(monkeypatch, capsys, model, decision, *flags):
     monkeypatch.setattr(sys, "stdin", io.StringIO(decision if isinstance(decision, str) else json.dumps(decision)))
-    rc = main(["gate", "--model", model, *flags])
+    rc = main(["gate", "--read" if read_stage(model) == "read" else "--pre", model, *flags])
     out = capsys.readouterr()
     return rc, (json.loads(out.out) if rc == 0 else None), out.err
 
@@ -273,7 +273,7 @@ def test_bench_gate_times_a_ten_hit_read_decision(encoder, capsys, tmp_path):
     jobs = tmp_path / "reads.jsonl"  # two of them, to keep the test short
     jobs.write_text("".join(json.dumps({"state": s, "hits": h}) + "\n" for s, h in sample_read_decisions()[:2]))
     report = exported_read(encoder)
-    argv = ["bench-gate", "--model", report["files"]["fp32"], "--checkpoint", report["checkpoint"]]
+    argv = ["bench-gate", "--read", report["files"]["fp32"], "--checkpoint", report["checkpoint"]]
     assert main([*argv, "--decisions", str(jobs), "--reps", "1", "--threads", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["stage"] == "read" and res["decisions"] == 2
@@ -296,13 +296,13 @@ def test_evaluate_model_scores_what_evaluate_checkpoint_scores(encoder, tmp_path
     report = exported(encoder)
     rc, ckpt = _evaluate(tmp_path, "ckpt", "--checkpoint", report["checkpoint"], "--dataset", report["dataset"])
     assert rc == 0
-    rc, onnx = _evaluate(tmp_path, "onnx", "--model", report["files"]["fp32"], "--dataset", report["dataset"])
+    rc, onnx = _evaluate(tmp_path, "onnx", "--pre", report["files"]["fp32"], "--dataset", report["dataset"])
     assert rc == 0 and onnx["stage"] == "pre" and onnx["precision"] == "fp32" and onnx["tau_source"] == "model"
     assert onnx["auroc"] == pytest.approx(ckpt["auroc"], abs=1e-5)
     for key in ("keep_rate", "f1", "top1_accuracy", "tau"):
         assert onnx[key] == pytest.approx(ckpt[key], abs=1e-5), key
     assert onnx["n_rows"] == ckpt["n_rows"] and set(onnx["baselines"]) == set(ckpt["baselines"])
-    rc, q = _evaluate(tmp_path, "int8", "--model", report["files"]["int8"], "--dataset", report["dataset"])
+    rc, q = _evaluate(tmp_path, "int8", "--pre", report["files"]["int8"], "--dataset", report["dataset"])
     assert rc == 0 and q["precision"] == "int8" and q["auroc"] == pytest.approx(ckpt["auroc"], abs=0.02)
 
 
@@ -324,14 +324,14 @@ def _read_dataset(src: str, dst: Path) -> tuple[Path, dict]:
 
 def test_evaluate_model_checks_the_datasets_stage_and_encoder(encoder, tmp_path, capsys):
     pre, read = exported(encoder), exported_read(encoder)
-    rc, _ = _evaluate(tmp_path, "a", "--model", read["files"]["fp32"], "--dataset", pre["dataset"])
+    rc, _ = _evaluate(tmp_path, "a", "--read", read["files"]["fp32"], "--dataset", pre["dataset"])
     err = capsys.readouterr().err
     assert rc == 2 and "holds 'pre'-stage decisions" in err and "'read'-stage controller" in err
     read_ds, manifest = _read_dataset(pre["dataset"], tmp_path / "read_ds")
-    rc, metrics = _evaluate(tmp_path, "b", "--model", read["files"]["fp32"], "--dataset", str(read_ds))
+    rc, metrics = _evaluate(tmp_path, "b", "--read", read["files"]["fp32"], "--dataset", str(read_ds))
     assert rc == 0 and metrics["stage"] == "read" and metrics["auroc"] is not None
-    rc, _ = _evaluate(tmp_path, "c", "--model", pre["files"]["fp32"], "--dataset", str(read_ds))
+    rc, _ = _evaluate(tmp_path, "c", "--pre", pre["files"]["fp32"], "--dataset", str(read_ds))
     assert rc == 2 and "holds 'read'-stage decisions" in capsys.readouterr().err
     (read_ds / "manifest.json").write_text(json.dumps(dict(manifest, stage="read", encoder="other/encoder")))
-    rc, _ = _evaluate(tmp_path, "d", "--model", read["files"]["fp32"], "--dataset", str(read_ds))
+    rc, _ = _evaluate(tmp_path, "d", "--read", read["files"]["fp32"], "--dataset", str(read_ds))
     assert rc == 2 and "other/encoder" in capsys.readouterr().err

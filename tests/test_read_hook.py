@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from export_support import exported, exported_read
 
-from branchgate.inference.agents.read_hook import ReadStage, Search, as_hit
+from branchgate.inference.agents.read_hook import ReadHook, SearchCall, as_hit
 from branchgate.inference.agents.recorder import TraceRecorder
 from branchgate.inference.gate import Gate
 from branchgate.logs_to_dataset.read_points import run_read_points
@@ -14,7 +14,7 @@ from branchgate.logs_to_dataset.traces import TraceWriter, read_events
 from branchgate.texts import SNIPPET_WORDS
 
 
-class Hook(ReadStage, TraceRecorder):
+class Hook(ReadHook, TraceRecorder):
     def __init__(self, trace, read=None, **options):
         super().__init__(None, trace, root_query="Why do honeybee colonies collapse?")
         self._init_read(read, **options)
@@ -38,7 +38,7 @@ def test_a_result_becomes_a_hit_as_a_search_engine_shows_it():
 
 def test_record_only_reads_everything_and_records_it(tmp_path):
     hook = Hook(tmp_path / "t.jsonl")
-    out = hook.read_results(Search("f0.c0", "honeybee mites", "why", 1), RESULTS)
+    out = hook.read_results(SearchCall("f0.c0", "honeybee mites", "why", 1), RESULTS)
     assert out == RESULTS  # the agent's own behaviour
     eid = hook._evidence_id("the page text of the mites page", "https://a.example/mites")
     hook._end("ok")
@@ -56,8 +56,8 @@ def test_record_only_reads_everything_and_records_it(tmp_path):
 def test_a_read_controller_decides_and_a_url_read_before_is_not_read_again(tmp_path, encoder):
     gate = Gate.load(exported_read(encoder)["files"]["fp32"])
     hook = Hook(tmp_path / "t.jsonl", read=gate, read_tau=0.0)  # τ 0: every new hit is read
-    first = hook.read_results(Search("f0.c0", "honeybee mites", "", 0), RESULTS[:2])
-    again = hook.read_results(Search("f0.c1", "varroa", "", 0), RESULTS[:2])
+    first = hook.read_results(SearchCall("f0.c0", "honeybee mites", "", 0), RESULTS[:2])
+    again = hook.read_results(SearchCall("f0.c1", "varroa", "", 0), RESULTS[:2])
     assert first == RESULTS[:2] and again == []
     hook._close_writer()
     reads = [e for e in read_events(tmp_path / "t.jsonl", strict=True) if e.type == "read"]
@@ -82,7 +82,7 @@ class NoneRead:
 
 def test_when_nothing_passes_nothing_is_read_and_the_branch_ends():
     hook = Hook(None, read=NoneRead())
-    assert hook.read_results(Search("f0.c0", "honeybee mites"), RESULTS) == RESULTS[2:]  # only the unrecorded ones
+    assert hook.read_results(SearchCall("f0.c0", "honeybee mites"), RESULTS) == RESULTS[2:]  # only the unrecorded ones
     assert hook.counts["hits_skipped"] == 2 and hook.counts["hits_read"] == 0
 
 
@@ -97,7 +97,7 @@ def test_the_wrong_controller_is_refused_and_a_failing_gate_reads_everything(enc
             raise RuntimeError("boom")
 
     hook = Hook(None, read=Broken())
-    assert hook.read_results(Search("c", "q"), RESULTS) == RESULTS
+    assert hook.read_results(SearchCall("c", "q"), RESULTS) == RESULTS
     assert "the read gate failed" in caplog.text
 
 

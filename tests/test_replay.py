@@ -105,7 +105,7 @@ def test_replay_lands_near_the_closed_loop(tmp_path, unpruned, models, encoder, 
     """The controller at τ 0.5 run in the simulator vs replayed on the unpruned runs (the sample's 6 queries;
     measured on 12 sample runs: pre +0.1% of the tokens, read +0.3%, the same KPR)."""
     closed = logged(sim(tmp_path / "closed", encoder, **{stage: f"gate:{models[stage]},tau={TAU}"}))
-    flag = "--model" if stage == "pre" else "--read"
+    flag = "--pre" if stage == "pre" else "--read"
     report = replay_cli(tmp_path, "--traces", str(unpruned), flag, models[stage], "--taus", str(TAU))
     (point,) = report["points"]
     assert point["tokens"]["mean"] == pytest.approx(mean_of(closed, "tokens"), rel=0.05)
@@ -115,7 +115,7 @@ def test_replay_lands_near_the_closed_loop(tmp_path, unpruned, models, encoder, 
 
 
 def test_the_report_files_and_the_recommendation(tmp_path, unpruned, models):
-    report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9")
+    report = replay_cli(tmp_path, "--traces", str(unpruned), "--pre", models["pre"], "--taus", "0,0.3,0.9")
     assert {"stage", "models", "labels", "runs", "unpruned", "points", "recommended", "summary", "commit"} <= set(
         report
     )
@@ -133,7 +133,7 @@ def test_the_report_files_and_the_recommendation(tmp_path, unpruned, models):
     assert (out / "replay.png").stat().st_size > 1000
     assert "| τ 0.3 |" in (out / "replay.md").read_text()
     budget = replay_cli(
-        tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--taus", "0,0.3,0.9", "--budget", "0.7"
+        tmp_path, "--traces", str(unpruned), "--pre", models["pre"], "--taus", "0,0.3,0.9", "--budget", "0.7"
     )  # the same folder again: replay's own output is replaced
     assert budget["recommended"]["tau"] is None or budget["recommended"]["tokens_share"]["mean"] <= 0.7
 
@@ -143,7 +143,7 @@ def test_read_after_the_pre_controller_and_citation_labels(tmp_path, unpruned, m
         tmp_path,
         "--traces",
         str(unpruned),
-        "--model",
+        "--pre",
         models["pre"],
         "--read",
         models["read"],
@@ -180,7 +180,7 @@ def test_dataset_rows_as_the_value(tmp_path, unpruned, models, encoder):
         tmp_path,
         "--traces",
         str(unpruned),
-        "--model",
+        "--pre",
         models["pre"],
         "--dataset",
         str(tmp_path / "ds"),
@@ -212,17 +212,17 @@ def test_dataset_rows_as_the_value(tmp_path, unpruned, models, encoder):
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        ([], "--model"),
+        ([], "--pre"),
         (["--read", "PRE"], "--read"),
-        (["--model", "READ"], "--model"),
-        (["--model", "PRE", "--taus", "0.1,x"], "--taus"),
-        (["--model", "PRE", "--taus", "2"], "--taus"),
-        (["--model", "PRE", "--keep", "0"], "--keep"),
-        (["--model", "PRE", "--labels", "stars"], "--labels"),
-        (["--model", "PRE", "--labels", "rows"], "--labels"),
-        (["--model", "PRE", "--run-budgets", "0.3,1.5"], "--run-budgets"),
-        (["--model", "PRE", "--read", "READ", "--run-budgets", "0.3"], "--run-budgets"),
-        (["--model", "pretrained:pre", "--run-budgets", "0.3"], "--run-budgets"),
+        (["--pre", "READ"], "--pre"),
+        (["--pre", "PRE", "--taus", "0.1,x"], "--taus"),
+        (["--pre", "PRE", "--taus", "2"], "--taus"),
+        (["--pre", "PRE", "--keep", "0"], "--keep"),
+        (["--pre", "PRE", "--labels", "stars"], "--labels"),
+        (["--pre", "PRE", "--labels", "rows"], "--labels"),
+        (["--pre", "PRE", "--run-budgets", "0.3,1.5"], "--run-budgets"),
+        (["--pre", "PRE", "--read", "READ", "--run-budgets", "0.3"], "--run-budgets"),
+        (["--pre", "pretrained:pre", "--run-budgets", "0.3"], "--run-budgets"),
     ],
 )
 def test_bad_options_name_the_option(tmp_path, unpruned, models, capsys, args, option):
@@ -236,11 +236,11 @@ def test_a_foreign_folder_is_never_replaced_and_empty_logs_are_an_error(tmp_path
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    assert main(["replay", "--traces", str(unpruned), "--model", models["pre"], "--out", str(mine)]) == 2
+    assert main(["replay", "--traces", str(unpruned), "--pre", models["pre"], "--out", str(mine)]) == 2
     assert (mine / "notes.txt").read_text() == "keep me" and not (mine / "replay.json").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    code = main(["replay", "--traces", str(empty), "--model", models["pre"], "--out", str(tmp_path / "o")])
+    code = main(["replay", "--traces", str(empty), "--pre", models["pre"], "--out", str(tmp_path / "o")])
     assert code != 0
     assert str(empty) in capsys.readouterr().err
 
@@ -271,7 +271,7 @@ def test_runs_without_key_points_refuse_keypoint_labels(tmp_path, models, capsys
                 "replay",
                 "--traces",
                 str(path.parent),
-                "--model",
+                "--pre",
                 models["pre"],
                 "--labels",
                 "keypoints",
@@ -302,7 +302,7 @@ def test_teacher_labels_build_their_dataset_in_the_output_folder(tmp_path, unpru
 def test_run_budgets_replay_the_pre_controllers_run_gate(tmp_path, unpruned, models):
     """``--run-budgets``: each run's ``RunGate`` with that share of the run's unpruned tokens; a larger budget
     searches at least as much, and every point costs less than the unpruned replay."""
-    report = replay_cli(tmp_path, "--traces", str(unpruned), "--model", models["pre"], "--run-budgets", "0.2,0.6")
+    report = replay_cli(tmp_path, "--traces", str(unpruned), "--pre", models["pre"], "--run-budgets", "0.2,0.6")
     assert [p.get("run_budget") for p in report["points"]] == [0.2, 0.6]
     assert [p["name"] for p in report["points"]] == ["run budget 20%", "run budget 60%"]
     small, large = report["points"]
@@ -340,7 +340,7 @@ def test_judge_labels_against_a_stub_llm(tmp_path, models, chat_stub, monkeypatc
         tmp_path,
         "--traces",
         str(tmp_path / "run.jsonl"),
-        "--model",
+        "--pre",
         models["pre"],
         "--labels",
         "judge",
@@ -359,7 +359,7 @@ def test_judge_labels_against_a_stub_llm(tmp_path, models, chat_stub, monkeypatc
 
 
 def test_progress_bars_and_no_progress(tmp_path, unpruned, models, capsys):
-    args = ["replay", "--traces", str(unpruned), "--model", models["pre"], "--taus", "0.5", "--bootstrap", "10"]
+    args = ["replay", "--traces", str(unpruned), "--pre", models["pre"], "--taus", "0.5", "--bootstrap", "10"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert "replaying" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0
@@ -370,7 +370,7 @@ def test_progress_bars_and_no_progress(tmp_path, unpruned, models, capsys):
 def test_chain_shaped_logs_say_why_nothing_is_pruned(tmp_path, models, capsys):
     """One candidate per decision (a sequential agent): the pre controller always keeps it; the summary says so."""
     simulate("sample", Config(depth=2, shape="chain"), tmp_path / "chain", runs=2, progress=False)
-    report = replay_cli(tmp_path, "--traces", str(tmp_path / "chain" / "traces"), "--model", models["pre"])
+    report = replay_cli(tmp_path, "--traces", str(tmp_path / "chain" / "traces"), "--pre", models["pre"])
     dp = report["decision_points"]
     assert dp["frames"] == dp["single_candidate"] > 0
     assert all(p["tokens_share"]["mean"] == 1.0 for p in report["points"])

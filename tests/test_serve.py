@@ -231,7 +231,7 @@ def test_a_stage_without_a_controller_is_a_404_naming_the_stage(gates):
     _error(read_only.post("/v1/select", json={"state": STATE, "candidates": CANDS}), 404, "stage")
     _error(read_only.post("/v1/runs", json={}), 404, "stage")
     assert pre_only.get("/health").json()["stages"] == ["pre"]
-    with pytest.raises(Exception, match="--model"):
+    with pytest.raises(Exception, match="--pre"):
         create_app(pre=gates["read"])
 
 
@@ -357,7 +357,7 @@ def test_serve_command_builds_the_app_on_loopback_and_checks_stages(models, monk
         sockets[0].close()
 
     monkeypatch.setattr(uvicorn.Server, "run", served)
-    assert main(["serve", "--model", models["pre"], "--read", models["read"], "--threads", "1", "--port", "0"]) == 0
+    assert main(["serve", "--pre", models["pre"], "--read", models["read"], "--threads", "1", "--port", "0"]) == 0
     config, address = calls[0]
     assert address[0] == "127.0.0.1" and address[1] > 0 and config.port == address[1]
     assert TestClient(config.app).get("/health").json()["stages"] == ["pre", "read"]
@@ -366,8 +366,8 @@ def test_serve_command_builds_the_app_on_loopback_and_checks_stages(models, monk
     with caplog.at_level("WARNING", logger="branchgate.serve"):
         assert main(["serve", "--read", models["read"], "--host", "0.0.0.0", "--threads", "1", "--port", "0"]) == 0
     assert "without API keys" in caplog.text and calls[2][1][0] == "0.0.0.0"
-    assert main(["serve", "--model", models["read"]]) == 2
-    assert "--model" in capsys.readouterr().err
+    assert main(["serve", "--pre", models["read"]]) == 2
+    assert "--pre" in capsys.readouterr().err
     assert main(["serve"]) == 2 and main(["serve", "--pre", models["pre"], "--max-items", "0"]) == 2
     assert install_hint("fastapi") == "pip install 'branchgate[serve]'" and install_hint("torch").endswith("[train]'")
 

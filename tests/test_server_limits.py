@@ -149,7 +149,7 @@ def test_huge_numbers_in_a_run_gate_and_the_clis_state_file(tmp_path, monkeypatc
 
     def gate_cli(decision: str) -> int:
         monkeypatch.setattr(sys, "stdin", io.StringIO(decision))
-        return main(["gate", "--model", "pretrained:pre-model", "--state", str(state)])
+        return main(["gate", "--pre", "pretrained:pre-model", "--state", str(state)])
 
     assert gate_cli(json.dumps(first)) == 0
     saved = state.read_bytes()
@@ -168,7 +168,7 @@ def test_a_busy_port_is_a_usage_error_naming_the_port(capsys):
     taken.listen(1)
     try:
         port = taken.getsockname()[1]
-        assert main(["serve", "--model", "pretrained:pre", "--threads", "1", "--port", str(port)]) == 2
+        assert main(["serve", "--pre", "pretrained:pre", "--threads", "1", "--port", str(port)]) == 2
     finally:
         taken.close()
     err = capsys.readouterr().err
@@ -195,7 +195,7 @@ def test_requests_at_the_limits_keep_a_real_server_under_its_memory_bound_with_n
 
     bench = _bench()
     proc, url, lines = bench.start_server(
-        ["--model", "pretrained:pre-model", "--read", "pretrained:read-model", "--threads", "1", "--no-access-log"]
+        ["--pre", "pretrained:pre-model", "--read", "pretrained:read-model", "--threads", "1", "--no-access-log"]
     )
     try:
         bodies = []

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import argparse
 
+from branchgate.inference.options import chosen_controller, controller_options
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--checkpoint", default=None, help="trained controller: OUT/controller.safetensors from branchgate train"
     )
-    which.add_argument(
-        "--model",
-        default=None,
-        help="exported controller: controller.onnx or controller.int8.onnx from branchgate export (scored by the Gate)",
-    )
+    controller_options(parser, group=which)  # or an exported controller, scored by the Gate: --pre / --read PATH
     parser.add_argument("--dataset", required=True, help="decision dataset directory (branchgate dataset build)")
     parser.add_argument(
         "--out",
@@ -25,7 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache",
         default=None,
-        help="embedding cache file (default $BRANCHGATE_CACHE/embeddings.sqlite; not used with --model)",
+        help="embedding cache file (default $BRANCHGATE_CACHE/embeddings.sqlite; not used with --pre/--read)",
     )
     parser.add_argument(
         "--recalibrate",
@@ -36,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-rate", type=float, default=None, help="target keep rate for --recalibrate keep_rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random baseline")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads, or the Gate's with --model (0 = the default)"
+        "--threads", type=int, default=1, help="torch CPU threads, or the Gate's with --pre/--read (0 = the default)"
     )
 
 
@@ -51,7 +49,7 @@ def run(args) -> int:
 
     threads = as_threads(args.threads or None, "--threads")  # 0: the default; else 1 to 4 per core
     check_keep_rate(args.recalibrate, args.keep_rate)
-    controller = controller_path(args.model) if args.model else Path(args.checkpoint)
+    controller = controller_path(chosen_controller(args)) if args.model else Path(args.checkpoint)
     out = args.out or str(controller.resolve().parent / "eval")
     options = {"recalibrate": args.recalibrate, "keep_rate": args.keep_rate, "seed": args.seed}
     if args.model:

@@ -75,7 +75,7 @@ import re
 from dataclasses import dataclass, field
 
 from branchgate.inference.agents.gptr_patches import ResearchPatches
-from branchgate.inference.agents.read_hook import ReadStage, Search
+from branchgate.inference.agents.read_hook import ReadHook, SearchCall
 from branchgate.inference.agents.recorder import TraceRecorder, sha256
 from branchgate.inference.inputs import DecisionState
 from branchgate.texts import candidate_text
@@ -103,7 +103,7 @@ class _Frame:
     own_searches: int = 0  # a plan frame's searches of no candidate (the query GPT-Researcher adds)
 
 
-class ResearchHook(ResearchPatches, ReadStage, TraceRecorder):
+class ResearchHook(ResearchPatches, ReadHook, TraceRecorder):
     """Gating + recording for one GPTResearcher (either mode) or one ``DeepResearchSkill`` (see the module
     docstring; what it patches and the wrappers it installs: ``gptr_patches.ResearchPatches``)."""
 
@@ -201,7 +201,7 @@ class ResearchHook(ResearchPatches, ReadStage, TraceRecorder):
             cand["done"] = True
             self._retrieval(cand["id"], q, ids)
 
-    def _search_of(self, conductor, query: str) -> Search:
+    def _search_of(self, conductor, query: str) -> SearchCall:
         """The branch one search call of ``conductor`` belongs to: the kept candidate of its gated plan with this
         query (the first not searched yet), else the plan's own search (the query GPT-Researcher adds to every
         plan), else a search outside any gated plan (its results are recorded, no read point is built)."""
@@ -209,14 +209,14 @@ class ResearchHook(ResearchPatches, ReadStage, TraceRecorder):
         frame = self._plans.get(id(conductor))
         with self._lock:
             if frame is None:
-                return Search(f"unplanned:{sha256(q)[:10]}", q)
+                return SearchCall(f"unplanned:{sha256(q)[:10]}", q)
             same = [c for c in frame.candidates if c["kept"] and c["query"] == q]
             cand = next((c for c in same if not c.get("searched")), same[-1] if same else None)
             if cand is not None:
                 cand["searched"] = True
-                return Search(cand["id"], q, cand["goal"], frame.depth)
+                return SearchCall(cand["id"], q, cand["goal"], frame.depth)
             frame.own_searches += 1
-            return Search(f"{frame.frame_id}.own{frame.own_searches}", q, "", frame.depth, frame.frame_id)
+            return SearchCall(f"{frame.frame_id}.own{frame.own_searches}", q, "", frame.depth, frame.frame_id)
 
     # -- frames and decisions ----------------------------------------------------------------------------
     def _open(self, query: str, branch: str | None = None) -> _Frame:

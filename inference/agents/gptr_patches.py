@@ -5,7 +5,7 @@ lists, recorded research results, deferred sub-queries researched at the end); `
 the research conductor class's ``plan_research`` and ``_process_sub_query`` through the active hook, once
 per process, and ``_search_relevant_source_urls`` through the read stage: each retriever class of the
 researcher is swapped for a subclass of itself (``read_gated``, once per class) whose ``search`` hands its
-results to the hook's read gate (``read_hook.ReadStage.read_results``) before GPT-Researcher splits them into
+results to the hook's read gate (``read_hook.ReadHook.read_results``) before GPT-Researcher splits them into
 pages to scrape and content already fetched. The subclass keeps the class's name (GPT-Researcher tells MCP
 retrievers apart by it) and is inert outside a hooked search (a context variable, which ``asyncio.to_thread``
 carries into the retriever's thread).
@@ -22,7 +22,7 @@ from branchgate.texts import candidate_text
 log = logging.getLogger("branchgate.inference.agents.gpt_researcher")  # one logger name for the hook's messages
 
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_hook", default=None)
-_SEARCH: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_search", default=None)  # (hook, Search)
+_SEARCH: contextvars.ContextVar = contextvars.ContextVar("branchgate_gptr_search", default=None)  # (hook, SearchCall)
 _PATCHED: dict[type, dict] = {}  # research conductor class → its own plan_research / _process_sub_query / search
 _GATED: dict[type, type] = {}  # retriever class → its read-gated subclass
 

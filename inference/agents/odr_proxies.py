@@ -1,21 +1,17 @@
 """The stand-ins the open_deep_research hook (``inference/agents/open_deep_research.py``) installs for the package's
 ``configurable_model`` (``_ModelProxy``: its ``bind_tools`` results are gated by ``GatedToolCalls``) and
 ``researcher_subgraph`` (``_SubgraphProxy``: each ``ainvoke`` is one researcher run). Everything else they
-are asked for passes through to what they stand in for.
+are asked for passes through to what they stand in for. ``hook`` is the ``OpenDeepResearchHook`` that installed
+them (not imported here: that module imports this one).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from branchgate.inference.agents.open_deep_research import OpenDeepResearchHook
 
 
 class _ModelProxy:
     """Stands in for the package's ``configurable_model``: ``bind_tools`` results are gated."""
 
-    def __init__(self, model, hook: OpenDeepResearchHook):
+    def __init__(self, model, hook):
         self._model, self._branchgate_hook = model, hook
 
     def bind_tools(self, tools, **kwargs):
@@ -28,7 +24,7 @@ class _ModelProxy:
 class _SubgraphProxy:
     """Stands in for ``researcher_subgraph``: each ``ainvoke`` is one researcher run."""
 
-    def __init__(self, graph, hook: OpenDeepResearchHook):
+    def __init__(self, graph, hook):
         self._graph, self._branchgate_hook = graph, hook
 
     async def ainvoke(self, input, config=None, **kwargs):

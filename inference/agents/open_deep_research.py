@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 
 from branchgate.inference.agents.odr_messages import _edited, _first_human, _package_version, _queries, _setting
 from branchgate.inference.agents.odr_proxies import _ModelProxy, _SubgraphProxy
-from branchgate.inference.agents.read_hook import ReadStage, Search
+from branchgate.inference.agents.read_hook import ReadHook, SearchCall
 from branchgate.inference.agents.recorder import TraceRecorder, sha256
 from branchgate.inference.inputs import DecisionState
 from branchgate.texts import candidate_text
@@ -110,7 +110,7 @@ class _Branch:
     evidence: list[tuple[str, int]] = field(default_factory=list)  # (evidence id, tokens) its searches found
 
 
-class OpenDeepResearchHook(ReadStage, TraceRecorder):
+class OpenDeepResearchHook(ReadHook, TraceRecorder):
     """Gating + recording for open_deep_research runs (see the module docstring)."""
 
     def __init__(
@@ -405,10 +405,10 @@ class OpenDeepResearchHook(ReadStage, TraceRecorder):
             )
             if found is None:
                 self.counts["unmatched_queries"] += 1
-                search = Search(f"unmatched:{sha256(str(query))[:10]}", str(query))
+                search = SearchCall(f"unmatched:{sha256(str(query))[:10]}", str(query))
             else:
                 found[1]["retrieved"] = True
-                search = Search(found[1]["id"], str(query), "", found[0].depth)
+                search = SearchCall(found[1]["id"], str(query), "", found[0].depth)
             if isinstance(response, dict) and isinstance(response.get("results"), list):
                 response = {**response, "results": self.read_results(search, response["results"])}
             out.append(response)

@@ -3,7 +3,7 @@
 The GPT-Researcher hook (``gptr_patches``: each retriever's results in ``_search_relevant_source_urls``) and the
 open_deep_research hook (``open_deep_research.py``: Tavily's results before ``summarize_webpage``) hand every
 search's results here after the search call returns and before any page is fetched, scraped or summarised.
-``ReadStage`` is a mixin of ``recorder.TraceRecorder``:
+``ReadHook`` is a mixin of ``recorder.TraceRecorder``:
 
 - Each result becomes a hit (``as_hit``): id = its URL (``href``, else ``url``); title and snippet by
   ``texts.hit_of`` from its ``title`` and its text (``body`` / ``snippet`` / ``content`` / ``raw_content``, the
@@ -31,7 +31,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from branchgate.logs_to_dataset.decision_points import MAX_RETAINED
+from branchgate.inference.read_state import ReadState
 from branchgate.texts import hit_of, hit_text
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ READ_COUNTS = ("searches", "hits", "hits_read", "hits_skipped")
 
 
 @dataclass(frozen=True)
-class Search:
+class SearchCall:
     """Which branch one search call belongs to: the searched candidate's id, its query and goal, the depth of its
     frame; ``frame_id`` for the agent's own search, which no candidate stands for (``trace_schema.Results``)."""
 
@@ -64,7 +64,7 @@ def as_hit(result, rank: int) -> dict | None:
     return hit if url and (title or text) else None
 
 
-class ReadStage:
+class ReadHook:
     """The read gate and its events for an agent hook (see the module docstring)."""
 
     def _init_read(self, read=None, read_tau: float | None = None, read_floor: str | None = None) -> None:
@@ -74,15 +74,19 @@ class ReadStage:
                 f"{getattr(read, 'stage', type(read).__name__)} controller"
             )
         self.read_gate, self.read_tau, self.read_floor = read, read_tau, read_floor
-        self.read_urls: dict[str, None] = {}  # URLs read in this run, in the order first read
-        self._read_texts: list[str] = []  # their hit texts, oldest first (the read state's ``read``)
+        self.reads = ReadState()  # the URLs read in this run and the window of their texts (``read_state``)
         self.counts.update(dict.fromkeys(READ_COUNTS, 0))
+
+    @property
+    def read_urls(self) -> dict[str, None]:
+        """The URLs read in this run, in the order first read."""
+        return self.reads.read_ids
 
     @property
     def read_name(self) -> str:
         return f"controller:{getattr(self.read_gate, 'name', 'read')}"
 
-    def read_results(self, search: Search, results: Sequence) -> list:
+    def read_results(self, search: SearchCall, results: Sequence) -> list:
         """The results of ``search`` to pass on, in their order (see the module docstring); recording and gating
         never break the agent: if either fails, every result is passed on and the failure is logged."""
         results = list(results or [])
@@ -93,7 +97,7 @@ class ReadStage:
             log.exception("branchgate: the read gate failed on the results of %r; all are read", search.query)
             return results
 
-    def _read_decision(self, search: Search, results: list) -> list:
+    def _read_decision(self, search: SearchCall, results: list) -> list:
         hits: dict[int, dict] = {}  # index in ``results`` → hit, for the results that are hits
         ids: set[str] = set()  # their URLs: a URL repeated in one list is one hit (the first)
         for i, r in enumerate(results):
@@ -104,7 +108,9 @@ class ReadStage:
         if not hits:
             return results
         self._start()
-        seen = {i for i, h in hits.items() if h["id"] in self.read_urls}
+        index = list(hits)
+        new = {index[k] for k in self.reads.new(h["id"] for h in hits.values())}
+        seen = set(hits) - new
         if self.read_gate is None:
             read, p_keep = set(hits), {}
         else:
@@ -118,27 +124,21 @@ class ReadStage:
             actor = "seen" if i in seen and action == "skip" else self.read_name if self.read_gate else "default"
             p = p_keep.get(i)
             self._write("read", candidate_id=cid, hit_id=hit["id"], action=action, actor=actor, score=p, p_keep=p)
-            if action == "read" and hit["id"] not in self.read_urls:
-                self.read_urls[hit["id"]] = None
-                self._read_texts.append(hit_text(hit["title"], hit["snippet"]))
+            if action == "read":
+                self.reads.add(hit["id"], hit_text(hit["title"], hit["snippet"]))
         self.counts["searches"] += 1
         self.counts["hits"] += len(hits)
         self.counts["hits_read"] += len(read)
         self.counts["hits_skipped"] += len(hits) - len(read)
         return [r for i, r in enumerate(results) if i not in hits or i in read]
 
-    def _read_select(self, search: Search, new: dict[int, dict]) -> tuple[set[int], dict[int, float]]:
+    def _read_select(self, search: SearchCall, new: dict[int, dict]) -> tuple[set[int], dict[int, float]]:
         """The read controller's choice among the new hits (index → hit): the indices it reads, and each one's
         p_keep."""
         if not new:
             return set(), {}
-        state = {
-            "root_query": self.root_query,
-            "query": search.query,
-            "goal": search.goal,
-            "read": self._read_texts[-MAX_RETAINED:],
-            "depth": search.depth,
-        }
+        self.reads.root_query = self.root_query
+        state = self.reads.state(search.query, search.goal, search.depth)
         index = list(new)
         sel = self.read_gate.select(state, list(new.values()), tau=self.read_tau, floor=self.read_floor)
         return {index[k] for k in sel.kept}, {i: float(p) for i, p in zip(index, sel.p_keep)}

@@ -16,7 +16,7 @@ first decision that finds the budget exhausted writes a ``raw`` event ``budget:e
 retrieval reports its tokens (the evidence it brought in that no earlier retrieval did, in the recorder's
 token measure: words) to the budget.
 
-The read stage (which results of a search to read) is ``read_hook.ReadStage``, a mixin beside this class; a piece
+The read stage (which results of a search to read) is ``read_hook.ReadHook``, a mixin beside this class; a piece
 of evidence from a URL the read stage read carries that hit's id (``hit_id``).
 """
 

@@ -326,7 +326,7 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
 
     if pre is None and read is None:
         raise InputError("give a pre-retrieval controller, a read controller or both", "--model/--read")
-    for name, flag, gate in (("pre", "--model", pre), ("read", "--read", read)):
+    for name, flag, gate in (("pre", "--pre", pre), ("read", "--read", read)):
         if gate is not None and gate.stage != name:
             raise InputError(f"{gate.path} is a {gate.stage} controller (metadata stage={gate.stage})", flag)
     limits = limits or Limits()

@@ -1,14 +1,15 @@
 """`branchgate serve`: serve a pre-retrieval and/or a read controller over HTTP/JSON (``inference/server/app.py``).
 
-    branchgate serve --model PRE.onnx --read READ.onnx [--host 127.0.0.1] [--port 8000] [--store sqlite:runs.db]
+    branchgate serve --pre PRE.onnx --read READ.onnx [--host 127.0.0.1] [--port 8000] [--store sqlite:runs.db]
 
-``--model`` is the pre-retrieval controller, as in the other commands (``--pre`` is its old name, kept for one
-release). Needs the ``serve`` extra (``pip install 'branchgate[serve]'``: FastAPI, uvicorn and Swagger UI's
-files), imported only when the command runs. The default host is 127.0.0.1; another host (``0.0.0.0`` to be
-reachable from other machines) is allowed with a warning unless API keys are required (``--api-keys FILE`` or
-``BRANCHGATE_API_KEYS``). The socket is bound here, before uvicorn starts: a busy port is a usage error (exit 2).
-With ``--workers N`` (N > 1) every worker loads the controllers and shares the runs through ``--store`` (SQLite or
-Redis); the options reach the workers in ``BRANCHGATE_SERVE_OPTIONS`` (``app_from_env``).
+``--pre`` is the pre-retrieval controller and ``--read`` the read controller, as in every command
+(``inference/options.py``; ``--model`` is a deprecated spelling of ``--pre``, kept for one release). Needs the
+``serve`` extra (``pip install 'branchgate[serve]'``: FastAPI, uvicorn and Swagger UI's files), imported only when
+the command runs. The default host is 127.0.0.1; another host (``0.0.0.0`` to be reachable from other machines) is
+allowed with a warning unless API keys are required (``--api-keys FILE`` or ``BRANCHGATE_API_KEYS``). The socket is
+bound here, before uvicorn starts: a busy port is a usage error (exit 2). With ``--workers N`` (N > 1) every worker
+loads the controllers and shares the runs through ``--store`` (SQLite or Redis); the options reach the workers in
+``BRANCHGATE_SERVE_OPTIONS`` (``app_from_env``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import socket
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.inference.options import HELP, deprecated_alias
 
 log = logging.getLogger("branchgate.serve")
 LOOPBACK_NAMES = ("localhost",)
@@ -35,10 +37,9 @@ LIMIT_FLAGS = ("max_body_bytes", "max_items", "max_runs", "max_request_tokens", 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", "--pre", dest="model", default=None, help="pre-retrieval controller (--pre: its old name)"
-    )
-    parser.add_argument("--read", default=None, help="read controller (metadata stage=read)")
+    parser.add_argument("--pre", dest="model", default=None, metavar="PATH", help=HELP["pre"])
+    deprecated_alias(parser, "--model", "--pre", "model")  # inference/options.py: the same names in every command
+    parser.add_argument("--read", default=None, metavar="PATH", help=HELP["read"])
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other is warned about)"
     )
@@ -129,10 +130,10 @@ def load_gates(args) -> dict:
     from branchgate.inference.model_file import read_stage
 
     if args.model is None and args.read is None:
-        raise InputError("give --model PRE.onnx, --read READ.onnx or both", "--model/--read")
+        raise InputError("give --pre PRE.onnx, --read READ.onnx or both", "--pre/--read")
     threads = as_threads(args.threads, "--threads")
     gates = {}
-    for stage, flag, path in (("pre", "--model", args.model), ("read", "--read", args.read)):
+    for stage, flag, path in (("pre", "--pre", args.model), ("read", "--read", args.read)):
         found = None if path is None else read_stage(path)
         if found not in (None, stage):
             raise InputError(f"{path} is a {found} controller (metadata stage), not a {stage} one", flag)

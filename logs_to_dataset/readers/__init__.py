@@ -1,6 +1,6 @@
 """Readers: turn agent log files into canonical runs, one registered reader per log format.
 
-A reader is a class registered with ``@register("name")`` that has
+A reader is a class in ``READERS`` (its ``name`` is its format) that has
 
 - ``detect(path: Path) -> bool`` — does this *file* look like my format (cheap: name, a peek);
 - ``read(path: Path, strict: bool, report: ReadReport) -> Iterator[Run]`` — the canonical events of
@@ -20,37 +20,20 @@ OTLP JSON, Phoenix span exports).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.trace_schema import Event
-from branchgate.logs_to_dataset.traces import ReadReport
+from branchgate.logs_to_dataset.readers.canonical import CanonicalReader
+from branchgate.logs_to_dataset.readers.gptr import GPTResearcherReader
+from branchgate.logs_to_dataset.readers.openinference import OpenInferenceReader
+from branchgate.logs_to_dataset.readers.searcho1 import SearchO1Reader
+from branchgate.logs_to_dataset.traces import ReadReport, Run  # noqa: F401  (Run: importable from here)
 
-READERS: dict[str, object] = {}
-
-
-@dataclass
-class Run:
-    """One run's canonical events, in ``seq`` order, and the file they came from."""
-
-    run_id: str
-    events: list[Event]
-    file: str
-    format: str = ""
-    warnings: list[str] = field(default_factory=list)
-
-
-def register(name: str):
-    """Class decorator: register a reader under ``name`` (detection order = registration order)."""
-
-    def deco(cls):
-        reader = cls()
-        reader.name = name
-        READERS[name] = reader
-        return cls
-
-    return deco
+# Detection order: openinference first (its span files are JSON lines that would otherwise pass for canonical
+# traces), then the rest.
+READERS: dict[str, object] = {
+    r.name: r for r in (OpenInferenceReader(), CanonicalReader(), SearchO1Reader(), GPTResearcherReader())
+}
 
 
 def get_reader(name: str):
@@ -177,11 +160,3 @@ def read_file(path: Path, reader, strict: bool, report: ReadReport) -> Iterator[
             yield run
     except OSError as exc:  # a file (or companion) that vanished or cannot be read mid-way
         report.skip(getattr(exc, "filename", None) or path, None, f"cannot read ({exc.strerror or exc})", strict)
-
-
-# Registration order is detection order: openinference first (its span files are JSON lines that would
-# otherwise pass for canonical traces), then the rest.
-# isort: off
-from branchgate.logs_to_dataset.readers import openinference  # noqa: E402,F401
-from branchgate.logs_to_dataset.readers import canonical, searcho1, gptr  # noqa: E402,F401
-# isort: on

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from branchgate.logs_to_dataset.readers import Run, register
-from branchgate.logs_to_dataset.traces import ReadReport, read_events
+from branchgate.logs_to_dataset.traces import ReadReport, Run, read_events
 
 
-@register("canonical")
 class CanonicalReader:
+    name = "canonical"
+
     def detect(self, path: Path) -> bool:
         return path.suffix.lower() == ".jsonl"
 

@@ -52,7 +52,6 @@ from pathlib import Path
 
 from branchgate.errors import InputError
 from branchgate.fileio import load_json
-from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.trace_schema import (
     Candidate,
     Decision,
@@ -64,7 +63,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     RunEnd,
     RunStart,
 )
-from branchgate.logs_to_dataset.traces import ReadReport, text_problem
+from branchgate.logs_to_dataset.traces import ReadReport, Run, text_problem
 
 W = "gptr: "
 STARTING = re.compile(r"Starting the research task for '(.*)'\.\.\.", re.S)
@@ -146,8 +145,9 @@ def _subqueries(data: dict) -> list[str] | None:
     return None
 
 
-@register("gptr")
 class GPTResearcherReader:
+    name = "gptr"
+
     def detect(self, path: Path) -> bool:
         if path.suffix.lower() != ".json":
             return False

@@ -73,7 +73,6 @@ from pathlib import Path
 
 from branchgate.logs_to_dataset.decision_points import MAX_CANDIDATES
 from branchgate.logs_to_dataset.otel_spans import Span, W, at, load_spans
-from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.span_attributes import (
     call_text,
     cut_json,
@@ -100,15 +99,16 @@ from branchgate.logs_to_dataset.trace_schema import (
     RunStart,
     text_evidence_id,
 )
-from branchgate.logs_to_dataset.traces import ReadReport
+from branchgate.logs_to_dataset.traces import ReadReport, Run
 from branchgate.texts import hit_of
 
 RUNNERS = ("TOOL", "CHAIN", "AGENT")
 CALL_IDS = ("tool.id", "tool_call.id", "gen_ai.tool.call.id")
 
 
-@register("openinference")
 class OpenInferenceReader:
+    name = "openinference"
+
     def detect(self, path: Path) -> bool:
         if path.suffix.lower() not in (".json", ".jsonl"):
             return False

@@ -74,7 +74,6 @@ from branchgate.logs_to_dataset.drgym import (
     parse_trace,
     read_json,
 )
-from branchgate.logs_to_dataset.readers import Run, register
 from branchgate.logs_to_dataset.spans import SpanIndex
 from branchgate.logs_to_dataset.trace_schema import (
     Candidate,
@@ -91,7 +90,7 @@ from branchgate.logs_to_dataset.trace_schema import (
     RunEnd,
     RunStart,
 )
-from branchgate.logs_to_dataset.traces import ReadReport, is_binary, text_problem
+from branchgate.logs_to_dataset.traces import ReadReport, Run, is_binary, text_problem
 from branchgate.texts import hit_of
 
 
@@ -181,8 +180,9 @@ def use_keypoints(setting: str | Path | None = "auto"):
         SearchO1Reader.keypoints = previous
 
 
-@register("searcho1")
 class SearchO1Reader:
+    name = "searcho1"
+
     keypoints: str | Path | None = "auto"  # see use_keypoints
 
     def detect(self, path: Path) -> bool:

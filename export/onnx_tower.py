@@ -197,6 +197,6 @@ def recorded_reference(tower: Tower) -> np.ndarray | None:
 
 def _loaded(encoder):
     """The sentence-transformers ``Encoder`` behind ``encoder`` (a ``LazyEncoder`` loads its weights now)."""
-    from branchgate.data.embedding_cache import LazyEncoder
+    from branchgate.models.encoder import LazyEncoder
 
     return encoder.load() if isinstance(encoder, LazyEncoder) else encoder

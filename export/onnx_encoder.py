@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, MismatchError
-from branchgate.models.onnx_tower import (  # noqa: F401  (importable here)
+from branchgate.export.onnx_tower import (  # noqa: F401  (importable here)
     PARITY_PROBES,
     TOWER_FORMAT,
     Tower,
@@ -334,8 +334,7 @@ def build_encoder(name: str = "auto", embed: str = "onnx", workers: int | None =
         from branchgate.models.encoder import Encoder
 
         return Encoder.load(name)
-    from branchgate.data.embedding_cache import LazyEncoder
-    from branchgate.models.encoder import resolve
+    from branchgate.models.encoder import LazyEncoder, resolve
 
     return OnnxEncoder(LazyEncoder(resolve(name)), workers=workers)
 
