@@ -138,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     except BranchgateError as exc:
         print(f"branchgate: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.partition(".")[0] == "branchgate":
+            raise  # a module of branchgate itself: a bug, not a missing extra
+        print(f"branchgate: error: {exc.name} is not installed ({install_hint(exc.name)})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("branchgate: interrupted", file=sys.stderr)
         return 130

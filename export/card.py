@@ -11,6 +11,11 @@ def _fmt(v) -> str:
     return "n/a" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
 
 
+def _share(v) -> str:
+    """A fraction as the console prints it: ``1.0`` → ``100.0%``."""
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
 INTRO = {
     "pre": (
         "A learned **pre-retrieval controller** for deep-research agents: given the state of one decision point "
@@ -70,7 +75,7 @@ def model_card(report: dict, props: dict, meta: dict) -> str:
         auc += (
             f", int8 {_fmt(par.get('int8_auroc'))} (|Δ| {_fmt(par.get('int8_auroc_delta'))}, tolerance "
             f"{par.get('auroc_tolerance')}); int8 max |Δp_keep| vs fp32 = {_fmt(par.get('int8_max_abs_diff_p_keep'))}, "
-            f"same keep decision at τ for {_fmt(par.get('int8_same_keep_at_tau'))} of candidates"
+            f"same keep decision at τ for {_share(par.get('int8_same_keep_at_tau'))} of candidates"
         )
     parity.append(auc)
     parity.append(

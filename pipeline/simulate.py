@@ -40,6 +40,7 @@ SUMMARY_KEYS = (
     "n_candidates",
     "n_expanded",
     "n_pruned_pre",
+    "n_evidence",
     "n_context",
     "n_final",
 )

@@ -6,12 +6,18 @@ Copies BENCH_OUT/report.json to ``benchmarks/results/bench_report.json`` and its
 replaces the text of ``docs/results.md`` between the ``bench-results`` markers with ``bench.report.markdown`` of
 that report, and the README's three headline numbers between its ``headline`` markers. ``tests/test_docs.py``
 checks that both are exactly the rendering of the stored report.
+
+Every figure shown on more than one user page (README.md and docs/ without docs/research/) sits between
+``<!-- fig:NAME -->`` and ``<!-- /fig -->`` markers and is written here, from the stored report (``figures``) or,
+for figures measured elsewhere, from ``docs/figures.json`` (each with the page that measured it), so that no
+two pages can disagree. ``python3 scripts/readme_results.py --figures`` rewrites only those.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -25,32 +31,84 @@ BEGIN = "<!-- bench-results:begin (scripts/readme_results.py writes this block; 
 END = "<!-- bench-results:end -->"
 HEAD_BEGIN = "<!-- headline:begin (scripts/readme_results.py writes these lines from the stored bench report) -->"
 HEAD_END = "<!-- headline:end -->"
+FIGURES = ROOT / "docs" / "figures.json"
+FIG = re.compile(r"<!-- fig:([\w.-]+) -->(.*?)<!-- /fig -->", re.S)
+
+
+def user_pages() -> list[Path]:
+    """The pages a user reads: the README and the site without its research notes."""
+    docs = ROOT / "docs"
+    return [README, *sorted(p for p in docs.rglob("*.md") if not p.is_relative_to(docs / "research"))]
+
+
+def figures(report: dict) -> dict[str, str]:
+    """Every shared figure's text: those of the stored bench report, then ``docs/figures.json``'s."""
+    none, t = report["policies"]["none"], report["timings"]
+    deep = report["offline_eval_by_depth"]["depth1+"]["gate"]
+    real_ds, real = next(iter(report["real"].items()))
+    out = {
+        "bench.train": str(report["queries"]["train"]),
+        "bench.eval": str(report["queries"]["eval"]),
+        "bench.minutes": f"{t['total'] / 60:.0f}",
+        "bench.commit": str(report.get("commit", "")),
+        "sim.nodes": f"{none['nodes']['mean']:.1f}",
+        "sim.tokens": f"{none['tokens']['mean']:,.0f}",
+        "sim.kpr": f"{none['kpr']['mean']:.3f}",
+        "gate.auroc_depth1": f"{deep['auroc']:.3f}",
+        "gate.real.auroc": f"{real['gate']['auroc']:.3f}",
+        "gate.real.decisions": str(real["gate"]["n_rows"]),
+        "gate.real.dataset": real_ds,
+    }
+    stored = json.loads(FIGURES.read_text(encoding="utf-8"))
+    out.update({name: fig["text"] for name, fig in stored.items() if not name.startswith("_")})
+    return out
+
+
+def fill_figures(text: str, figs: dict[str, str], where: str = "") -> str:
+    """``text`` with each marker's figure written in; an unknown name is an error naming it."""
+
+    def one(m: re.Match) -> str:
+        if m.group(1) not in figs:
+            raise SystemExit(f"{where}: unknown figure {m.group(1)!r} (known: {', '.join(sorted(figs))})")
+        return f"<!-- fig:{m.group(1)} -->{figs[m.group(1)]}<!-- /fig -->"
+
+    return FIG.sub(one, text)
+
+
+def public_command(command: str) -> str:
+    """The bench command as a reader can run it: no machine's absolute paths (``--env /x/env`` → ``--env ENV``;
+    a path under the data folder next to the clone → ``../shared/...``)."""
+    toks, out = command.split(), []
+    for i, tok in enumerate(toks):
+        if tok.startswith("/"):
+            tok = "../shared/" + tok.split("/shared/", 1)[1] if "/shared/" in tok else toks[i - 1].lstrip("-").upper()
+        out.append(tok)
+    return " ".join(out)
 
 
 def block(report: dict) -> str:
     from branchgate.bench.report import markdown
 
+    report = {**report, "command": public_command(report.get("command", ""))}
     text = markdown(report, level=2, images=IMAGES, title="Results of `branchgate bench`", fold=True)
     return text.replace("<details>", '<details markdown="1">')  # mkdocs (md_in_html) renders the tables inside
 
 
 def headline(report: dict) -> str:
     """Three numbers of the first label source's learned gate — the read gate when the report has one, else the
-    pre-retrieval gate: its tokens and recall against the unpruned agent, its margin over the closest baseline
-    compared inside its τ sweep, and its AUROC on the first real dataset."""
+    pre-retrieval gate — real logs first: its AUROC on the first real dataset; then, in the simulator, its tokens
+    and recall against the unpruned agent and its margin over the closest baseline compared inside its τ sweep."""
     read = next(iter((report.get("read") or {}).values()), None)
-    bullets = _read_bullets(report, read) if read else _pre_bullets(report)
-    bullets += [_margin(*_closest(read["gate_vs"] if read else report["gate_vs"]))]
-    bullets += [
-        _real(
-            *next(iter((read["real_read"] if read else report["real"]).items())),
-            "read decisions" if read else "decisions",
-        )
-    ]
-    lines = [f"On {report['queries']['eval']} held-out DeepResearchGym queries ([all results](docs/results.md)):", ""]
-    lines += [
-        textwrap.fill(b, 116, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False) for b in bullets
-    ]
+    real = _real(
+        *next(iter((read["real_read"] if read else report["real"]).items())),
+        "read decisions" if read else "decisions",
+    )
+    sim = _read_bullets(report, read) if read else _pre_bullets(report)
+    sim += [_margin(*_closest(read["gate_vs"] if read else report["gate_vs"]))]
+    wrap = lambda b: textwrap.fill(b, 116, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)  # noqa: E731
+    lines = ["On real logs, never trained on ([all results](docs/results.md)):", "", wrap(real), ""]
+    lines += [f"In the simulator, on {report['queries']['eval']} held-out DeepResearchGym queries:", ""]
+    lines += [wrap(b) for b in sim]
     return "\n".join(lines) + "\n"
 
 
@@ -95,8 +153,8 @@ def _margin(rival: str, vs: dict) -> str:
 def _real(ds: str, table: dict, what: str) -> str:
     best = max((k for k in table if k not in ("gate", "rank")), key=lambda k: table[k]["auroc"])
     return (
-        f"**AUROC {table['gate']['auroc']:.3f} {_ci(table['gate'])}** on {ds}'s {table['gate']['n_rows']} real "
-        f"{what}, never trained on (the best heuristic, {best}: {table[best]['auroc']:.3f}; gate − {best} "
+        f"**AUROC {table['gate']['auroc']:.3f} {_ci(table['gate'])}** ranking {table['gate']['n_rows']} real "
+        f"{what} of {ds} (the best heuristic, {best}: {table[best]['auroc']:.3f}; gate − {best} "
         f"{table[best]['delta_vs_gate']['mean']:+.3f} {_ci(table[best]['delta_vs_gate'], '+.3f')})."
     )
 
@@ -110,20 +168,35 @@ def replace_block(text: str, new: str, begin: str = BEGIN, end: str = END) -> st
 
 
 def write(report: dict) -> None:
-    """The results page's block and the README's headline from ``report``."""
+    """The results page's block, the README's headline and every page's shared figures from ``report``."""
     PAGE.write_text(replace_block(PAGE.read_text(encoding="utf-8"), block(report)), encoding="utf-8")
     README.write_text(
         replace_block(README.read_text(encoding="utf-8"), headline(report), HEAD_BEGIN, HEAD_END), encoding="utf-8"
     )
+    write_figures(report)
+
+
+def write_figures(report: dict) -> None:
+    figs = figures(report)
+    for page in user_pages():
+        text = page.read_text(encoding="utf-8")
+        new = fill_figures(text, figs, str(page.relative_to(ROOT)))
+        if new != text:
+            page.write_text(new, encoding="utf-8")
 
 
 def main() -> None:
     from branchgate.bench.report import PLOT, REAL_PLOT
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", help="the bench's --out folder")
+    ap.add_argument("out", nargs="?", help="the bench's --out folder")
+    ap.add_argument("--figures", action="store_true", help="only rewrite the shared figures from the stored report")
     ap.add_argument("--commit", default=None, help="commit of the code that ran the bench (recorded in the block)")
     args = ap.parse_args()
+    if args.figures or not args.out:
+        write_figures(json.loads(STORED.read_text()))
+        print(f"the shared figures of {len(user_pages())} pages from {STORED} and {FIGURES}")
+        return
     out = Path(args.out)
     report = json.loads((out / "report.json").read_text())
     if args.commit:

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from branchgate.bench.closed_loop import interpolate
-from branchgate.training.stats import bootstrap_ci
 from branchgate.bench.steps import Steps
 from branchgate.cli import main
 from branchgate.models.teachers import NAMES
 from branchgate.pipeline.sample import SAMPLE_DIR
+from branchgate.training.stats import bootstrap_ci
 
 SOURCE_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real", "real_by_depth")
 READ_STEPS = ("dataset", "train", "export", "closed_loop", "offline", "offline_eval", "real")
@@ -39,6 +39,7 @@ train:
   config: quickstart
   overrides: ["--trainer.max_epochs=2"]
 policies:
+  teachers: [mmr, grn, cd, dpp, sc, lexical, hybrid]
   teacher_max_items: [1]
   gate_taus: [0.1, 0.5]
   read_gate_taus: [0.1, 0.5]
@@ -479,3 +480,31 @@ def test_train_trees_add_wider_training_runs_and_leave_the_eval_steps_cached(ben
     )
     wide = json.loads((out / "keypoints" / "dataset" / "done.json").read_text())["result"]["n_rows"]
     assert wide == rows + 12 * 6  # each one-level run adds one frame of ceil(4 × 1.5) = 6 candidates
+
+
+def test_the_default_config_runs_the_strongest_baselines_and_bench_full_every_family():
+    """Issue 63: the default answers the main question in about an hour (the learned stages against the strongest
+    baseline of each family, each over its own knob); ``--config bench_full`` keeps the full sweep."""
+    from branchgate.bench import sweeps
+    from branchgate.bench.settings import load_config
+
+    def points(cfg):
+        pol = cfg["policies"]
+        base = sweeps.baseline_points(pol)
+        learned = sweeps.gate_points(pol, "pre.onnx") + sweeps.read_gate_points(
+            pol, "read.onnx", sweeps.READ_FAMILY, "pre.onnx"
+        )
+        budgets = sweeps.budget_points(pol, "pre.onnx") if pol["budget_fractions"] else []
+        return base, learned + budgets
+
+    base, learned = points(load_config("bench"))
+    families = {p.family for p in base}
+    assert families == {"none", "dpp", "shallow", "dpp@read_threshold", "hybrid@read_threshold"} | {
+        "dpp@post_threshold",
+        "hybrid@post_threshold",
+    }
+    assert all(sum(p.family == f for p in base) >= 3 for f in families - {"none"})  # each swept over its knob
+    assert len(base) == 19 and len(base) + len(learned) == 55
+    full_base, full_learned = points(load_config("bench_full"))
+    assert len(full_base) == 115 and len(full_base) + len(full_learned) == 197
+    assert {p.name for p in base} <= {p.name for p in full_base}

@@ -174,10 +174,18 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
         "--out",
         out,
     )
+    for cmd, missing in (  # the train extra's commands name it, as serve does, instead of a traceback
+        (["dataset", "build", "--traces", traces / "traces", "--out", tmp_path / "ds"], "datasets"),
+        (["train", "--config", "bench_train"], "lightning"),
+    ):
+        proc = in_venv(cli, *cmd, timeout=120)
+        hint = f"{missing} is not installed (pip install 'branchgate[train]')"
+        assert proc.returncode == 2 and hint in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert replay.returncode == 0, replay.stderr[-2000:]
     report = json.loads((out / "replay.json").read_text())
     assert report["runs"] == 2 and len(report["points"]) == 1
     assert "branchgate[replay]" in replay.stderr and not (out / "replay.png").exists()
+    assert "replay.png" not in replay.stderr.strip().splitlines()[-1]  # "wrote …" names only what it wrote
 
 
 @pytest.mark.slow

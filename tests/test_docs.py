@@ -339,3 +339,105 @@ def test_readme_is_one_screen_to_act_on():
     first = "\n".join(lines[:60])
     for needed in ("make quickstart", "make test", "Gate.load(", ".select("):
         assert needed in first, needed
+
+
+def test_the_record_your_runs_example_writes_logs_replay_can_cost(tmp_path, monkeypatch, capsys):
+    """docs/use/own-agent.md's recording example, run as shown, then the replay command shown after it: the logs
+    carry llm_call events and evidence tokens, so replay costs them (token shares, a recommended τ, a picture)."""
+    from branchgate.cli import main
+
+    page = (REPO / "docs" / "use" / "own-agent.md").read_text(encoding="utf-8")
+    section = page.split("## Record your runs", 1)[1].split("\n## ", 1)[0]
+    (code,) = [body for _, _, lang, body in FENCE.findall(section) if lang.strip() == "python"]
+    (command,) = [c for c in shown_commands(section) if c.startswith("branchgate replay")]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "own-agent.md", "exec"), {})  # noqa: S102  (the page's own example)
+    argv = shlex.split(command)[1:]
+    assert main([*argv, "--bootstrap", "50", "--no-progress"]) == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "replay" / "replay.json").read_text())
+    assert report["runs"] == 1 and report["unpruned"]["tokens"] > 0
+    assert "cannot cost" not in capsys.readouterr().err and "no token shares" not in report.get("summary", "")
+
+
+def _subparsers(parser):
+    """(name, parser) of each top-level command."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from action.choices.items()
+
+
+def test_every_shared_figure_is_the_stored_one_on_every_user_page(harness):
+    """A figure shown on more than one page (bench time, tree size, the read gate's share, ...) sits between
+    ``<!-- fig:NAME -->`` markers and is what scripts/readme_results.py writes from the stored bench report and
+    docs/figures.json: no two pages disagree, and a page that does fails here."""
+    mod = harness("readme_results")
+    figs = mod.figures(json.loads(mod.STORED.read_text()))
+    used = set()
+    for page in mod.user_pages():
+        text = page.read_text(encoding="utf-8")
+        used |= {m.group(1) for m in mod.FIG.finditer(text)}
+        assert mod.fill_figures(text, figs, page.name) == text, (
+            f"{page}: run python3 scripts/readme_results.py --figures"
+        )
+    stored = {k for k in json.loads(mod.FIGURES.read_text()) if not k.startswith("_")}
+    assert stored <= used, stored - used  # docs/figures.json holds no figure that no page shows
+    planted = "<!-- fig:read_gate.sim.kpr_share -->98.7%<!-- /fig -->"
+    assert mod.fill_figures(planted, figs) != planted  # a disagreeing page is found
+    with pytest.raises(SystemExit, match="unknown figure"):
+        mod.fill_figures("<!-- fig:nope -->1<!-- /fig -->", figs)
+
+
+DEVELOPMENT_NOTES = re.compile(
+    r"/work/|this VM|a later session|below the \d+(\.\d+)?× target|other jobs ran|other jobs beside|"
+    r"with nothing else running|shared host",
+    re.I,
+)
+
+
+def test_user_pages_hold_no_development_notes(harness):
+    """The README and the site (not its research notes) speak to a user: no machine paths, no notes about the
+    machine a figure was measured on or about later sessions."""
+    problems = []
+    for page in harness("readme_results").user_pages():
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if m := DEVELOPMENT_NOTES.search(line):
+                problems.append(f"{page.relative_to(REPO)}:{n}: {m.group(0)!r}")
+    assert not problems, problems
+
+
+@pytest.mark.slow
+def test_the_concepts_pipeline_example_saves_tokens_and_keeps_recall(tmp_path, monkeypatch, capsys):
+    """docs/concepts.md's reference-pipeline example, run as shown: the gated runs spend well under half the
+    unpruned tokens and keep nearly all their key-point recall, with no stage warning (the example it replaced,
+    `--post sc` at its default, kept 0.05 KPR of 0.95)."""
+    from branchgate.cli import main
+
+    page = (REPO / "docs" / "concepts.md").read_text(encoding="utf-8")
+    section = page.split("## Stages", 1)[1].split("\n## ", 1)[0]
+    shown = [c for c in shown_commands(section) if c.startswith("branchgate simulate") and "--out" in c]
+    gated, unpruned = (shlex.split(c)[1:] for c in shown)
+    monkeypatch.chdir(tmp_path)
+    summaries = []
+    for argv in (gated, unpruned):
+        assert main([*argv, "--no-progress"]) == 0
+        assert "warning:" not in capsys.readouterr().err
+        summaries.append(json.loads((tmp_path / argv[argv.index("--out") + 1] / "summary.json").read_text()))
+    g, u = ({k: s[k]["mean"] for k in ("tokens", "kpr")} for s in summaries)
+    assert g["tokens"] < 0.5 * u["tokens"] and g["kpr"] >= 0.9 * u["kpr"], (g, u)
+    assert f"{g['tokens'] / 1000:.1f}k" in section and f"{u['tokens'] / 1000:.1f}k" in section  # the page's figures
+
+
+def test_simulate_warns_when_a_stage_at_its_default_drops_nearly_everything():
+    """The summary of the old concepts example (`--post sc` at its default) warns and names the knob; a stage
+    given its knob, or one that keeps enough, does not."""
+    from branchgate.pipeline.simulate_cli import stage_drops
+
+    summary = {
+        k: {"mean": v} for k, v in {"n_candidates": 6, "n_expanded": 6, "n_evidence": 26.2, "n_context": 0.5}.items()
+    }
+    summary |= {"n_final": {"mean": 0.4}, "hits_offered": {"mean": 26.2}, "hits_read": {"mean": 26.2}}
+    (warning,) = stage_drops(summary, {"pre": "gate:c.onnx", "read": "none", "post": "sc", "synth": "cd:threshold=0.1"})
+    assert warning.startswith("--post-policy sc at its default threshold dropped 98%") and "sc:threshold=T" in warning
+    assert stage_drops(summary, {"pre": "none", "read": "none", "post": "sc:max_items=3", "synth": "none"}) == []
