@@ -21,3 +21,8 @@ class InputError(BranchgateError):
 
 class MismatchError(BranchgateError):
     """Two artefacts disagree (encoder, schema version, feature schema)."""
+
+
+class LimitError(InputError):
+    """A list or a number past one of the bounds in ``branchgate.limits``; the message names the field, the bound
+    and its constant."""

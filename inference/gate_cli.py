@@ -11,7 +11,7 @@ With --jsonl, every input line is a decision and every output line its answer. T
 
 A read controller (metadata ``stage`` = ``read``: which hits of a search to read; ``inference/gate.py``) takes
 Input:  {"state": {"root_query", "query", "goal", "read": [texts or hits], "read_ids": [...], "depth"},
-         "hits": [{"title", "snippet", "id", "url", "rank"}, ...] (or "items"), "tau", "root_tau", "max_keep",
+         "hits": [{"title", "snippet", "id", "url", "rank"}, ...] (or "items"; not both), "tau", "root_tau", "max_keep",
          "floor": optional ("root": keep the top hit at depth 0 when none passes τ; also --floor root)}
 Output: as above plus "stage": "read", and "not_new": [indices of hits already read] when there are any (their
 p_keep and utility are null); "kept" may be empty. A read controller has no budgeted runs (no "run_id").
@@ -31,6 +31,11 @@ started, or ended) is an error, as is ``end_run`` with no candidates. An ended r
 a later call with its ``run_id`` is an error unless it sets the run's budget anew (``budget_nodes``,
 ``budget_tokens`` or ``defer``); the state file keeps the ended ids for this (``"ended"``). The state file
 must be a regular file (or not exist yet; an empty one holds no runs) in a folder the gate can write.
+
+Bounds (``branchgate.limits``, by the Gate's input rules in ``inference/inputs.py``): a decision's lists hold at most
+``MAX_ITEMS`` items (candidates, hits, state lists, ``costs``, ``spend``), and every count (``state.depth``, a
+hit's ``rank``, ``budget_nodes``, ``budget_tokens``, ``costs``, ``spend``) is an integer from 0 to ``MAX_COUNT``;
+a state file holding a number past ``MAX_TOTAL`` (or a non-finite one) is refused, naming the file and the field.
 """
 
 from __future__ import annotations
@@ -43,16 +48,19 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from branchgate.errors import InputError
+from branchgate.errors import InputError, LimitError
 from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, locked, read_bounded
 from branchgate.inference.inputs import (
     READ_STATE_FIELDS,
+    as_count,
     as_decision,
     as_floor,
     as_max_keep,
     as_read_decision,
     as_tau,
     as_threads,
+    bounded_list,
+    check_numbers,
 )
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 from branchgate.inference.model_file import read_stage
@@ -134,7 +142,7 @@ def parse_decision(obj, where: str = "input", stage: str = "pre") -> dict:
     try:  # the Gate's own rule for the candidates and the rest of the state
         as_decision(state, cands)
     except InputError as exc:
-        raise InputError(f"field '{exc.file}': {exc.reason}", where) from None
+        raise _in_field(exc, where) from None
     if revisit and cands:
         raise InputError("field 'candidates': a revisit call re-scores the run's deferred candidates; give none", where)
     tau = None if obj.get("tau") is None else as_tau(obj["tau"], f"{where}: field 'tau'")
@@ -157,6 +165,10 @@ def parse_decision(obj, where: str = "input", stage: str = "pre") -> dict:
 def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
     """Validate one read decision (the module docstring) by the Gate's own rule (``inputs.as_read_decision``)."""
     key = next((k for k in HIT_KEYS if k in obj), None)
+    if all(k in obj for k in HIT_KEYS):
+        raise InputError(
+            f"fields {' and '.join(repr(k) for k in HIT_KEYS)}: give the search's hits once, under one of them", where
+        )
     if key is None and "candidates" in obj:
         raise InputError(
             "field 'candidates': this is a read controller (metadata stage=read): a decision gives 'hits' (the "
@@ -181,7 +193,7 @@ def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
     try:  # the Gate's own rule for the state and the hits
         as_read_decision(state, obj[key], key)
     except InputError as exc:
-        raise InputError(f"field '{exc.file}': {exc.reason}", where) from None
+        raise _in_field(exc, where) from None
     return {
         "state": dict(state),
         "hits": list(obj[key]),
@@ -192,6 +204,19 @@ def parse_read_decision(obj: Mapping, where: str = "input") -> dict:
         "run_id": None,
         "where": where,
     }
+
+
+def _in_field(exc: InputError, where: str) -> InputError:
+    """The Gate's error about field ``exc.file``, as an error of the decision at ``where`` (same class)."""
+    return type(exc)(f"field '{exc.file}': {exc.reason}", where)
+
+
+def _count(value, key: str, where: str) -> int:
+    """A budget field's count (``inputs.as_count``), its error naming the decision and the field."""
+    try:
+        return as_count(value, key)
+    except InputError as exc:
+        raise _in_field(exc, where) from None
 
 
 def run_field(obj: Mapping) -> str | None:
@@ -206,29 +231,26 @@ def run_fields(obj, k: int, where: str) -> dict:
         raise InputError("field 'run_id' must be a non-empty string", where)
     for key in ("budget_nodes", "budget_tokens"):
         v = obj.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise InputError(f"field '{key}' must be an integer ≥ 0", where)
-        out[key] = v
+        out[key] = None if v is None else _count(v, key, where)
     for key in ("defer", "end_run"):
         v = obj.get(key)
         if v is not None and not isinstance(v, bool):
             raise InputError(f"field '{key}' must be true or false", where)
         out[key] = v
     costs = obj.get("costs")
-    if costs is not None and (
-        not isinstance(costs, list)
-        or len(costs) != k
-        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in costs)
-    ):
+    if costs is not None and (not isinstance(costs, list) or len(costs) != k):
         raise InputError(f"field 'costs' must be a list of {k} integers ≥ 0 (one per candidate)", where)
-    out["costs"] = costs
+    out["costs"] = None if costs is None else [_count(c, f"costs[{i}]", where) for i, c in enumerate(costs)]
     spend = obj.get("spend")
     spends = [spend] if isinstance(spend, int) and not isinstance(spend, bool) else spend
-    if spends is not None and (
-        not isinstance(spends, list) or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in spends)
-    ):
+    if spends is not None and not isinstance(spends, list):
         raise InputError("field 'spend' must be an integer ≥ 0 or a list of them", where)
-    out["spend"] = spends or []
+    try:
+        spends = bounded_list(spends or [], "spend", "spends")
+    except LimitError as exc:
+        raise _in_field(exc, where) from None
+    single = not isinstance(spend, list)
+    out["spend"] = [_count(c, "spend" if single else f"spend[{i}]", where) for i, c in enumerate(spends)]
     budgeted = (
         any(out[key] is not None for key in ("budget_nodes", "budget_tokens", "defer", "costs", "end_run"))
         or out["spend"]
@@ -326,6 +348,7 @@ def locked_runs(path: Path):
         raw = read_bounded(path, where) if path.exists() else b""
         if raw.strip():
             data = load_json(raw, where)
+            check_numbers(data, where)  # a huge count would overflow the run's arithmetic later
             if (
                 not isinstance(data, dict)
                 or not isinstance(data.get("runs"), dict)

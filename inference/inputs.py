@@ -22,6 +22,12 @@ A read controller (``stage`` = ``read``) scores the hits of one search instead (
   (ids of the hits already read: a hit with one of them is not new, and is not scored) and ``depth``; missing
   keys are empty. A ``DecisionState`` is taken as it is (``frame_query`` = the sub-query, ``parent_goal`` = its
   goal, ``retained`` = the texts read).
+
+Bounds (``branchgate.limits``): every list of a decision — its candidates or hits, and each list of its state —
+holds at most ``MAX_ITEMS`` items, and every count (a depth, a rank, a budget, a cost, a spend: ``as_count``) is
+an integer from 0 to ``MAX_COUNT``; past them, a ``LimitError`` naming the field and the bound (an iterator is
+read no further than one item past the bound). ``check_numbers`` holds every number of a JSON document (a run state
+file) to ``MAX_TOTAL``.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ import inspect
 import math
 import numbers
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
+from itertools import islice
 
-from branchgate.errors import InputError
+from branchgate.errors import InputError, LimitError
+from branchgate.limits import MAX_COUNT, MAX_ITEMS, MAX_TOTAL
 from branchgate.texts import candidate_text, hit_text
 
 STATE_FIELDS = ("root_query", "frame_query", "parent_goal", "retained", "depth")
@@ -95,20 +103,72 @@ def _state_getter(state, fields: Sequence[str]):
 
 
 def _texts_list(value, where: str, what: str) -> list:
-    """A state's list field (None: empty); a string or a non-iterable is an ``InputError`` naming ``where``."""
+    """A state's list field (None: empty; at most ``MAX_ITEMS`` items: ``bounded_list``); a string or a
+    non-iterable is an ``InputError`` naming ``where``."""
     value = value or []
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise InputError(f"must be {what}", where)
-    return list(value)
+    return bounded_list(value, where)
+
+
+def bounded_list(items: Iterable, where: str, what: str = "items") -> list:
+    """``items`` as a list of at most ``MAX_ITEMS`` (an iterator is read no further than one item past it); more is a
+    ``LimitError`` naming ``where`` and the bound."""
+    out = list(islice(items, MAX_ITEMS + 1))
+    if len(out) > MAX_ITEMS:
+        n = len(items) if isinstance(items, Sized) else None
+        raise LimitError(
+            f"has {n if n is not None else 'more than ' + str(MAX_ITEMS)} {what}: at most {MAX_ITEMS} per decision "
+            f"(branchgate.limits.MAX_ITEMS); split the decision, or pass the first {MAX_ITEMS}",
+            where,
+        )
+    return out
+
+
+def as_count(value, where: str, what: str = "an integer") -> int:
+    """A count (a depth, a rank, tokens, nodes, a cost, a spend): an integer from 0 to ``MAX_COUNT`` (True, 1.5,
+    text and numbers past the bound refused, naming ``where``). ``what`` says what was expected, in the error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise InputError(f"must be {what} ≥ 0, got {_short(value)}", where)
+    if value > MAX_COUNT:
+        raise LimitError(f"must be at most {MAX_COUNT:.0e} (branchgate.limits.MAX_COUNT), got {_short(value)}", where)
+    return int(value)
+
+
+def check_numbers(doc, where: str) -> None:
+    """Every number of a decoded JSON document (a run state file) finite and within ±``MAX_TOTAL``; else a
+    ``LimitError`` naming ``where`` and the number's path (``runs.r1.budget.spent_tokens``)."""
+    stack = [(doc, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, Mapping):
+            stack += [(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif isinstance(value, numbers.Real) and not (_finite(value) and abs(value) <= MAX_TOTAL):
+            raise LimitError(
+                f"field '{path}' holds {_short(value)}: numbers here are finite and at most {MAX_TOTAL} "
+                "(branchgate.limits.MAX_TOTAL)",
+                where,
+            )
+
+
+def _short(value) -> str:
+    """A value for an error message: at most 40 characters (a 400-digit integer is shown by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return str(value)[:40]
 
 
 def _depth(depth, where: str) -> int:
-    """A decision's depth: a finite number ≥ 0 (None: 0), as an integer."""
+    """A decision's depth: a finite number from 0 to ``MAX_COUNT`` (None: 0), as an integer."""
     if depth is None:
         return 0
     if isinstance(depth, bool) or not isinstance(depth, numbers.Real) or not _finite(depth) or depth < 0:
-        raise InputError(f"must be a finite non-negative number, got {str(depth)[:40]}", where)
-    return int(depth)
+        raise InputError(f"must be a finite non-negative number, got {_short(depth)}", where)
+    return as_count(int(depth), where, "a number")
 
 
 def as_decision(state, candidates) -> tuple[DecisionState, list[str]]:
@@ -156,7 +216,7 @@ def _as_list(items, where: str, kind: str) -> list:
         if inspect.iscoroutine(items):
             items.close()  # refused: never awaited, and no "was never awaited" warning later
         raise InputError(f"must be a list of {kind}, got {type(items).__name__}{hint}", where)
-    return list(items)
+    return bounded_list(items, where, kind)
 
 
 def candidate_fields(c, where: str = "candidate") -> tuple[str, str]:
@@ -192,7 +252,7 @@ def candidate_fields(c, where: str = "candidate") -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class Hit:
+class HitInput:
     """One search hit as a read controller scores it (``hit_fields``)."""
 
     text: str  # texts.hit_text(title, snippet)
@@ -241,7 +301,7 @@ def as_read_state(state) -> tuple[DecisionState, frozenset[str]]:
         )
     texts, ids = [], set()
     for i, r in enumerate(_texts_list(get("read"), "state.read", "a list of texts or hits")):
-        hit = Hit(r) if isinstance(r, str) else hit_fields(r, f"state.read[{i}]")
+        hit = HitInput(r) if isinstance(r, str) else hit_fields(r, f"state.read[{i}]")
         texts.append(hit.text)
         if hit.id:
             ids.add(hit.id)
@@ -251,7 +311,7 @@ def as_read_state(state) -> tuple[DecisionState, frozenset[str]]:
     return DecisionState(root, query, goal, texts, _depth(get("depth"), "state.depth")), frozenset(ids)
 
 
-def as_hits(hits, where: str = "hits") -> list[Hit]:
+def as_hits(hits, where: str = "hits") -> list[HitInput]:
     """A search's hits: a list (the list rule of ``as_candidates``) of hits (``hit_fields``), ranked all or none."""
     items = [hit_fields(h, f"{where}[{i}]") for i, h in enumerate(_as_list(hits, where, "hits"))]
     unranked = [i for i, h in enumerate(items) if h.rank is None]
@@ -263,7 +323,7 @@ def as_hits(hits, where: str = "hits") -> list[Hit]:
     return items
 
 
-def hit_fields(h, where: str = "hit") -> Hit:
+def hit_fields(h, where: str = "hit") -> HitInput:
     """One search hit: a mapping or an object with ``title`` and/or ``snippet`` (strings, at least one
     non-empty), optional ``id`` (a string; else its ``url``) and ``rank`` (an integer ≥ 0). A text, a pair or a
     candidate (a query field, no title or snippet) is refused as a pre-retrieval candidate; every bad field is
@@ -286,9 +346,8 @@ def hit_fields(h, where: str = "hit") -> Hit:
         raise InputError("missing: a hit needs a non-empty title or snippet", f"{where}.title")
     key = "id" if get("id") is not None else "url"
     rank = get("rank")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0):
-        raise InputError(f"must be an integer ≥ 0, got {str(rank)[:40]}", f"{where}.rank")
-    return Hit(hit_text(title, snippet), _text(get(key), f"{where}.{key}") or None, None if rank is None else int(rank))
+    rank = None if rank is None else as_count(rank, f"{where}.rank")
+    return HitInput(hit_text(title, snippet), _text(get(key), f"{where}.{key}") or None, rank)
 
 
 def as_floor(floor, where: str = "floor") -> str | None:

@@ -48,13 +48,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from branchgate.errors import InputError
+from branchgate.limits import MAX_CANDIDATES, MAX_CONTEXT, MAX_EVIDENCE, MAX_RETAINED
 from branchgate.logs_to_dataset.trace_schema import Evidence
 from branchgate.texts import candidate_text
 
-MAX_CANDIDATES = 256  # candidates per decision point (the first, by order)
-MAX_RETAINED = 128  # retained branches per decision point (the newest)
-MAX_CONTEXT = 512  # evidence items in a decision point's context C_t (the newest)
-MAX_EVIDENCE = 64  # evidence items of one candidate's E(c) (the first retrieved)
 OVER_CANDIDATES = f"candidate past the first {MAX_CANDIDATES} of its decision point (left out: no row)"
 OVER_RETAINED = f"decision point with more than {MAX_RETAINED} retained branches (the newest {MAX_RETAINED} kept)"
 OVER_CONTEXT = (

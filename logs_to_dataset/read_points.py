@@ -55,10 +55,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from branchgate.errors import InputError
-from branchgate.logs_to_dataset.decision_points import MAX_CONTEXT, MAX_RETAINED
+from branchgate.limits import MAX_CONTEXT, MAX_HITS, MAX_RETAINED
 from branchgate.texts import hit_text
 
-MAX_HITS = 64  # hits per results event (the first, by rank)
 MAX_READ_IDS = MAX_CONTEXT  # read hit ids a read point keeps (the newest)
 CONTEXT_PRUNE_STAGES = ("post_retrieval", "pre_synthesis")  # prunes that take evidence out of the context
 UNLABELLED = -1
