@@ -77,3 +77,10 @@ def test_the_client_compiles_against_the_live_schema_and_passes_its_node_tests(s
     )
     assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
     assert "# pass 6" in ran.stdout and "# fail 0" in ran.stdout
+
+
+def test_the_docs_page_shows_the_example_and_the_packages_scripts():
+    page = (REPO / "docs" / "use" / "js-client.md").read_text(encoding="utf-8")
+    assert "```js\n" + (CLIENT / "examples" / "gate-urls.mjs").read_text(encoding="utf-8") + "```" in page
+    scripts = json.loads((CLIENT / "package.json").read_text())["scripts"]
+    assert {"build", "gen"} <= scripts.keys() and "npm ci\nnpm run build" in page
