@@ -8,9 +8,6 @@ and the table showing it change in one place.
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from functools import partial
 from pathlib import Path
 
@@ -404,15 +401,9 @@ def plot(report: dict, path: Path, families: list[str] | None = None) -> None:
         if families is None or p["family"] in families or p["family"] == "none":
             fams.setdefault(p["family"], []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5) if len(fams) <= 24 else (12, 8))
-    # distinct colours (the default cycle repeats after 10 families): strong ones for the gates, others for baselines
-    strong = plt.get_cmap("tab10").colors[:4] + plt.get_cmap("tab10").colors[6:]
-    muted = plt.get_cmap("Dark2").colors + plt.get_cmap("tab20").colors[1::2]
     gates = [f for f in fams if _learned(f)]
     others = [f for f in fams if f != "none" and not _learned(f)]
-    colours = {
-        **{f: muted[i % len(muted)] for i, f in enumerate(others)},
-        **{f: strong[i % len(strong)] for i, f in enumerate(gates)},
-    }
+    styles = curve_styles(gates, others, plt)
     for fam, pts in fams.items():
         pts = sorted(pts, key=lambda p: p["tokens"]["mean"] or 0)
         x = [p["tokens"]["mean"] for p in pts]
@@ -436,12 +427,13 @@ def plot(report: dict, path: Path, families: list[str] | None = None) -> None:
         (line,) = ax.plot(
             x,
             y,
-            marker="o",
+            marker=styles[fam][2],
             linewidth=2.5 if gate else 1.2,
             markersize=5 if gate else 4,
             label=fam,
             zorder=3 if gate else 2,
-            color=colours[fam],
+            color=styles[fam][0],
+            linestyle=styles[fam][1],
         )
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.15 if gate else 0.06, linewidth=0)
     ax.set_xlabel("tokens per run (mean)")
@@ -456,12 +448,35 @@ def plot(report: dict, path: Path, families: list[str] | None = None) -> None:
     plt.close(fig)
 
 
+BASELINE_COLOURS = (  # hues apart from the gates' (tab10's first six) and from one another
+    "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#1b9e77", "#7570b3", "#e6ab02", "#a6761d", "#000080", "#66a61e",
+    "#f781bf", "#999900",
+)  # fmt: skip
+BASELINE_MARKERS = "s^vDPX<>ph*d"
+
+
+def curve_styles(gates: list[str], others: list[str], plt) -> dict[str, tuple]:
+    """(colour, line style, marker) per family, never the same twice: the gates take tab10's strong colours with
+    round markers, each baseline a colour of ``BASELINE_COLOURS`` and a marker of its own; past a palette's end
+    the colours come round again with another line style."""
+    strong = plt.get_cmap("tab10").colors[:6]
+    out = {}
+    for i, fam in enumerate(gates):
+        out[fam] = (strong[i % 6], ("-", "--", ":", "-.")[i // 6 % 4], "o")
+    n = len(BASELINE_COLOURS)
+    for i, fam in enumerate(others):
+        out[fam] = (BASELINE_COLOURS[i % n], ("-", "--", ":", "-.")[i // n % 4], BASELINE_MARKERS[i % n])
+    return out
+
+
 def plot_real(report: dict, path: Path) -> None:
     """AUROC of every scorer on each ``--real`` dataset, with 95% intervals over runs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     real = real_tables(report)
     fig, axes = plt.subplots(1, len(real), figsize=(6 * len(real), 4), squeeze=False)
@@ -474,7 +489,18 @@ def plot_real(report: dict, path: Path) -> None:
         ]
         ax.bar(names, y, yerr=err, capsize=3, color=["tab:blue" if n.startswith("gate") else "tab:gray" for n in names])
         ax.axhline(0.5, color="black", linewidth=0.8, linestyle=":")
-        ax.set_ylim(0, 1)
+        ax.legend(
+            handles=[
+                Patch(color="tab:blue", label="learned gate"),
+                Patch(color="tab:gray", label="teacher (heuristic)"),
+                Line2D([], [], color="black", linewidth=0.8, linestyle=":", label="chance (0.5)"),
+            ],
+            fontsize=8,
+            loc="upper center",
+            ncol=3,
+        )
+        ax.set_ylim(0, 1.12)
+        ax.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
         ax.set_title(f"real decisions: {ds}")
         ax.set_ylabel("AUROC (95% CI over runs)")
         ax.tick_params(axis="x", rotation=45)

@@ -441,3 +441,16 @@ def test_simulate_warns_when_a_stage_at_its_default_drops_nearly_everything():
     (warning,) = stage_drops(summary, {"pre": "gate:c.onnx", "read": "none", "post": "sc", "synth": "cd:threshold=0.1"})
     assert warning.startswith("--post-policy sc at its default threshold dropped 98%") and "sc:threshold=T" in warning
     assert stage_drops(summary, {"pre": "none", "read": "none", "post": "sc:max_items=3", "synth": "none"}) == []
+
+
+def test_the_bench_plots_never_give_two_curves_the_same_look():
+    """kpr_vs_tokens.png: no (colour, line style, marker) twice, however many families (bench_full draws 40+)."""
+    import matplotlib.pyplot as plt
+
+    from branchgate.bench.report import curve_styles
+
+    gates = [f"gate{i}" for i in range(9)]
+    others = [f"teacher{i}" for i in range(40)]
+    styles = curve_styles(gates, others, plt)
+    assert len(set(styles.values())) == len(gates) + len(others)
+    assert not {s[0] for k, s in styles.items() if k in gates} & {s[0] for k, s in styles.items() if k in others}
