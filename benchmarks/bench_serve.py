@@ -34,11 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 READY = re.compile(r"(?:Uvicorn running|branchgate serve: listening) on (http://[^\s)]+)")
 
 
-def start_server(argv: list[str], timeout: float = 180.0) -> tuple[subprocess.Popen, str, list[str]]:
+def start_server(argv: list[str], timeout: float = 180.0, cwd=None) -> tuple[subprocess.Popen, str, list[str]]:
     """``branchgate serve ARGV --port 0`` as a subprocess → (process, its base URL, its log lines so far and to
     come). Its stderr is drained by a thread (a full pipe would stall the server); stdout goes nowhere."""
     cmd = [sys.executable, "-m", "branchgate", "serve", *argv, "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
     lines: list[str] = []
     urls: queue.Queue = queue.Queue()
 
