@@ -21,7 +21,7 @@ import numpy as np
 
 
 @dataclass
-class Decision:
+class KeepResult:
     kept: list[int]  # candidate indices, ascending (their original order)
     fallback: bool  # nothing passed the threshold and the best candidate was kept anyway
 
@@ -34,20 +34,20 @@ def threshold_at(depth: int | None, tau: float, root_tau: float | None = None) -
 
 def decide(
     scores, threshold: float, *, higher_is_better: bool = True, max_keep: int | None = None, fallback: bool = True
-) -> Decision:
+) -> KeepResult:
     """Keep ``scores ≥ threshold`` (``≤`` when lower is better), the best ``max_keep`` of them (ties: lower
     index first); with ``fallback`` a non-empty input never yields an empty selection (the best is kept), without
     it (the read stage) nothing is kept when nothing passes."""
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     if s.size == 0:
-        return Decision([], False)
+        return KeepResult([], False)
     signed = s if higher_is_better else -s
     passing = np.flatnonzero(signed >= (threshold if higher_is_better else -threshold))
     used_fallback = False
     if passing.size == 0:
         if not fallback:
-            return Decision([], False)
+            return KeepResult([], False)
         passing, used_fallback = np.array([int(np.argmax(signed))]), True
     if max_keep is not None and passing.size > max_keep:
         passing = np.array(sorted(passing.tolist(), key=lambda i: (-float(signed[i]), i))[:max_keep])
-    return Decision(sorted(int(i) for i in passing), used_fallback)
+    return KeepResult(sorted(int(i) for i in passing), used_fallback)

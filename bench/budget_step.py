@@ -12,9 +12,6 @@ baseline's, paired over queries (``training/stats.bootstrap_ci`` through ``mean_
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import json
 import math
 from pathlib import Path
@@ -22,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.bench import closed_loop
-from branchgate.bench.settings import Run, write_ids
+from branchgate.bench.settings import BenchRun, write_ids
 from branchgate.bench.steps import keeps_folder
 from branchgate.bench.sweeps import BUDGET_FAMILIES, PolicyPoint, budget_family, budget_points
 from branchgate.errors import InputError
@@ -32,7 +29,7 @@ from branchgate.training.stats import mean_ci
 KEYS = ("nodes", "tokens", "kpr")
 
 
-def budget_step(run: Run, gate_path: str, export_fp: str) -> dict | None:
+def budget_step(run: BenchRun, gate_path: str, export_fp: str) -> dict | None:
     """``budgets``: run budgets at ``policies.budget_fractions`` of each query's unpruned tokens — the first label
     source's gate (``gate_path``, its export's fingerprint ``export_fp``) with and without deferral, and
     ``budget_baselines`` given the same budget — on the first ``budget_queries`` eval queries (0 = all). None when

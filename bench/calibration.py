@@ -13,14 +13,11 @@ first by DPP's score, against reading all of them (the share of a run's tokens i
 
 ``calibrate(sim, real)`` puts them side by side (simulator, real, difference; the targets: AUROC within ±0.03,
 the frontier within 10 points at 30% and 60% of the tokens); ``table(cal)`` is its markdown. The bench calls
-``bench_table`` when ``--real`` is given (``bench/pipeline.py``); ``python3 -m research.calibration`` writes the
+``bench_table`` when ``--real`` is given (``bench/run_order.py``); ``python3 -m research.calibration`` writes the
 docs' table on the DeepResearchGym dev set.
 """
 
 from __future__ import annotations
-
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import math
 from collections.abc import Iterable

@@ -18,9 +18,6 @@ OUT/real_auroc.png.
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import argparse
 import sys
 
@@ -68,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.bench.pipeline import run_bench
+    from branchgate.bench.run_order import run_bench
     from branchgate.bench.settings import load_config
 
     cfg = load_config(args.config)

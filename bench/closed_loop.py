@@ -7,9 +7,6 @@ Each point runs in OUT/closed_loop/<name>/ (``pipeline.simulate``, resumable) wi
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import json
 import re
 import shutil

@@ -5,22 +5,19 @@ decisions)."""
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from pathlib import Path
 
 import numpy as np
 
 from branchgate.bench.closed_loop import safe_name
-from branchgate.bench.settings import Run
+from branchgate.bench.settings import BenchRun
 from branchgate.bench.steps import keeps_folder
 from branchgate.bench.sweeps import gate_points, read_gate_points, variant_taus
 from branchgate.training import stats
 
 
 def source_steps(
-    run: Run,
+    run: BenchRun,
     source: str,
     family: str,
     traces: list[str],
@@ -73,7 +70,7 @@ def source_steps(
     }
 
 
-def _dataset(run: Run, source: str, key: str, traces: list[str], stage: str = "pre") -> dict:
+def _dataset(run: BenchRun, source: str, key: str, traces: list[str], stage: str = "pre") -> dict:
     """``dataset``: the training runs built into a decision dataset of ``stage`` labelled by ``source``."""
     cfg = run.cfg
     split_by = cfg["split_by"]  # the default leaves the step's fingerprint as it was before the setting existed
@@ -115,7 +112,7 @@ def _dataset(run: Run, source: str, key: str, traces: list[str], stage: str = "p
     return run.steps.run(f"{key}/dataset", inputs, step)
 
 
-def _train(run: Run, key: str, ds: dict) -> dict:
+def _train(run: BenchRun, key: str, ds: dict) -> dict:
     """``train``: ``branchgate train`` with the config's ``train`` section on the dataset."""
     train = run.cfg["train"]
 
@@ -149,7 +146,7 @@ def _train(run: Run, key: str, ds: dict) -> dict:
     return run.steps.run(f"{key}/train", {"upstream": run.steps.fingerprints[f"{key}/dataset"], "train": train}, step)
 
 
-def _export(run: Run, key: str, ds: dict, tr: dict) -> dict:
+def _export(run: BenchRun, key: str, ds: dict, tr: dict) -> dict:
     """``export``: the controller as ONNX (fp32), its parity checked on the dataset."""
 
     def step(folder: Path) -> dict:
@@ -162,7 +159,7 @@ def _export(run: Run, key: str, ds: dict, tr: dict) -> dict:
     return run.steps.run(f"{key}/export", {"upstream": run.steps.fingerprints[f"{key}/train"]}, step)
 
 
-def _scores(run: Run, key: str, checkpoint: str, dataset: str, real_sets: dict, eval_set: dict) -> dict:
+def _scores(run: BenchRun, key: str, checkpoint: str, dataset: str, real_sets: dict, eval_set: dict) -> dict:
     """The gate and every teacher scored offline: ``offline`` (the dataset's test split), ``offline_eval``
     (``eval_data``, when its runs carry key points), ``real`` and ``real_by_depth`` (each ``--real`` dataset)."""
     boot, fp = run.boot, run.steps.fingerprints
@@ -226,7 +223,7 @@ def real_table(table: dict) -> dict:
     }
 
 
-def _read_scores(run: Run, key: str, checkpoint: str, dataset: str, real_sets: dict, eval_set: dict) -> dict:
+def _read_scores(run: BenchRun, key: str, checkpoint: str, dataset: str, real_sets: dict, eval_set: dict) -> dict:
     """The read gate and every teacher (on the same snippets) scored offline: ``offline`` (its dataset's test
     split), ``offline_eval`` (the eval queries' unpruned runs' read decisions, ``eval_read_data``), and on each
     ``--real`` read dataset per hit (``real_read``) and per search (``real_read_search``: does any hit of the

@@ -1,11 +1,8 @@
 """The read stage in the bench's report: the targets of two learned stages (``read_targets``), the read gates'
-Markdown section and their findings. ``report.py`` calls these; ``bench/pipeline.py`` puts ``read`` in the report.
+Markdown section and their findings. ``report.py`` calls these; ``bench/run_order.py`` puts ``read`` in the report.
 """
 
 from __future__ import annotations
-
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import numpy as np
 

@@ -3,9 +3,6 @@ over runs; the recommended τ; ``replay.json``, ``replay.md`` and ``replay.png``
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import logging
 import sys
 from pathlib import Path

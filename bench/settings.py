@@ -1,10 +1,7 @@
-"""The bench's settings, read and checked before any work (``load_config``, ``prepare``), and ``Run``: what every
+"""The bench's settings, read and checked before any work (``load_config``, ``prepare``), and ``BenchRun``: what every
 step of one invocation shares (the checked settings, the query ids, the step cache)."""
 
 from __future__ import annotations
-
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import json
 import os
@@ -154,7 +151,7 @@ def check_disjoint(train_file: str, train: list[str], eval_file: str, ev: list[s
 
 
 @dataclass
-class Run:
+class BenchRun:
     """One bench invocation: the checked settings and query ids every step reads, and the step cache."""
 
     env_path: str

@@ -9,9 +9,6 @@ so a changed setting re-runs exactly the steps that depend on it.
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import hashlib
 import json
 import logging

@@ -40,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from branchgate.export.controller import export_controller
-    from branchgate.export.latency import run_bench
+    from branchgate.export.latency import measure_latency
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-gate-"))
     ckpt = args.checkpoint
@@ -59,7 +59,7 @@ def main() -> int:
     model = out / "controller.onnx"
     report = export_controller(ckpt, model, int8=True)
     print(f"export parity: {json.dumps(report['parity'])}", file=sys.stderr)
-    res = run_bench(str(model), ckpt, threads=args.threads, reps=args.reps)
+    res = measure_latency(str(model), ckpt, threads=args.threads, reps=args.reps)
     print(json.dumps(res, indent=2))
     return 0
 

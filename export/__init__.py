@@ -5,7 +5,9 @@
   tower, and the rewrite that makes tower and head skippable;
 - ``parity``: the checks an export must pass; ``torch_ref``: the torch reference of one decision;
 - ``card``: the model card, rendered from ``card.md``; ``samples``: built-in decisions;
-- ``bench``: latency of torch vs ONNX fp32/int8 on identical decisions (``branchgate bench-gate``).
+- ``latency`` / ``latency_cli``: latency of torch vs ONNX fp32/int8 on identical decisions (``branchgate bench-gate``);
+- ``onnx_encoder`` / ``onnx_tower``: the dataset build's ONNX text tower (exported once per encoder, checked
+  against torch).
 """
 
 if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package

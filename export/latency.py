@@ -33,7 +33,7 @@ import numpy as np
 SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin for a while after a run
 
 
-def run_bench(
+def measure_latency(
     model: str,
     checkpoint: str,
     int8_model: str | None = None,

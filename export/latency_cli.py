@@ -32,7 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.export.latency import run_bench
+    from branchgate.export.latency import measure_latency
     from branchgate.inference.gate_cli import read_decisions
     from branchgate.inference.model_file import read_stage
 
@@ -42,7 +42,7 @@ def run(args) -> int:
         stage = read_stage(args.model)
         items = "hits" if stage == "read" else "candidates"
         decisions = [(d["state"], d[items]) for d in read_decisions(args.decisions, stage=stage)]
-    res = run_bench(
+    res = measure_latency(
         args.model,
         args.checkpoint,
         int8_model=args.int8_model,

@@ -5,7 +5,7 @@
     run.spend(tokens)                                # after an expansion: the tokens it really used
     sel = run.revisit(state)                         # at the end, with budget left: the best deferred ones
 
-The budget itself (``Budget``, ``BudgetExceeded``, ``Deferred``) is ``inference/ledger.py``
+The budget itself (``Budget``, ``BudgetExceeded``, ``Deferred``) is ``inference/budget.py``
 (importable from here too).
 
 **Admission rule** (``admit_by_price``, which ``RunGate.select`` and ``revisit`` apply; a rule of its own,
@@ -44,13 +44,10 @@ committing it): a decision then leaves the budget as it found it and ``spend`` o
 Core-safe: numpy and the standard library only.
 
 Over 400 lines: ``RunGate``'s decisions, revisits and persisted state are one contract under one lock; the ledger
-itself is apart (``ledger.py``).
+itself is apart (``budget.py``).
 """
 
 from __future__ import annotations
-
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
 
 import numbers
 import threading
@@ -59,7 +56,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from branchgate.errors import InputError
-from branchgate.inference.ledger import MAX_TOTAL, Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
+from branchgate.inference.budget import MAX_TOTAL, Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
 from branchgate.inference.selection import Selection
 
 BUDGET_STATE_VERSION = 1

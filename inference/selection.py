@@ -3,9 +3,6 @@ and ``revisit`` return, and what ``branchgate gate`` prints (``to_json``). Core-
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from dataclasses import dataclass, field
 
 import numpy as np

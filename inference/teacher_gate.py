@@ -16,9 +16,6 @@ Core only (numpy + the Gate).
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from collections.abc import Sequence
 
 import numpy as np

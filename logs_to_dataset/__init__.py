@@ -1,10 +1,12 @@
 """Agent run logs → canonical traces → decision dataset.
 
-- ``schema``: canonical trace schema v1 (typed events, ``parse_event``, ``json_schema``; ``trace.schema.json``);
-- ``traces``: ``TraceWriter`` (append-only, flush per event) and ``read_events`` (streaming, tolerant);
-- ``readers``: one registered reader per log format (canonical JSONL, Search-o1, GPT-Researcher) → runs;
-- ``decisions``: a run's decision points (retained branches, context C_t, E(c)) and ``split_of(run_id)``;
-- ``labels``: rows with realized labels and per-teacher pre-retrieval scores;
+- ``trace_schema``: the canonical trace schema (typed events, ``parse_event``, ``json_schema``; ``trace.schema.json``);
+- ``traces``: ``TraceWriter`` (append-only, flush per event), ``read_events`` (streaming, tolerant) and ``Run``;
+- ``readers``: one reader per log format (canonical JSONL, Search-o1, GPT-Researcher, OpenInference) → runs;
+- ``decision_points``: a run's decision points (retained branches, context C_t, E(c)) and ``split_key`` (the
+  split itself: ``data.dataset_schema.split_of``);
+- ``labels`` / ``label_sources``: rows with realized labels and per-teacher pre-retrieval scores; ``judge``: LLM
+  labels;
 - ``read_points`` / ``read_rows``: a run's read decision points (one per ``results`` event) and their rows, one
   per new hit (``dataset build --stage read``);
 - ``build`` / ``build_cli``: ``branchgate dataset build``; ``build_report``: its manifest and messages;

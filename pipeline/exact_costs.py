@@ -21,7 +21,7 @@ The plan call is admitted the same way (else the run plans nothing), and the syn
 if the root question alone does not fit. A node budget counts expanded subqueries (the root's planning
 node is not one).
 
-**One ledger.** What a run has spent and what fits is the core ``Budget`` (``inference/ledger.py``):
+**One ledger.** What a run has spent and what fits is the core ``Budget`` (``inference/budget.py``):
 spent nodes = expanded subqueries, spent tokens = LLM tokens, reserved tokens = the synthesis bound, and its
 ``can_afford`` is the fit rule. With a run-scoped gate it is the gate's own budget (``commit_plan`` adopts it),
 so the gate's price and the exact checks read the same counts; the gate charges nothing itself
@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 
 from branchgate.errors import BranchgateError
-from branchgate.inference.ledger import Budget
+from branchgate.inference.budget import Budget
 from branchgate.pipeline.accounting import count_tokens, token_counts
 from branchgate.pipeline.textutil import sentences
 

@@ -9,6 +9,7 @@ Scope: the installed package (the repository root's modules and the folders ``py
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -156,3 +157,23 @@ def test_graph_sees_every_kind_of_import(tmp_path):
 @pytest.mark.parametrize("name", ["branchgate.inference.gate", "branchgate.pipeline.read_stage"])
 def test_graph_knows_the_package(name):
     assert name in package_modules()
+
+
+def test_package_docstrings_name_only_files_that_exist():
+    """Every module a package's docstring names — ``name.py`` anywhere, or ``name`` at the head of a bullet
+    (``- ``name``:``, ``- ``a`` / ``b``:``) — is a file (or a folder) of that package, or with a path, of the
+    repository."""
+    missing = []
+    for path in package_modules().values():
+        if path.name != "__init__.py":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        refs = set(re.findall(r"[\w./]*\w\.py\b", doc))
+        for line in doc.splitlines():
+            if line.startswith("- ") and ":" in line:
+                refs |= {f"{m}.py" for m in re.findall(r"``(\w+)``", line.split(":", 1)[0])}
+        for ref in sorted(refs):
+            folder = path.parent / ref.removesuffix(".py")
+            if not ((path.parent / ref).is_file() or (ROOT / ref).is_file() or folder.is_dir()):
+                missing.append(f"{path.relative_to(ROOT)}: {ref}")
+    assert not missing, "package docstrings name files that do not exist:\n" + "\n".join(missing)

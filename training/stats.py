@@ -8,9 +8,6 @@ scorer with bootstrap intervals over runs, pooled and per depth stratum.
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from collections.abc import Callable
 
 import numpy as np

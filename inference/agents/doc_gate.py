@@ -25,7 +25,7 @@ controller, a folder holding one, ``pretrained:read`` or a loaded ``Gate``) scor
 p_keep ≥ τ are read (τ default: the controller's), and with ``floor="root"`` (the default: every search of a run
 here is at the root frame, depth 0) the best one is read when none passes, so a retrieval never comes back
 empty unless the floor is off (``floor=None``). With a run budget (``budget_docs`` documents read,
-``budget_tokens`` words of the documents read, per run; ``inference/ledger.Budget``) the chosen documents are
+``budget_tokens`` words of the documents read, per run; ``inference/budget.Budget``) the chosen documents are
 admitted best p_keep first while they fit; the rest are skipped with actor ``budget``, and once the budget is
 spent nothing more is read. The documents passed on keep their order.
 
@@ -46,9 +46,6 @@ Core only: no LangChain or LlamaIndex import. Thread-safe (a run's decisions und
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import contextlib
 import contextvars
 import hashlib
@@ -60,7 +57,7 @@ from pathlib import Path
 
 from branchgate.errors import InputError
 from branchgate.inference.agents.recorder import TraceRecorder
-from branchgate.inference.ledger import Budget, _limit
+from branchgate.inference.budget import Budget, _limit
 from branchgate.logs_to_dataset.decision_points import MAX_RETAINED
 from branchgate.logs_to_dataset.trace_schema import text_evidence_id
 from branchgate.texts import hit_of, hit_text

@@ -24,9 +24,6 @@ Checked against langchain-core 1.8.3 and langchain-classic 1.0.8 (``.ci/integrat
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 from collections.abc import Sequence
 
 try:

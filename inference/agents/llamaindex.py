@@ -21,9 +21,6 @@ Checked against llama-index-core 0.14.25 (``.ci/integrations/llamaindex.txt``); 
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 try:
     from llama_index.core.bridge.pydantic import PrivateAttr
     from llama_index.core.postprocessor.types import BaseNodePostprocessor

@@ -22,9 +22,6 @@ of evidence from a URL the read stage read carries that hit's id (``hit_id``).
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import hashlib
 import logging
 import threading

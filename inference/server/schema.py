@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from branchgate.inference.ledger import MAX_AMOUNT
+from branchgate.inference.budget import MAX_AMOUNT
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 MAX_DEPTH = 10_000  # a decision's depth (the trees are a few levels deep)

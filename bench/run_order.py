@@ -4,9 +4,6 @@ shared steps here (``simulate``, ``closed_loop``, ``real_data``, ``eval_data``),
 
 from __future__ import annotations
 
-if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
-    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
-
 import json
 import os
 import time
@@ -17,7 +14,7 @@ from branchgate.bench.budget_step import budget_step
 from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.gate_steps import source_steps
 from branchgate.bench.report import write
-from branchgate.bench.settings import Run, sim_settings, write_ids
+from branchgate.bench.settings import BenchRun, sim_settings, write_ids
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.bench.sweeps import (
     BOTH_FAMILY,
@@ -47,7 +44,7 @@ def run_bench(
     progress: bool = False,
     command: str | None = None,
 ):
-    """Run (or reuse) every step; returns ``(report, paths, steps)`` (``command``, the invocation, is recorded)."""
+    """BenchRun (or reuse) every step; returns ``(report, paths, steps)`` (``command``, the invocation, is recorded)."""
     started = time.perf_counter()
     run, real_fp = prepare(env_path, train_file, eval_file, out, cfg, real, progress)
     sim = _simulate(run)
@@ -105,9 +102,9 @@ def run_bench(
 
 def prepare(
     env_path: str, train_file: str, eval_file: str, out: str | Path, cfg: dict, real: list[str], progress: bool
-) -> tuple[Run, list[str]]:
+) -> tuple[BenchRun, list[str]]:
     """Check every setting and input before any work, then claim ``out`` (``fileio.check_output_dir``): the
-    ``Run`` and the ``--real`` inputs' fingerprints."""
+    ``BenchRun`` and the ``--real`` inputs' fingerprints."""
     from branchgate.logs_to_dataset.decision_points import check_split_by
     from branchgate.models.encoder import resolve
     from branchgate.pipeline import env as envmod
@@ -126,7 +123,7 @@ def prepare(
         out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND, in_place=True
     )
     claim_output_dir(out, OUTPUT_KIND)  # closed (mark_output_dir) once the report is written
-    run = Run(
+    run = BenchRun(
         env_path=env_path,
         cfg=cfg,
         steps=Steps(out),
@@ -144,7 +141,7 @@ def prepare(
     return run, real_fp
 
 
-def _simulate(run: Run) -> dict:
+def _simulate(run: BenchRun) -> dict:
     """``simulate``: the train queries, unpruned, for every train seed: ``seed<N>/``, and with
     ``experimental.train_trees`` one ``tree<i>/seed<N>/`` per listed tree."""
     from branchgate.pipeline.config import Config
@@ -180,7 +177,7 @@ def _simulate(run: Run) -> dict:
 
 
 def _report(
-    run: Run, pts: list, runs: dict, per_source: dict, budgets: dict | None, seconds: float, per_read: dict
+    run: BenchRun, pts: list, runs: dict, per_source: dict, budgets: dict | None, seconds: float, per_read: dict
 ) -> dict:
     """``report.json`` (keys: docs/bench.md): the first label source's gate as the headline, every source under
     ``by_labels`` with its variants' comparisons, each source's read gate under ``read`` (with both learned
