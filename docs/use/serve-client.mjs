@@ -1,5 +1,5 @@
 // A branchgate client in plain JavaScript (Node >= 18: global fetch, no npm packages).
-// Start the server first:  branchgate serve --model pretrained:pre --read pretrained:read
+// Start the server first:  branchgate serve --pre pretrained:pre --read pretrained:read
 // Then:                    BRANCHGATE_URL=http://127.0.0.1:8000 node serve-client.mjs
 const base = process.env.BRANCHGATE_URL ?? "http://127.0.0.1:8000";
 

@@ -51,18 +51,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from branchgate import __version__
-from branchgate.errors import BranchgateError, InputError
+from branchgate.errors import BranchgateError, InputError, LimitError
 from branchgate.fileio import load_json
 from branchgate.inference.gate_texts import CHARS_PER_TOKEN_LIMIT
 from branchgate.inference.inputs import as_decision, as_read_decision, decision_texts
 from branchgate.inference.run_gate import apply_decision
 from branchgate.inference.server import schema
 from branchgate.inference.server.runs import Runs, StoreError
-from branchgate.logs_to_dataset.decision_points import MAX_CANDIDATES
+from branchgate.limits import MAX_ITEMS  # items of any list in a body (candidates, hits, state.retained, ...)
 
 log = logging.getLogger("branchgate.serve")
 MAX_BODY_BYTES = 1 << 20  # a request body (JSON); larger ones are refused with 413 before being read whole
-MAX_ITEMS = MAX_CANDIDATES  # items of any list in a body (candidates, hits, state.retained, ...): the dataset's cap
 MAX_RUNS = 10_000  # open budgeted runs per store
 RUN_TTL = 3600.0  # seconds: an idle run may be dropped after this when the store needs room for a new one
 MAX_REQUEST_TOKENS = 8192  # tokens one request may make the Gate encode (about 0.3 GB at 256 tokens a text)
@@ -272,10 +271,10 @@ def guarded(handler, keeper: Gatekeeper | None):
             return await handler(request)
         except (ApiError, StoreError) as exc:
             return error_response(exc.status, exc.message, exc.field, getattr(exc, "headers", None))
-        except InputError as exc:
+        except InputError as exc:  # a LimitError (a list or number past branchgate.limits) is a 413
             field = exc.file if exc.file != WHERE else None
             message = f"field '{field}' {exc.reason}" if field else exc.reason
-            return error_response(422, message, field)
+            return error_response(413 if isinstance(exc, LimitError) else 422, message, field)
         except BranchgateError as exc:
             return error_response(422, str(exc))
         except Exception:
@@ -325,7 +324,7 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
     from branchgate.inference.server.runs import MemoryStore
 
     if pre is None and read is None:
-        raise InputError("give a pre-retrieval controller, a read controller or both", "--model/--read")
+        raise InputError("give a pre-retrieval controller, a read controller or both", "--pre/--read")
     for name, flag, gate in (("pre", "--pre", pre), ("read", "--read", read)):
         if gate is not None and gate.stage != name:
             raise InputError(f"{gate.path} is a {gate.stage} controller (metadata stage={gate.stage})", flag)
@@ -346,7 +345,7 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
 
     def need(stage: str):
         if gates[stage] is None:
-            flag = "--model PRE.onnx" if stage == "pre" else "--read READ.onnx"
+            flag = "--pre PRE.onnx" if stage == "pre" else "--read READ.onnx"
             raise ApiError(404, f"this server has no {stage} controller (start it with {flag})", "stage")
         return gates[stage]
 

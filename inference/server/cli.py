@@ -87,13 +87,15 @@ def is_loopback(host: str) -> bool:
 def limits_of(args):
     """The server's ``Limits`` from the flags (each an integer ≥ 1; unset: the default)."""
     from branchgate.inference.server.app import Limits
+    from branchgate.limits import MAX_COUNT, MAX_ITEMS
 
     limits = Limits()
     for name in LIMIT_FLAGS:
         value, flag = getattr(args, name, None), "--" + name.replace("_", "-")
+        most = MAX_ITEMS if name == "max_items" else MAX_COUNT  # no request holds more items than a decision may
         if value is not None:
-            if not 1 <= value <= 10**12:
-                raise InputError(f"must be from 1 to 10^12, got {value}", flag)
+            if not 1 <= value <= most:
+                raise InputError(f"must be from 1 to {most}, got {value}", flag)
             setattr(limits, name, value)
     if args.run_ttl is not None:
         if not 0 < args.run_ttl <= 10**9:
