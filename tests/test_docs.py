@@ -381,6 +381,8 @@ def test_every_shared_figure_is_the_stored_one_on_every_user_page(harness):
         assert mod.fill_figures(text, figs, page.name) == text, (
             f"{page}: run python3 scripts/readme_results.py --figures"
         )
+        # a line that starts with an HTML comment ends the paragraph in Markdown: a marker goes mid-line
+        assert not [n for n, line in enumerate(text.splitlines(), 1) if line.startswith("<!-- fig:")], page
     stored = {k for k in json.loads(mod.FIGURES.read_text()) if not k.startswith("_")}
     assert stored <= used, stored - used  # docs/figures.json holds no figure that no page shows
     planted = "<!-- fig:read_gate.sim.kpr_share -->98.7%<!-- /fig -->"
@@ -454,3 +456,14 @@ def test_the_bench_plots_never_give_two_curves_the_same_look():
     styles = curve_styles(gates, others, plt)
     assert len(set(styles.values())) == len(gates) + len(others)
     assert not {s[0] for k, s in styles.items() if k in gates} & {s[0] for k, s in styles.items() if k in others}
+
+
+def test_the_home_page_example_runs_as_shown(capsys):
+    """docs/index.md's five-line example on the core install's pretrained controller."""
+    (code,) = [
+        b for _, _, lang, b in FENCE.findall((REPO / "docs" / "index.md").read_text()) if lang.strip() == "python"
+    ]
+    assert len([line for line in code.splitlines() if line.strip()]) <= 5
+    exec(compile(code, "index.md", "exec"), {})  # noqa: S102  (the page's own example)
+    kept = json.loads(capsys.readouterr().out)
+    assert kept and all(0 <= i < 3 for i in kept)
