@@ -467,3 +467,12 @@ def test_the_home_page_example_runs_as_shown(capsys):
     exec(compile(code, "index.md", "exec"), {})  # noqa: S102  (the page's own example)
     kept = json.loads(capsys.readouterr().out)
     assert kept and all(0 <= i < 3 for i in kept)
+
+
+def test_the_docs_name_the_extras_the_install_script_installs():
+    """README and getting started say which extras `make quickstart` installs: those of .ci/install."""
+    script = (REPO / ".ci" / "install").read_text(encoding="utf-8")
+    (installed,) = re.findall(r'pip install -q -e "\.\[([\w,]+)\]"', script)
+    for page in (REPO / "README.md", REPO / "docs" / "getting-started.md"):
+        shown = set(re.findall(r'pip install -e\s+"\.\[([\w,]+)\]"', page.read_text(encoding="utf-8")))
+        assert shown == {installed}, f"{page.name} shows {shown}, .ci/install installs .[{installed}]"
