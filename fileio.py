@@ -1,5 +1,9 @@
 """Atomic output (write to a temporary sibling, then rename into place) and the output-folder rule: branchgate
-never deletes or replaces a file it did not write, at any path (``check_output_dir``, see below)."""
+never deletes or replaces a file it did not write, at any path (``check_output_dir``, see below); bounded reads
+of users' files and the one JSON loader.
+
+Over 400 lines: the output-folder rule records what the atomic writers here write, so both live in one module;
+the bounded readers could move to a module of their own."""
 
 from __future__ import annotations
 

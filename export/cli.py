@@ -44,8 +44,8 @@ def check_args(args) -> None:
     if not 1 <= args.max_decisions <= MAX_DECISIONS:
         raise InputError(f"must be from 1 to {MAX_DECISIONS:,}, got {args.max_decisions}", "--max-decisions")
     for name, value in (("--tol", args.tol), ("--auroc-tol", args.auroc_tol)):
-        if not (math.isfinite(value) and value >= 0):
-            raise InputError(f"must be a finite number ≥ 0, got {value}", name)
+        if not math.isfinite(value):  # NaN would pass every check (a negative value fails every one)
+            raise InputError(f"must be a finite number, got {value}", name)
     if args.dataset is not None and not Path(args.dataset).is_dir():
         raise InputError("no such dataset folder (a saved decision dataset: branchgate dataset build)", args.dataset)
     if not Path(args.checkpoint).is_file():

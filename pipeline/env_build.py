@@ -359,7 +359,7 @@ def _musique_files(b: Builder, sources: list[str]) -> tuple[list[tuple[str, str]
     for src in map(Path, sources):
         if not src.is_dir():
             raise InputError("not a directory", str(src))
-        files = sorted(src.glob("*.json"))
+        files = sorted(f for f in src.glob("*.json") if not f.name.startswith("."))  # not .branchgate.json
         if not files:
             raise InputError(
                 "no *.json file (expected MuSiQue questions, e.g. musique_train.json, and optionally *_corpus.json)",

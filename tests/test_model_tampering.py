@@ -24,15 +24,23 @@ from branchgate.training.checkpoint import load_controller, save_controller
 
 BGE = "BAAI/bge-small-en-v1.5"
 SET = ("controller.onnx", "controller.int8.onnx", "controller.tokenizer.json", "controller.md")
+RECORD = ".controller.onnx.branchgate.json"  # the export's record of what it wrote (fileio.write_file_set)
 
 
 def _old_set(folder: Path) -> dict[str, bytes]:
-    """An earlier export's four files in ``folder`` (distinct bytes), as {name: bytes}."""
+    """An earlier export's four files in ``folder`` (distinct bytes, recorded as the export's), as {name: bytes}."""
+    from branchgate.fileio import write_file_set
+
     folder.mkdir(parents=True, exist_ok=True)
     old = {name: f"old {name}\n".encode() for name in SET}
     for name, data in old.items():
-        (folder / name).write_bytes(data)
+        (folder / f"new.{name}").write_bytes(data)
+    write_file_set({folder / n: folder / f"new.{n}" for n in SET}, folder / RECORD, "export")
     return old
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != RECORD}
 
 
 def _export(encoder, out: Path, **kw):
@@ -53,9 +61,9 @@ def test_an_export_that_fails_while_moving_files_in_leaves_the_old_set_byte_iden
         return real(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(fileio.os, "replace", fails_on_the_tokenizer)
-    with pytest.raises(PermissionError):
+    with pytest.raises(InputError, match="cannot write the files .Permission denied"):  # named, not a traceback
         _export(encoder, out / "controller.onnx")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == old  # the old set, and nothing else left behind
+    assert _files(out) == old and sorted(p.name for p in out.iterdir()) == sorted([*SET, RECORD])  # nothing else
 
 
 def test_a_folder_in_place_of_one_file_of_the_set_is_refused_before_anything_moves(encoder, tmp_path):
@@ -67,17 +75,15 @@ def test_a_folder_in_place_of_one_file_of_the_set_is_refused_before_anything_mov
     with pytest.raises(InputError, match="controller.md: exists and is not a file"):
         _export(encoder, out / "controller.onnx")
     assert (out / "controller.md" / "notes.txt").read_text() == "mine"
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == {
-        k: v for k, v in old.items() if k != "controller.md"
-    }
-    assert sorted(p.name for p in out.iterdir()) == sorted(SET)
+    assert _files(out) == {k: v for k, v in old.items() if k != "controller.md"}
+    assert sorted(p.name for p in out.iterdir()) == sorted([*SET, RECORD])
 
 
 def test_a_successful_export_replaces_every_file_of_the_old_set(encoder, tmp_path):
     out = tmp_path / "m"
     old = _old_set(out)
     report = _export(encoder, out / "controller.onnx")
-    assert sorted(p.name for p in out.iterdir()) == sorted(n for n in SET if n != "controller.int8.onnx")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(n for n in SET if n != "controller.int8.onnx"), RECORD])
     for name in ("controller.onnx", "controller.tokenizer.json", "controller.md"):
         assert (out / name).read_bytes() != old[name]
     assert "removed the stale controller.int8.onnx" in (out / "controller.md").read_text()

@@ -367,7 +367,7 @@ def test_export_options_are_checked_before_work(tmp_path, capsys, no_work):
     for extra, name in (
         (["--max-decisions", "0"], "--max-decisions"),
         (["--tol", "nan"], "--tol"),
-        (["--auroc-tol", "-1"], "--auroc-tol"),
+        (["--auroc-tol", "inf"], "--auroc-tol"),
         (["--dataset", str(tmp_path / "none")], str(tmp_path / "none")),
     ):
         refused([*export_argv(ckpt, out), *extra], capsys, name)
