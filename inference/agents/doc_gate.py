@@ -16,8 +16,9 @@ decision.
 
 **A run.** Each ``filter`` call is one search: the query searched and the documents it returned. Inside
 ``with gate.run(question)`` the calls (in this thread or task, or any it starts: a context variable) are the
-searches of one run: they share the run's question (the read state's root query), what it has read (the newest
-``MAX_RETAINED`` texts; a document read before in the run is not read again, actor ``seen``) and its budget.
+searches of one run: they share the run's question (the read state's root query), what it has read (a
+``read_state.ReadState``, as in every read decision: the window of the newest texts read; a document read before
+in the run is not scored or read again, actor ``seen``) and its budget.
 Outside one, every call is a run of its own whose question is the query.
 
 **The decision.** The read controller (``Gate.select(read_state, hits, tau=τ, floor=...)``: a ``.onnx`` read
@@ -50,7 +51,6 @@ import contextlib
 import contextvars
 import hashlib
 import threading
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,12 +58,11 @@ from pathlib import Path
 from branchgate.errors import InputError
 from branchgate.inference.agents.recorder import TraceRecorder
 from branchgate.inference.budget import Budget, _limit
-from branchgate.logs_to_dataset.decision_points import MAX_RETAINED
+from branchgate.inference.read_state import ReadState
 from branchgate.logs_to_dataset.trace_schema import text_evidence_id
 from branchgate.texts import hit_of, hit_text
 
 MAX_TEXT_CHARS = 20_000  # of a document's text recorded as evidence (the teacher labels read the full text)
-MAX_READ_IDS = 4096  # ids of documents read that a run remembers (the newest): "read before" looks no further
 URL_KEYS = ("url", "source")  # a document's URL in its metadata: the first that is a non-empty string
 COUNTS = ("searches", "hits", "hits_read", "hits_skipped", "hits_over_budget")
 FRAME = "f0"  # the run's one frame: its question
@@ -124,8 +123,7 @@ class DocumentRun(TraceRecorder):
         )
         self.owner = owner
         self.budget = Budget(budget_docs, budget_tokens)
-        self.read_ids: dict[str, None] = {}  # ids read in this run, oldest first (the newest MAX_READ_IDS)
-        self.read_texts: deque[str] = deque(maxlen=MAX_RETAINED)  # their hit texts, oldest first
+        self.reads = ReadState(question or "")  # what the run has read (``inference/read_state.py``)
 
     def _config(self) -> dict:
         o = self.owner
@@ -138,7 +136,7 @@ class DocumentRun(TraceRecorder):
             raise InputError(f"must be a string, got {type(query).__name__}", "query")
         with self._lock:
             if self._root_query is None:
-                self._root_query = query
+                self._root_query = self.reads.root_query = query
             first: dict[str, int] = {}  # hit id → index of its first document
             for i, d in enumerate(docs):
                 if (d.title or d.snippet) and d.id not in first:
@@ -156,20 +154,16 @@ class DocumentRun(TraceRecorder):
             self._write("frame_open", frame_id=FRAME, depth=0, frame_query=self.root_query)
         self._write("candidate", frame_id=FRAME, candidate_id=cid, order=self.counts["searches"], query=query)
         self._write("decision", candidate_id=cid, action="expand", actor="default")
-        state = {
-            "root_query": self.root_query,
-            "query": query,
-            "goal": "",
-            "read": list(self.read_texts),
-            "read_ids": list(self.read_ids),
-            "depth": 0,
-        }
-        rows = [{"id": d.id, "title": d.title, "snippet": d.snippet, "rank": r} for r, d in enumerate(hits)]
-        o = self.owner
-        sel = o.gate.select(state, rows, tau=o.tau, floor=o.floor)
-        p_keep = [None if p != p else float(p) for p in sel.p_keep]  # NaN: read before, not scored
-        read, over = self._admit(sorted(sel.kept, key=lambda i: -p_keep[i]), hits)
-        seen = set(sel.not_new)
+        o, new = self.owner, self.reads.new(d.id for d in hits)
+        seen, p_keep = set(range(len(hits))) - set(new), [None] * len(hits)  # read before: not scored
+        chosen = []
+        if new:
+            rows = [{"id": hits[i].id, "title": hits[i].title, "snippet": hits[i].snippet, "rank": i} for i in new]
+            sel = o.gate.select(self.reads.state(query, "", 0), rows, tau=o.tau, floor=o.floor)
+            for k, i in enumerate(new):
+                p_keep[i] = float(sel.p_keep[k])
+            chosen = sorted((new[k] for k in sel.kept), key=lambda i: -p_keep[i])
+        read, over = self._admit(chosen, hits)
         listed = [{"hit_id": d.id, "title": d.title, "snippet": d.snippet, "rank": r} for r, d in enumerate(hits)]
         self._write("results", candidate_id=cid, query=query, hits=[h | _url(d) for h, d in zip(listed, hits)])
         evidence = [self._doc_evidence(d) for d in hits]
@@ -180,7 +174,7 @@ class DocumentRun(TraceRecorder):
             self._write("read", candidate_id=cid, hit_id=d.id, action=action, actor=actor, score=p, p_keep=p)
         self._retrieval(cid, query, [evidence[i] for i in sorted(read)], spend=False)
         for i in sorted(read):
-            self._remember(hits[i])
+            self.reads.add(hits[i].id, hit_text(hits[i].title, hits[i].snippet))
         self.counts["searches"] += 1
         self.counts["hits"] += len(hits)
         self.counts["hits_read"] += len(read)
@@ -211,13 +205,6 @@ class DocumentRun(TraceRecorder):
             self._evidence[eid] = len(text.split())
             self._write("evidence", evidence_id=eid, text=text, source=d.url, tokens=self._evidence[eid], hit_id=d.id)
         return eid
-
-    def _remember(self, d: Doc) -> None:
-        if d.id not in self.read_ids:
-            self.read_ids[d.id] = None
-            self.read_texts.append(hit_text(d.title, d.snippet))
-            if len(self.read_ids) > MAX_READ_IDS:
-                del self.read_ids[next(iter(self.read_ids))]
 
     def end(self, status: str = "ok") -> None:
         with self._lock:
