@@ -211,5 +211,5 @@ def run(args) -> int:
 
     os.environ[OPTIONS_ENV] = json.dumps({k: v for k, v in vars(args).items() if not k.startswith("_")}, default=str)
     config = uvicorn.Config("branchgate.inference.server.cli:app_from_env", factory=True, workers=args.workers, **kw)
-    Multiprocess(config, target=uvicorn.Server(config).run, sockets=[sock]).run()
+    Multiprocess(config, sockets=[sock]).run()
     return 0

@@ -35,6 +35,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 from branchgate.errors import BranchgateError, InputError
@@ -125,12 +126,10 @@ class SqliteStore:
         where = str(self.path)
         if self.path.exists() and not self.path.is_file():
             raise InputError("is not a regular file: the run store is one SQLite file", where)
+        if self.path.exists() and _application_id(self.path) != APPLICATION_ID:  # read-only look: nothing written
+            raise InputError("exists and is not a branchgate run store: give a new path", where)
         try:
             db = self._db()
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            app = db.execute("PRAGMA application_id").fetchone()[0]
-            if tables and app != APPLICATION_ID:
-                raise InputError("is a SQLite file that branchgate did not write: give a new path", where)
             with db:
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 for sql in self.SCHEMA:
@@ -267,6 +266,15 @@ class RedisStore:
         pipe.incr(name)
         pipe.expire(name, 120)
         return int(pipe.execute()[0])
+
+
+def _application_id(path: Path) -> int | None:
+    """A SQLite file's application id, read without writing (None: not a SQLite file)."""
+    try:
+        with closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+            return db.execute("PRAGMA application_id").fetchone()[0]
+    except sqlite3.DatabaseError:
+        return None
 
 
 def open_store(spec: str | None):
