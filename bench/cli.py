@@ -1,7 +1,7 @@
 """``branchgate bench``: the whole held-out experiment in one command, every step cached under OUT.
 
     branchgate bench --env DIR --train-queries FILE --eval-queries FILE --out DIR [--config bench]
-                     [--labels SOURCE[,SOURCE...]] [--real DIR ...] [--workers N]
+                     [--labels SOURCE[,SOURCE...]] [--real DIR ...] [--real-eval DIR ...] [--workers N]
 
 Steps (reused when their fingerprint matches, see ``bench/steps.py``): ``simulate`` (no pruning, train
 queries) → ``closed_loop`` (every policy of ``bench/sweeps.py`` that needs no gate, on the eval queries) →
@@ -49,7 +49,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[],
         metavar="DIR",
-        help="real agents' decision datasets or trace folders (built with --labels auto) to score",
+        help="real agents' decision datasets or trace folders (built with --labels auto) to score; with a read "
+        "stage the first one's read decisions also train the read gate out of fold over its runs (the real track, "
+        "bench/real_track.py: the simulator's gate fine-tuned, trained from scratch, as it is, every teacher, an "
+        "oracle; AUROC per hit and per search, a replay frontier)",
+    )
+    parser.add_argument(
+        "--real-eval",
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="other real logs (read datasets or trace folders) the real track judges with the gates trained on every "
+        "run of the first --real",
     )
     parser.add_argument("--breadth", type=int, default=None, help="override the config's breadth")
     parser.add_argument("--depth", type=int, default=None, help="override the config's depth")
@@ -83,6 +94,7 @@ def run(args) -> int:
         args.real,
         progress=not args.no_progress and sys.stderr.isatty(),
         command=shlex.join(["branchgate", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else None,
+        real_eval=args.real_eval,
     )
     pol = report["policies"]
     print(f"{'policy':<22} {'tokens':>9} {'KPR':>7}  [95% CI]")

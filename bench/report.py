@@ -89,6 +89,10 @@ def markdown(
         lines += report["calibration"]["table"]
     if report.get("read"):
         lines += [""] + read_report.section(report, h)
+    if report.get("real_track"):  # bench/real_track.py, with --real and a read stage
+        from branchgate.bench import real_track
+
+        lines += ["", *real_track.markdown(report["real_track"], h, f"{images}{real_track.PLOT}")]
     lines += [
         "",
         f"{h} Gate vs each baseline at its token budget (gate KPR − baseline KPR, paired over queries; "
@@ -517,5 +521,10 @@ def write(out: Path, report: dict) -> dict[str, Path]:
     if report["real"]:
         paths["real_png"] = out / REAL_PLOT
         plot_real(report, paths["real_png"])
+    if report.get("real_track"):
+        from branchgate.bench import real_track
+
+        paths["real_track_png"] = out / real_track.PLOT
+        real_track.plot(report["real_track"], paths["real_track_png"])
     atomic_write_text(paths["md"], markdown(report))
     return paths

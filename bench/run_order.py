@@ -43,6 +43,7 @@ def run_bench(
     real: list[str] = (),
     progress: bool = False,
     command: str | None = None,
+    real_eval: list[str] = (),
 ):
     """BenchRun (or reuse) every step; returns ``(report, paths, steps)`` (``command``, the invocation, is recorded)."""
     started = time.perf_counter()
@@ -93,6 +94,13 @@ def run_bench(
         report["calibration"] = bench_table(
             [str(loop / f"seed{s}" / "none" / "traces") for s in run.seeds], eval_set, list(real), real_sets
         )
+    if real and per_read:  # the read gate learned from the real logs themselves (bench/real_track.py)
+        from branchgate.bench.real_track import bench_step
+
+        src = run.sources[0]
+        track = bench_step(run, src, per_read[src]["controller"], list(real), real_sets, list(real_eval), progress)
+        if track:
+            report["real_track"] = track
     if command:
         report["command"] = command
     paths = write(run.steps.out, report)

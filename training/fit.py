@@ -154,12 +154,14 @@ def make_loggers(out: Path, wb: Wandb) -> list:
 
 def start(model: ControllerModule, source: str, freeze: str, dm: DecisionDataModule) -> None:
     """``--init_from``: the model starts from ``source``'s net (``training.init_from``), checked against the data."""
-    from branchgate.training.init_from import apply_start, check_start, load_start
+    from branchgate.training.init_from import apply_start, check_start, load_start, switch_order_on
 
     net, meta, how = load_start(source)
     check_start(meta, dm.manifest, dm.dataset_path, source)
     trainable = apply_start(net, freeze)
-    net.order = bool(model.hparams.get("order", True))  # an input switch, not a weight: --model.order decides
+    if bool(model.hparams.get("order", True)) and not net.order:  # an input switch: --model.order decides
+        switch_order_on(net, dm.sets["train"].features)
+    net.order = bool(model.hparams.get("order", True))
     net.train()
     model.net, model.started = net, True
     model.start_note = {"source": source, "weights": how, "freeze": freeze, "trainable": trainable}

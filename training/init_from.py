@@ -184,6 +184,27 @@ def apply_start(net: ValueNet, freeze: str) -> list[str]:
     return trainable
 
 
+def switch_order_on(net: ValueNet, features) -> None:
+    """A start trained without the position input (``order`` false: it read 0) that will now read it: the weights
+    reading ``order`` and ``order_frac`` start at 0 (the start's scores are unchanged until training moves them) and
+    their standardisation is the new train split's (``features``: its [rows, F] structured features)."""
+    from branchgate.models.value_model import SCALAR_NAMES
+
+    f = np.asarray(features, np.float64)
+    order, n_cand = f[:, FEATURE_NAMES.index("order")], f[:, FEATURE_NAMES.index("n_candidates")]
+    values = {"order": order, "order_frac": order / np.maximum(n_cand - 1.0, 1.0)}
+    n_text = net.mlp[0].in_features - len(SCALAR_NAMES)
+    with torch.no_grad():
+        for name, v in values.items():
+            j = SCALAR_NAMES.index(name)
+            net.mlp[0].weight[:, n_text + j] = 0.0
+            net.wide.weight[:, j] = 0.0
+            if len(v):
+                net.scalar_mean[j] = float(v.mean())
+                net.scalar_std[j] = max(float(v.std()), 1e-6)
+    net.order = True
+
+
 def union_range(net: ValueNet, train_range: dict | None) -> None:
     """Widen the net's structured-feature range to include the new train split's."""
     if train_range is None:
