@@ -25,6 +25,12 @@ goal, the frame's depth, the newest ``READ_WINDOW`` hits read before, as a live 
 the hits it reads (``evidence.hit_id``) is what the branch finds. A branch without a ``results`` event finds its
 ``retrieval`` evidence, as with no read stage.
 
+Caps (``branchgate.limits``, as a dataset's decision points have them): a frame offers its first ``MAX_CANDIDATES``
+candidates (by order), a search its first ``MAX_HITS`` hits (by rank) that have a title or a snippet (a read
+controller has nothing else to judge), a decision its newest ``MAX_RETAINED`` branches searched; what is left out
+is never replayed, and counted (``ReplayRun.left_out``, the report's
+``left_out``), so a log whose unpruned replay falls short of it says why.
+
 Value kept (``RunValue``): the key points of the evidence found over the run's key points (``keypoints``), the
 cited evidence found over the cited evidence (``citations``, the report's ``cited_ids``), or the sum of a decision
 dataset's row utilities over the kept candidates or read hits (``rows``: any label source of ``dataset build``).
@@ -36,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from branchgate.inference.read_state import ReadState
-from branchgate.logs_to_dataset.decision_points import run_decisions
+from branchgate.limits import MAX_HITS, MAX_RETAINED
+from branchgate.logs_to_dataset.decision_points import OVER_CANDIDATES, run_decisions
 from branchgate.texts import candidate_text, hit_text
 
 SYNTHESIS_PURPOSES = ("synthesis", "report")
@@ -65,6 +72,9 @@ class ReplayRun:
     def __init__(self, run):
         events = sorted(run.events, key=lambda e: e.seq)
         rd = run_decisions(run.run_id, events)
+        # what the replay leaves out (module docstring): candidates past a frame's first MAX_CANDIDATES, hits past
+        # a search's first MAX_HITS, hits with neither title nor snippet (nothing a read controller could judge)
+        self.left_out = {"candidates": rd.problems.count(OVER_CANDIDATES), "hits": 0, "hits_without_text": 0}
         self.run_id, self.root_query, self.evidence = run.run_id, rd.root_query, rd.evidence
         self.frames = {f.frame_id: f for f in rd.frames}
         self.child: dict[str, list[str]] = {}
@@ -93,7 +103,11 @@ class ReplayRun:
             if e.type in ("retrieval", "results") and e.candidate_id in self.cands:
                 first.setdefault(e.candidate_id, e.seq)
                 if e.type == "results":
-                    self.results.setdefault(e.candidate_id, (e.seq, sorted(e.hits, key=lambda h: h.rank)))
+                    if e.candidate_id not in self.results:
+                        hits = sorted((h for h in e.hits if has_text(h)), key=lambda h: h.rank)
+                        self.results[e.candidate_id] = (e.seq, hits[:MAX_HITS])
+                        self.left_out["hits"] += max(0, len(hits) - MAX_HITS)
+                        self.left_out["hits_without_text"] += len(e.hits) - len(hits)
             elif e.type == "evidence" and e.hit_id is not None:
                 self.hit_evidence.setdefault(e.hit_id, []).append(e.evidence_id)
             elif e.type == "report":
@@ -198,7 +212,7 @@ class ReplayRun:
             "root_query": self.root_query,
             "frame_query": frame.frame_query,
             "parent_goal": frame.parent_goal,
-            "retained": list(walk.retained),
+            "retained": walk.retained[-MAX_RETAINED:],  # the newest, as a dataset's decision point keeps them
             "depth": frame.depth,
         }
 
@@ -287,6 +301,11 @@ class _Walk:
     retained: list = field(default_factory=list)
     found: set = field(default_factory=set)
     reads: ReadState = field(default_factory=ReadState)  # the hits read (``inference.read_state``)
+
+
+def has_text(hit) -> bool:
+    """A hit a read controller can judge: it has a title or a snippet."""
+    return bool((hit.title or "").strip() or (hit.snippet or "").strip())
 
 
 def keypoint_value(run: ReplayRun, out: Outcome) -> float:

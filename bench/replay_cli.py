@@ -82,7 +82,7 @@ def run(args) -> int:
 
     check_args(args)
     out = check_output_dir(args.out, [*args.traces, args.model, args.read, args.dataset], OUTPUT_KIND)
-    runs = load_runs(args)
+    runs, read = load_runs(args)
     sweep = Sweep.from_args(args)
     if sweep.stage == "read" and not any(r.has_results for r in runs):
         raise InputError(
@@ -92,7 +92,7 @@ def run(args) -> int:
         )
     value, labels = value_rule(args, runs, sweep.stage, out)
     rows = sweep.run(runs, value, quiet=args.no_progress)
-    report = summarise(rows, runs, args, labels, sweep)
+    report = summarise(rows, runs, args, labels, sweep, skipped=[s.as_dict() for s in read.skipped])
     if not report["unpruned"]["tokens"]:
         log.warning("the logs record no LLM calls and no evidence tokens: no token shares, no recommendation")
     written = write_outputs(out, report, OUTPUT_KIND)
@@ -102,22 +102,72 @@ def run(args) -> int:
 
 
 def check_args(args) -> None:
+    """Every option's value, before any work (no log read, no controller loaded, no folder made): an
+    ``InputError`` naming the option."""
+    from pathlib import Path
+
+    from branchgate.inference.inputs import as_tau, as_threads
+    from branchgate.limits import MAX_BOOTSTRAP
+
     if args.model is None and args.read is None:
         raise InputError("give a controller to replay: --pre (pre-retrieval) and/or --read", "--pre")
     if not 0 < args.keep <= 1:
         raise InputError(f"must be in (0, 1], got {args.keep}", "--keep")
     if args.budget is not None and not 0 < args.budget <= 1:
         raise InputError(f"must be in (0, 1], got {args.budget}", "--budget")
-    if args.labels is not None and args.labels not in LABELS[:4] and not args.labels.startswith("teacher:"):
-        raise InputError(f"expected one of {', '.join(LABELS)}, got {args.labels!r}", "--labels")
+    check_labels(args)
     if args.labels == "rows" and args.dataset is None:
         raise InputError("rows labels come from a decision dataset: pass --dataset", "--labels")
-    if args.bootstrap < 0 or args.max_runs < 0:
-        raise InputError("must be ≥ 0", "--bootstrap" if args.bootstrap < 0 else "--max-runs")
+    if args.dataset is not None and not Path(args.dataset).is_dir():
+        raise InputError("not a folder: a decision dataset is the folder dataset build wrote", args.dataset)
+    if not 0 <= args.bootstrap <= MAX_BOOTSTRAP:
+        raise InputError(f"must be from 0 to {MAX_BOOTSTRAP} (branchgate.limits.MAX_BOOTSTRAP)", "--bootstrap")
+    if args.max_runs < 0:
+        raise InputError("must be ≥ 0", "--max-runs")
+    if args.pre_tau is not None:
+        if args.read is None or args.model is None:
+            raise InputError(
+                "holds the pre-retrieval controller at this τ while --read's τ is swept: give it with --pre and "
+                "--read (without --read, --taus sweeps the pre controller's τ)",
+                "--pre-tau",
+            )
+        as_tau(args.pre_tau, "--pre-tau")
+    if args.floor is not None and args.read is None:
+        raise InputError("applies to the read controller: give --read", "--floor")
+    as_threads(args.threads, "--threads")
+    parse_taus(args.taus, ())
+    if args.run_budgets is not None:
+        parse_shares(args.run_budgets, "--run-budgets")
+        if args.model is None or args.read is not None:
+            raise InputError("run budgets replay the pre-retrieval controller alone: --pre, no --read", "--run-budgets")
 
 
-def load_runs(args) -> list:
-    """The runs of ``--traces`` as ``ReplayRun``s (a progress bar on long logs); none is an error."""
+def check_labels(args) -> None:
+    """``--labels``: one of ``LABELS``; ``teacher:NAME`` names a teacher; ``judge`` has its endpoint and model; the
+    read stage takes only the sources it has (``read_rows.check_read_labels``)."""
+    labels = args.labels
+    if labels is None:
+        return
+    if labels not in LABELS[:4] and not labels.startswith("teacher:"):
+        raise InputError(f"expected one of {', '.join(LABELS)}, got {labels!r}", "--labels")
+    if labels.startswith("teacher:"):
+        from branchgate.models import teachers as T
+
+        name = labels.partition(":")[2]
+        if name not in T.NAMES:
+            raise InputError(f"teacher:NAME names a teacher ({', '.join(T.NAMES)}), got {labels!r}", "--labels")
+    if labels == "judge" and not (args.llm_url and args.llm_model):
+        raise InputError("judge labels need the judge's endpoint and model: --llm-url and --llm-model", "--labels")
+    if args.read is not None and labels != "rows":
+        from branchgate.logs_to_dataset.read_rows import check_read_labels
+
+        check_read_labels(labels)
+
+
+def load_runs(args) -> tuple[list, object]:
+    """The runs of ``--traces`` as ``ReplayRun``s (a progress bar on long logs) and the ``ReadReport``; none is an
+    error. Records skipped (a bad line, a count out of bounds) are a warning naming the first few by file and line.
+    """
     from branchgate.bench.replay import ReplayRun
     from branchgate.logs_to_dataset.readers import ReadReport, read_runs
 
@@ -127,9 +177,13 @@ def load_runs(args) -> list:
         runs.append(ReplayRun(run))
         if args.max_runs and len(runs) == args.max_runs:
             break
+    if report.skipped:
+        first = "; ".join(f"{s.file}{'' if s.line is None else f':{s.line}'}: {s.reason}" for s in report.skipped[:3])
+        more = f" (and {len(report.skipped) - 3} more, listed in replay.json)" if len(report.skipped) > 3 else ""
+        log.warning("%d record(s) skipped, not replayed: %s%s", len(report.skipped), first, more)
     if not runs:
         raise InputError("no runs found (skipped records, if any, were logged above)", " ".join(args.traces))
-    return runs
+    return runs, report
 
 
 def value_rule(args, runs, stage: str, out) -> tuple:
@@ -160,7 +214,32 @@ def value_rule(args, runs, stage: str, out) -> tuple:
             f"(dataset build --stage {stage})",
             "--dataset",
         )
+    check_rows_match(utilities, runs, stage, path)
     return replay.row_value(utilities, stage), f"rows:{source}"
+
+
+def check_rows_match(utilities: dict, runs, stage: str, path) -> None:
+    """The dataset's labelled rows must be rows of these runs — candidates (pre) or hits of their searches (read) —
+    or every value would be 0: none matching is an ``InputError``, some runs without one a warning."""
+    items = {}
+    for r in runs:
+        if stage == "pre":
+            items[r.run_id] = set(r.cands)
+        else:
+            items[r.run_id] = {(f"{cid}@{seq}", h.hit_id) for cid, (seq, hits) in r.results.items() for h in hits}
+    matched = [k for k in utilities if k[0] in items and (k[1] if stage == "pre" else k[1:]) in items[k[0]]]
+    if not matched:
+        sample = sorted({k[0] for k in utilities})[:3]
+        raise InputError(
+            f"no labelled row of {path} matches a {'candidate' if stage == 'pre' else 'hit'} of --traces (its "
+            f"runs: {', '.join(map(repr, sample)) or 'none'}{' …' if len({k[0] for k in utilities}) > 3 else ''}; "
+            f"these logs': {', '.join(repr(r.run_id) for r in runs[:3])}{' …' if len(runs) > 3 else ''}): every value "
+            "would be 0; build the dataset from these logs",
+            "--dataset",
+        )
+    without = len(runs) - len({k[0] for k in matched})
+    if without:
+        log.warning("%d of the %d runs replayed have no labelled row in %s: their value is 0", without, len(runs), path)
 
 
 def label_dataset(args, labels: str, stage: str, out) -> str:

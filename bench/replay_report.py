@@ -16,9 +16,10 @@ log = logging.getLogger(__name__)
 FIELDS = ("searches", "hits_read", "tokens", "value")
 
 
-def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
+def summarise(rows: list[dict], runs, args, labels: str, sweep, skipped: list | None = None) -> dict:
     """The report: ``unpruned`` (means), ``points`` (per τ: means with intervals, shares of unpruned with
-    intervals, what was saved) and ``recommended``."""
+    intervals, what was saved), ``recommended``, what the replay ``left_out`` and the log records ``skipped``
+    (``{file, line, reason}``, the first 100)."""
     from branchgate.training.stats import bootstrap_ci, mean_ci
 
     base = np.array(rows[0]["per_run"], np.float64)
@@ -41,6 +42,8 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep) -> dict:
         "runs": len(runs),
         "runs_with_results": sum(r.has_results for r in runs),
         "decision_points": decision_points(runs),
+        "left_out": left_out(runs),
+        "skipped": {"records": len(skipped or []), "first": (skipped or [])[:100]},
         "unpruned": {f: float(base[:, i].mean()) for i, f in enumerate(FIELDS)},
         "logged_tokens": logged_tokens(runs),
         "points": points,
@@ -63,6 +66,34 @@ def decision_points(runs) -> dict:
     """How many frames the runs hold and how many offer a single candidate (the Gate always keeps one)."""
     frames = [f for r in runs for f in r.frames.values()]
     return {"frames": len(frames), "single_candidate": sum(len(f.candidates) == 1 for f in frames)}
+
+
+def left_out(runs) -> dict:
+    """What the replay left out of the logs (``ReplayRun.left_out``), summed over runs, with the caps and the runs
+    concerned: candidates past a frame's first ``MAX_CANDIDATES``, hits past a search's first ``MAX_HITS``, hits with
+    neither title nor snippet."""
+    from branchgate.limits import MAX_CANDIDATES, MAX_HITS
+
+    keys = ("candidates", "hits", "hits_without_text")
+    out = {k: int(sum(r.left_out[k] for r in runs)) for k in keys}
+    out["runs"] = sum(any(r.left_out[k] for k in keys) for r in runs)
+    out["caps"] = {"candidates": MAX_CANDIDATES, "hits": MAX_HITS}
+    return out
+
+
+def left_out_line(report: dict) -> str:
+    """The summary's sentence on what the replay left out ("" when nothing was)."""
+    lo = report.get("left_out") or {}
+    caps = lo.get("caps", {})
+    said = {
+        "candidates": f"candidates past the first {caps.get('candidates')} of their frame",
+        "hits": f"hits past the first {caps.get('hits')} of their search",
+        "hits_without_text": "hits with neither title nor snippet",
+    }
+    parts = [f"{lo[k]} {text}" for k, text in said.items() if lo.get(k)]
+    if not parts:
+        return ""
+    return f". Left out of the replay, in {lo['runs']} runs (replay.json's left_out): {'; '.join(parts)}"
 
 
 def share(x: np.ndarray, base: np.ndarray, boot: int, bootstrap_ci) -> dict:
@@ -122,6 +153,7 @@ def summary_line(report: dict) -> str:
             f"{report['runs']} runs replayed; no point of the sweep meets the rule ({rec['rule']}); the most value: "
             f"{most['name']}, {_share(most['value_share'])} at {_share(most['tokens_share'])} of "
             f"the tokens (sweep {'higher' if report['budget'] is not None else 'lower'} τ with --taus)"
+            + left_out_line(report)
         )
     line = (
         f"{report['runs']} runs replayed; recommended {report['stage']} {rec['point']} ({rec['rule']}): "
@@ -133,7 +165,7 @@ def summary_line(report: dict) -> str:
             f". No point prunes anything: {dp['single_candidate']} of the {dp['frames']} decision points offer a "
             "single candidate, which the pre-retrieval controller always keeps (chain-shaped logs: try --read)"
         )
-    return line
+    return line + left_out_line(report)
 
 
 def _share(m: dict) -> str:

@@ -5,8 +5,9 @@ Hits and misses are counted so callers can report them.
 
 A cache file that cannot serve is an ``InputError`` naming it, before anything is written to it: a folder, a
 file that is not SQLite, an SQLite database that is not an embedding cache (it is never changed), a file that
-cannot be opened or written; and, when read, a stored vector that is not finite or not the encoder's width
-(NaN rows would silently zero every teacher score).
+cannot be opened or written; and, when read, a stored vector that is not finite, all zero or not the encoder's width
+(NaN or zero rows would silently zero every teacher score: no encoder gives a zero vector for a text, so one is a
+damaged or edited cache). An encoder that gives a NaN or all-zero vector is an error too, and nothing is stored.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class EmbeddingCache:
                 )
                 if not np.isfinite(vecs).all():
                     raise InputError(f"encoder {self.encoder_id!r} gave non-finite (NaN/inf) vectors; none were stored")
+                if vecs.size and not np.any(vecs, axis=-1).all():
+                    raise InputError(f"encoder {self.encoder_id!r} gave an all-zero vector; none were stored")
                 with self._lock:
                     self._sql(
                         "INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
@@ -142,7 +145,7 @@ class EmbeddingCache:
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
     def _stored(self, blob) -> np.ndarray:
-        """A stored vector, checked: float32 bytes, every component finite."""
+        """A stored vector, checked: float32 bytes, every component finite, not all zero."""
         if not isinstance(blob, bytes) or len(blob) % 4:
             raise InputError(f"holds a vector for encoder {self.encoder_id!r} that is not float32 data", str(self.path))
         vec = np.frombuffer(blob, dtype=np.float32)
@@ -150,6 +153,12 @@ class EmbeddingCache:
             raise InputError(
                 f"holds non-finite (NaN/inf) vectors for encoder {self.encoder_id!r} (a damaged or "
                 "edited cache): use another cache file",
+                str(self.path),
+            )
+        if vec.size and not vec.any():
+            raise InputError(
+                f"holds all-zero vectors for encoder {self.encoder_id!r} (no encoder gives one for a text: a damaged "
+                "or edited cache; every teacher score would be 0): use another cache file",
                 str(self.path),
             )
         return vec

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -43,6 +44,22 @@ PRUNED_LABELS = ("excluded", "teacher_pre")
 # Evidence is cut to ~10 characters per token of the encoder's window before embedding (the build sets
 # it from the encoder): beyond what the encoder reads, so vectors are unchanged and tokenising stays cheap.
 EVIDENCE_MAX_CHARS = 5120
+
+
+@contextmanager
+def one_blas_thread():
+    """Run the teachers on one BLAS thread (a decorator of ``rows``). Their matrices are small (a decision's window:
+    at most ``MAX_CONTEXT`` evidence rows and ``MAX_RETAINED`` retained texts), and more threads only spin against
+    each other and every other process on shared cores: a Search-o1 log of 1,500 searches with 384-dim vectors built
+    its rows 13× slower on all threads of a loaded 2-core machine (``benchmarks/bench_build_searcho1.py``). Without
+    threadpoolctl (it comes with the train extra's scikit-learn) the threads are left as they are."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 
 def evidence_text(text: str, max_chars: int) -> str:
@@ -143,10 +160,12 @@ class RowBuilder:
         src, missing = self.resolve(rd, info)
         return run_texts(rd, self.max_chars, evidence=missing is None and src.needs_vectors(rd))
 
+    @one_blas_thread()
     def rows(
         self, rd: RunDecisions, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None
     ) -> list[dict]:
-        """Rows of one run; realized rows carry ``label = None`` until ``finalize``."""
+        """Rows of one run (on one BLAS thread: ``one_blas_thread``); realized rows carry ``label = None`` until
+        ``finalize``."""
         info = info or RunInfo()
         src, missing = self.resolve(rd, info)
         if missing is not None:

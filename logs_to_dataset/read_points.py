@@ -36,15 +36,16 @@ evidence for it, or the run has no key-point labels) gets -1 (unlabelled, never 
 
 Problems are counted, never guessed (``problems``, a dict of counts; keys below): a ``results`` event whose
 candidate was not declared before it (or was declared in an unknown frame) is skipped
-(``results_without_candidate``); hits past the first ``MAX_HITS`` of a list (by rank) are left out, each
-counted (``hits_over_cap``); a hit id repeated within one list keeps its first (``duplicate_hits``, per
-repeat); a read point whose context, read ids or retained texts went over their cap counts once
-(``context_over_cap``, ``read_ids_over_cap``, ``retained_over_cap``); a ``retrieval`` of an undeclared candidate
-is ignored (``retrieval_without_candidate``); a ``read`` event naming no hit of an earlier results event of its
-candidate sets no action (``read_without_results``; a "read" still counts as read), and a second decision for a
-hit that was not deferred (or a second defer) is ignored (``read_repeated``). The caps bound the work per point,
-so that a build grows linearly with its logs: contexts and read sets are kept incrementally over one pass, sets
-for membership.
+(``results_without_candidate``); hits past the first ``MAX_HITS`` of a list (by rank) are left out, each counted
+(``hits_over_cap``); a hit with neither title nor snippet is left out too, since a read controller has nothing to
+judge and the Gate refuses it (``hits_without_text``); a hit id repeated within one list keeps its first
+(``duplicate_hits``, per repeat); a read point whose context, read ids or retained texts went over their cap counts
+once (``context_over_cap``, ``read_ids_over_cap``, ``retained_over_cap``); a ``retrieval`` of an undeclared
+candidate is ignored (``retrieval_without_candidate``); a ``read`` event naming no hit of an earlier results event
+of its candidate sets no action (``read_without_results``; a "read" still counts as read), and a second decision for
+a hit that was not deferred (or a second defer) is ignored (``read_repeated``). The caps bound the work per point,
+so that a build grows linearly with its logs: contexts and read sets are kept incrementally over one pass, sets for
+membership.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ UNLABELLED = -1
 
 RESULTS_WITHOUT_CANDIDATE = "results_without_candidate"
 HITS_OVER_CAP = "hits_over_cap"
+HITS_WITHOUT_TEXT = "hits_without_text"
 DUPLICATE_HITS = "duplicate_hits"
 CONTEXT_OVER_CAP = "context_over_cap"
 READ_IDS_OVER_CAP = "read_ids_over_cap"
@@ -202,7 +204,8 @@ class _ReadWalk:
         return newest[:MAX_RETAINED][::-1]
 
     def hit_dicts(self, raw_hits: list) -> list[dict]:
-        """One results event's hits as dicts, in rank order: repeats dropped, capped at ``MAX_HITS``."""
+        """One results event's hits as dicts, in rank order: repeats and hits without text dropped, capped at
+        ``MAX_HITS``."""
         ranked = sorted(raw_hits, key=lambda h: _get(h, "rank", 0))
         out: list[dict] = []
         seen: set[str] = set()
@@ -210,6 +213,9 @@ class _ReadWalk:
             hid = _get(h, "hit_id")
             if hid in seen:
                 self.problems[DUPLICATE_HITS] += 1
+                continue
+            if not (str(_get(h, "title", "") or "").strip() or str(_get(h, "snippet", "") or "").strip()):
+                self.problems[HITS_WITHOUT_TEXT] += 1
                 continue
             if len(out) == MAX_HITS:
                 self.problems[HITS_OVER_CAP] += 1

@@ -42,7 +42,7 @@ from branchgate.logs_to_dataset.label_sources import (
     citations_missing,
     parse_spec,
 )
-from branchgate.logs_to_dataset.labels import RowBuilder, _Tools, tower_texts
+from branchgate.logs_to_dataset.labels import RowBuilder, _Tools, one_blas_thread, tower_texts
 from branchgate.logs_to_dataset.read_points import ReadPoint, evidence_labels, keypoint_gains, run_read_points
 from branchgate.texts import hit_text
 
@@ -215,6 +215,7 @@ class ReadRowBuilder(RowBuilder):
         evidence = run.evidence.values() if missing is None and src.needs_vectors(run) else ()
         return tower_texts(run.root_query, towers, evidence, self.max_chars)
 
+    @one_blas_thread()
     def rows(self, run: ReadRun, vectors: dict[str, np.ndarray], dim: int, info: RunInfo | None = None) -> list[dict]:
         """Rows of one run's new hits; realized rows carry ``label = None`` until ``finalize``."""
         info = info or RunInfo()

@@ -23,7 +23,8 @@ one decoded line (``parse_event``):
 - unknown ``type``, or a type newer than the event's ``v`` (a ``v`` 1 ``results`` / ``read``, unknown to
   version 1) → kept verbatim as a ``raw`` event (``source_type`` = the type, ``data`` = the object);
 - missing/invalid field → ``InputError`` naming the field (also: two hits of one ``results`` event with
-  the same ``hit_id``, "field 'hits'").
+  the same ``hit_id``, "field 'hits'"; a count — ``depth``, ``order``, ``rank``, any ``tokens`` field — below 0
+  or above ``branchgate.limits.MAX_COUNT``).
 
 ``trace.schema.json`` next to this file is ``json_schema()`` written out; regenerate it with
 ``python3 scripts/write_trace_schema.py`` (a test checks it is current).
@@ -40,6 +41,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from branchgate.errors import InputError
+from branchgate.limits import MAX_COUNT
 
 SCHEMA_VERSION = 2
 
@@ -78,7 +80,7 @@ class FrameOpen(Event):
     frame_id: str
     parent_frame: str | None = None
     parent_candidate: str | None = None
-    depth: int = Field(default=0, ge=0)
+    depth: int = Field(default=0, ge=0, le=MAX_COUNT)
     frame_query: str = ""
     parent_goal: str = ""
 
@@ -87,7 +89,7 @@ class Candidate(Event):
     type: Literal["candidate"] = "candidate"
     frame_id: str
     candidate_id: str
-    order: int = Field(default=0, ge=0)
+    order: int = Field(default=0, ge=0, le=MAX_COUNT)
     query: str
     goal: str = ""
 
@@ -114,7 +116,7 @@ class Hit(BaseModel):
     hit_id: str
     title: str = ""
     snippet: str = ""
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=MAX_COUNT)
     url: str | None = None
 
 
@@ -164,7 +166,7 @@ class Retrieval(Event):
     candidate_id: str
     query: str
     evidence_ids: list[str] = Field(default_factory=list)
-    tokens: int = 0
+    tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
 
 
 class Evidence(Event):
@@ -175,7 +177,7 @@ class Evidence(Event):
     evidence_id: str
     text: str
     source: str = ""
-    tokens: int = 0
+    tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     labels: list[str] | None = None
     hit_id: str | None = None
 
@@ -196,8 +198,8 @@ class Prune(Event):
     type: Literal["prune"] = "prune"
     stage: Literal["pre_retrieval", "post_retrieval", "pre_synthesis"]
     item_ids: list[str] = Field(default_factory=list)
-    tokens_before: int = 0
-    tokens_after: int = 0
+    tokens_before: int = Field(default=0, ge=0, le=MAX_COUNT)
+    tokens_after: int = Field(default=0, ge=0, le=MAX_COUNT)
     actor: str = "default"
 
 
@@ -205,8 +207,8 @@ class LLMCall(Event):
     type: Literal["llm_call"] = "llm_call"
     purpose: str = ""
     model: str = ""
-    in_tokens: int = 0
-    out_tokens: int = 0
+    in_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
+    out_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     cost_usd: float | None = None
 
 
