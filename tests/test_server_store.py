@@ -312,3 +312,25 @@ def test_two_workers_on_redis_share_one_run_under_32_clients_never_over_budget(r
     assert kept == status["spent_nodes"] == budget
     assert sorted(a["budget"]["decision"] for _, a in answers) == list(range(n))  # each applied exactly once
     print(f"two workers: {n} decisions, {kept} kept of {budget}, pids {workers}, os {os.getpid()}")
+
+
+def test_the_commands_default_store_is_a_sqlite_file_under_the_cache_folder(tmp_path, monkeypatch):
+    import uvicorn
+
+    from branchgate.cli import main
+
+    monkeypatch.setenv("BRANCHGATE_CACHE", str(tmp_path / "cache"))
+    apps = []
+
+    def served(self, sockets=None):
+        apps.append(self.config.app)
+        sockets[0].close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    for _ in range(2):  # a restart: the second server sees the first one's run
+        assert main(["serve", "--pre", "pretrained:pre-model", "--threads", "1", "--port", "0"]) == 0
+    first, second = (TestClient(app) for app in apps)
+    assert first.post("/v1/runs", json={"run_id": "kept", "budget_nodes": 2}).status_code == 201
+    assert second.get("/v1/runs/kept").json()["limit"]["nodes"] == 2
+    assert (tmp_path / "cache" / "serve" / "runs.db").is_file()
+    assert main(["serve", "--pre", "pretrained:pre-model", "--workers", "2", "--store", "memory"]) == 2

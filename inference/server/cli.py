@@ -44,11 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other is warned about)"
     )
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port)")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes (more than 1 needs --store)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (more than 1: not --store memory)")
     parser.add_argument(
         "--store",
-        default="memory",
-        help="where budgeted runs live: memory (default; lost on restart), sqlite:PATH, redis://HOST:PORT/DB",
+        default=None,
+        help="where budgeted runs live: sqlite:PATH (default: serve/runs.db under the cache folder; kept across "
+        "restarts), redis://HOST:PORT/DB (several workers or replicas), memory (this process only)",
     )
     parser.add_argument(
         "--api-keys", default=None, help=f"file of API keys, one a line (or {KEYS_ENV}); then every /v1 call needs one"
@@ -143,13 +144,20 @@ def load_gates(args) -> dict:
     return gates
 
 
+def store_spec(args) -> str:
+    """``--store``, or the default: a SQLite file under the cache folder (``fileio.default_cache_dir``)."""
+    from branchgate.fileio import default_cache_dir
+
+    return args.store or f"sqlite:{default_cache_dir() / 'serve' / 'runs.db'}"
+
+
 def build_app(args):
     """The app the options describe (in this process, or in each worker of ``--workers N``)."""
     from branchgate.inference.server.app import create_app
     from branchgate.inference.server.runs import open_store
 
     limits = limits_of(args)
-    return create_app(**load_gates(args), limits=limits, store=open_store(args.store), api_keys=api_keys(args))
+    return create_app(**load_gates(args), limits=limits, store=open_store(store_spec(args)), api_keys=api_keys(args))
 
 
 def app_from_env():
@@ -190,9 +198,10 @@ def run(args) -> int:
         raise BranchgateError(f"{exc.name} is not installed ({install_hint(exc.name)})") from None
     if not 1 <= args.workers <= MAX_WORKERS:
         raise InputError(f"must be from 1 to {MAX_WORKERS}, got {args.workers}", "--workers")
-    if args.workers > 1 and args.store in (None, "", "memory"):
+    args.store = store_spec(args)
+    if args.workers > 1 and args.store == "memory":
         raise InputError(
-            "several workers share runs through a store: add --store sqlite:PATH or redis://...", "--store"
+            "several workers share runs through a store: sqlite:PATH or redis://..., not memory", "--store"
         )
     keys = api_keys(args)
     if not is_loopback(args.host) and keys is None:

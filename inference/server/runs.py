@@ -15,9 +15,10 @@ input) writes nothing: the run stays as it was. Within one process, requests on 
 
 Stores (``open_store``):
 
-- ``memory``: this process only; a restart forgets every run (one worker);
+- ``memory``: this process only; a restart forgets every run (one worker; ``create_app``'s default);
 - ``sqlite:PATH``: a file (stdlib ``sqlite3``, WAL, synchronous=FULL): a restarted server carries on every open
-  run; several workers on one machine may share it;
+  run; several workers on one machine may share it (``branchgate serve``'s default: ``serve/runs.db`` under the
+  cache folder);
 - ``redis://HOST:PORT/DB`` (the ``redis`` extra): several workers or replicas; the compare-and-set and the run
   count are Lua scripts, each atomic in Redis.
 
@@ -129,12 +130,13 @@ class SqliteStore:
         if self.path.exists() and _application_id(self.path) != APPLICATION_ID:  # read-only look: nothing written
             raise InputError("exists and is not a branchgate run store: give a new path", where)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             db = self._db()
             with db:
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 for sql in self.SCHEMA:
                     db.execute(sql)
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, OSError) as exc:
             raise InputError(f"cannot keep runs here ({exc})", where) from None
 
     def _db(self) -> sqlite3.Connection:
