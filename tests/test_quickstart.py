@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import warnings
+from pathlib import Path
 
 from branchgate.cli import main
 from branchgate.decide import decide
@@ -31,3 +34,15 @@ def test_quickstart_runs_the_whole_chain_in_its_default_folder(tmp_path, monkeyp
     )
     assert len(sel.p_keep) == 2 and sel.kept == decide(sel.p_keep, metrics["tau"]).kept
     assert "quickstart finished" in capsys.readouterr().out
+    assert re.search(r"same keep decision at τ for \d+\.\d% of candidates", card)  # a share, as the console says
+
+    # the README's "Gate a decision" example, as shown, on this controller: no out-of-range warning
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Gate a decision", 1)[1]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)[:1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an out-of-range warning fails here
+        scope: dict = {}
+        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102  (the README's own example)
+    assert scope["sel"].out_of_range == [] and scope["sel"].kept
