@@ -247,8 +247,17 @@ def summary_line(manifest: dict, out) -> str:
         f"(train {d['train']} / validation {d['validation']} / test {d['test']}) in {out}; "
         f"{skipped} record(s) skipped{' (see manifest skipped)' if skipped else ''}; "
         f"embeddings {c['misses']} new, {c['hits']} cached{_keypoint_line(manifest.get('keypoints') or {})}"
-        f"{_read_line(manifest.get('read'))}"
+        f"{_read_line(manifest.get('read'))}{_problems_line(manifest.get('run_problems') or {})}"
     )
+
+
+def _problems_line(problems: dict) -> str:
+    """What the caps left out and the other problems counted (the manifest's ``run_problems``), the largest first."""
+    if not problems:
+        return ""
+    top = sorted(problems.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{n} × {reason}" for reason, n in top[:4])
+    return f"; counted in the manifest's run_problems: {shown}{f' (and {len(top) - 4} more)' if len(top) > 4 else ''}"
 
 
 def _read_line(read: dict | None) -> str:

@@ -429,3 +429,18 @@ def test_replay_options_are_refused_before_any_work(tmp_path, capsys, monkeypatc
     rc, err = cli(capsys, "replay", "--traces", traces, *args, "--out", tmp_path / "o", "--no-progress")
     assert rc == 2 and f"{option}: " in err and says in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_dataset_build_prints_what_the_candidate_cap_left_out(tmp_path, encoder):
+    """The 256-candidate cap was recorded in manifest.json only."""
+    from branchgate.logs_to_dataset.build import build
+    from branchgate.logs_to_dataset.build_report import summary_line
+    from branchgate.logs_to_dataset.decision_points import OVER_CANDIDATES
+
+    traces = write(tmp_path / "logs" / "r.jsonl", big_frame_run(MAX_CANDIDATES + 44))
+    manifest = build(
+        [traces], tmp_path / "ds", cache=tmp_path / "c.sqlite", progress=False, encoder_obj=encoder, embed="torch"
+    )
+    assert manifest["run_problems"] == {OVER_CANDIDATES: 44}
+    line = summary_line(manifest, tmp_path / "ds")
+    assert f"counted in the manifest's run_problems: 44 × candidate past the first {MAX_CANDIDATES}" in line
