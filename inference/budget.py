@@ -23,19 +23,15 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from branchgate.errors import BranchgateError, InputError
-
-MAX_AMOUNT = 10**15  # the most nodes or tokens one limit, cost or spend may hold (exact as a float; issue 62)
+from branchgate.errors import BranchgateError, InputError, LimitError
+from branchgate.limits import MAX_COUNT, MAX_TOTAL
 
 
 class BudgetExceeded(BranchgateError):
     """A charge would take a run past its node or token budget."""
 
 
-MAX_TOTAL = 2**63 - 1  # what a run's running totals may reach when read back (many spends of up to MAX_AMOUNT)
-
-
-def _limit(value, where: str, most: int = MAX_AMOUNT) -> int | None:
+def _limit(value, where: str, most: int = MAX_COUNT) -> int | None:
     """A limit, cost or spend: None or an integer from 0 to ``most`` (a float only when it is whole); larger
     numbers (``10**400``) are refused before anything is charged, so a run stays usable after a bad call."""
     if value is None:
@@ -45,12 +41,12 @@ def _limit(value, where: str, most: int = MAX_AMOUNT) -> int | None:
         raise InputError(why, where)
     if isinstance(value, float) and not value.is_integer():
         raise InputError(why, where)
-    if value > most:
-        raise InputError(why, where)
+    if value > most:  # a bound of branchgate.limits (MAX_COUNT for one count, MAX_TOTAL for a run's sums)
+        raise LimitError(why, where)
     return int(value)
 
 
-def _amount(value, where: str, most: int = MAX_AMOUNT) -> int:
+def _amount(value, where: str, most: int = MAX_COUNT) -> int:
     value = _limit(value, where, most)
     return 0 if value is None else value
 

@@ -51,7 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from branchgate import __version__
-from branchgate.errors import BranchgateError, InputError, LimitError
+from branchgate.errors import BranchgateError, InputError
 from branchgate.fileio import load_json
 from branchgate.inference.gate_texts import CHARS_PER_TOKEN_LIMIT
 from branchgate.inference.inputs import as_decision, as_read_decision, decision_texts
@@ -271,10 +271,10 @@ def guarded(handler, keeper: Gatekeeper | None):
             return await handler(request)
         except (ApiError, StoreError) as exc:
             return error_response(exc.status, exc.message, exc.field, getattr(exc, "headers", None))
-        except InputError as exc:  # a LimitError (a list or number past branchgate.limits) is a 413
+        except InputError as exc:
             field = exc.file if exc.file != WHERE else None
             message = f"field '{field}' {exc.reason}" if field else exc.reason
-            return error_response(413 if isinstance(exc, LimitError) else 422, message, field)
+            return error_response(422, message, field)
         except BranchgateError as exc:
             return error_response(422, str(exc))
         except Exception:

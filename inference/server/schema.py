@@ -17,17 +17,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from branchgate.inference.budget import MAX_AMOUNT
+from branchgate.limits import MAX_COUNT
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-MAX_DEPTH = 10_000  # a decision's depth (the trees are a few levels deep)
 STR = {"type": "string"}
 
 Tau = Annotated[float, Field(ge=0, le=1)]
-MaxKeep = Annotated[int, Field(ge=1, le=MAX_AMOUNT)]
-Amount = Annotated[int, Field(ge=0, le=MAX_AMOUNT)]
-Depth = Annotated[int, Field(ge=0, le=MAX_DEPTH)]
-AMOUNT = {"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT}
+MaxKeep = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Amount = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Depth = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+AMOUNT = {"type": "integer", "minimum": 0, "maximum": MAX_COUNT}
 Spend = Annotated[  # one number is taken as a list of one (so an error names spend[i], one place for the rule)
     list[Amount],
     BeforeValidator(lambda v: [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else v),
