@@ -334,3 +334,25 @@ def test_the_commands_default_store_is_a_sqlite_file_under_the_cache_folder(tmp_
     assert second.get("/v1/runs/kept").json()["limit"]["nodes"] == 2
     assert (tmp_path / "cache" / "serve" / "runs.db").is_file()
     assert main(["serve", "--pre", "pretrained:pre-model", "--workers", "2", "--store", "memory"]) == 2
+
+
+def test_every_new_dependency_is_an_extra_and_redis_missing_names_its_extra(monkeypatch):
+    """The core install stays numpy, onnxruntime, tokenizers and pydantic: Redis is the ``redis`` extra and Swagger
+    UI's files the ``serve`` extra's; the run store module imports only the standard library at load."""
+    import ast
+    import sys
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    core = sorted(d.split(">")[0] for d in project["dependencies"])
+    assert core == ["numpy", "onnxruntime", "pydantic", "tokenizers"]
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("redis") for d in extras["redis"])
+    assert any(d.startswith("swagger-ui-bundle") for d in extras["serve"])
+    tree = ast.parse((REPO / "inference" / "server" / "runs.py").read_text(encoding="utf-8"))
+    top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert all(m.split(".")[0] in sys.stdlib_module_names | {"branchgate", "__future__"} for m in top), top
+    monkeypatch.setitem(sys.modules, "redis", None)
+    with pytest.raises(Exception, match=r"pip install 'branchgate\[redis\]'"):
+        open_store("redis://127.0.0.1:1/0")
