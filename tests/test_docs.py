@@ -359,15 +359,6 @@ def test_the_record_your_runs_example_writes_logs_replay_can_cost(tmp_path, monk
     assert "cannot cost" not in capsys.readouterr().err and "no token shares" not in report.get("summary", "")
 
 
-def _subparsers(parser):
-    """(name, parser) of each top-level command."""
-    import argparse
-
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            yield from action.choices.items()
-
-
 def test_every_shared_figure_is_the_stored_one_on_every_user_page(harness):
     """A figure shown on more than one page (bench time, tree size, the read gate's share, ...) sits between
     ``<!-- fig:NAME -->`` markers and is what scripts/readme_results.py writes from the stored bench report and
