@@ -246,3 +246,21 @@ def _bench():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def test_a_revisit_counts_the_runs_deferred_candidates_against_the_token_limit(gates):
+    """A revisit re-scores every deferred candidate: when they are over the limit, a 413 naming them, and the
+    run is as it was (its deferred candidates wait; close still lists them)."""
+    from branchgate.inference.budget import Deferred
+    from branchgate.inference.server.runs import MemoryStore, Runs
+
+    store = MemoryStore()
+    client = TestClient(create_app(pre=gates["pre"], store=store, limits=Limits(max_request_tokens=1200)))
+    run_id = client.post("/v1/runs", json={"budget_nodes": 5, "defer": True}).json()["run_id"]
+    waiting = [Deferred(long_text(i), long_text(i), 0, i, 0.4, 0.5) for i in range(8)]  # 8 × 256 tokens
+    Runs(gates["pre"], store).call(run_id, lambda run: run.deferred.extend(waiting))
+    url = f"/v1/runs/{run_id}"
+    _error(client.post(url + "/revisit", json={"state": STATE}), 413, "deferred")
+    status = client.get(url).json()
+    assert len(status["deferred"]) == 8 and status["decisions"] == 0
+    assert len(client.post(url + "/close").json()["never_expanded"]) == 8

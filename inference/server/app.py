@@ -444,10 +444,16 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
            400, 403, 404, 413, 415, 422, 429)  # fmt: skip
     async def run_revisit(request: Request):
         """Which deferred candidates to expand now, re-scored against ``state`` (answer: ``revisited``)."""
-        need("pre")
+        gate = need("pre")
         body = await body_of(request, schema.RevisitRequest, "revisit")
         d = {**decision(body, request), "revisit": True}
-        return await in_run(request, lambda run: encoder.run(apply_decision, run, d, None, body.max_keep))
+
+        def revisit(run):  # the run's deferred candidates are re-scored: their tokens count too
+            texts = decision_texts(*as_decision(d["state"], [x.text for x in run.deferred]))
+            encoder.check(gate, texts, "deferred")
+            return encoder.run(apply_decision, run, d, None, body.max_keep)
+
+        return await in_run(request, revisit)
 
     @route("post", "/v1/runs/{run_id}/spend", schema.RunStatus, schema.SpendRequest, 400, 403, 404, 413, 415, 422)
     async def run_spend(request: Request):
