@@ -21,6 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from branchgate import __version__
+from branchgate.errors import InputError
+
 log = logging.getLogger(__name__)
 
 
@@ -44,8 +47,6 @@ def atomic_path(path: str | Path, suffix: str = ".tmp"):
 def default_cache_dir() -> Path:
     """Where caches live (embeddings, LLM judge replies): ``$BRANCHGATE_CACHE`` (when set and not empty), else
     ``~/.cache/branchgate``. ``$BRANCHGATE_CACHE`` naming a file, or a path under one, is an ``InputError``."""
-    from branchgate.errors import InputError
-
     given = os.environ.get("BRANCHGATE_CACHE")
     folder = Path(given) if given else Path.home() / ".cache" / "branchgate"
     up = folder
@@ -72,8 +73,6 @@ def replace_files(moves: dict) -> None:
     Existing targets are renamed aside (``.NAME.*.old`` beside them) before the new files go in; if a step
     fails, the new files go back where they came from and the old ones back in place, then the error propagates;
     on success the old ones are deleted. (A process killed midway leaves the old files as those ``.old`` siblings.)"""
-    from branchgate.errors import InputError
-
     moves = {Path(t): (None if s is None else Path(s)) for t, s in moves.items()}
     for target in moves:
         if os.path.lexists(target) and not target.is_file():
@@ -151,8 +150,6 @@ def check_output_dir(out: str | Path, inputs=(), kind: str = "", in_place: bool 
     existing file; a folder holding anything ``kind`` did not write there (``output_problems``); a folder that
     cannot be created or written where the command writes (``out``'s parent, which takes the staging folder of
     an ``atomic_dir``, or with ``in_place`` ``out`` itself). Nothing is created or changed here."""
-    from branchgate.errors import InputError
-
     out = Path(out)
     real = Path(os.path.realpath(out))
     for given in inputs:
@@ -264,8 +261,6 @@ def check_file_set(targets, record: str | Path, kind: str, name: str = "--out") 
     twin, tokenizer and card) unless each is absent or a regular file that ``record`` (the set's own manifest,
     written by ``write_file_set``) lists as written by ``kind`` and unchanged since; and unless their folder
     can be created and written. ``InputError`` names the file."""
-    from branchgate.errors import InputError
-
     record = Path(record)
     listed = _read_file_record(record, kind)
     if listed is None:
@@ -294,9 +289,6 @@ def check_file_set(targets, record: str | Path, kind: str, name: str = "--out") 
 def write_file_set(moves: dict, record: str | Path, kind: str, name: str = "--out") -> None:
     """Move a checked file set into place (``replace_files``: ``{target: new file or None}``) once
     ``check_file_set`` passes again, then record in ``record`` what is now ``kind``'s."""
-    from branchgate import __version__
-    from branchgate.errors import InputError
-
     record = Path(record)
     check_file_set(list(moves), record, kind, name)
     listed = _read_file_record(record, kind) or {}
@@ -327,8 +319,6 @@ def record_written(path: str | Path) -> None:
 
 
 def _refuse_foreign(out: Path, kind: str) -> None:
-    from branchgate.errors import InputError
-
     problems = output_problems(out, kind)
     if problems:
         more = f" (and {len(problems) - _SHOWN} more)" if len(problems) > _SHOWN else ""
@@ -341,8 +331,6 @@ def _refuse_foreign(out: Path, kind: str) -> None:
 
 def _check_writable(target: Path, where: str) -> None:
     """``target``, or its nearest existing parent, is a folder this process may create files in."""
-    from branchgate.errors import InputError
-
     while not target.exists() and not target.is_symlink() and target != target.parent:
         target = target.parent
     if not target.is_dir():
@@ -486,8 +474,6 @@ def _read_file_record(record: Path, kind: str) -> dict | None:
 
 
 def _write_mark(folder: Path, rec: _Record, complete: bool) -> None:
-    from branchgate import __version__
-
     atomic_write_json(
         folder / OUTPUT_MARK,
         {
@@ -569,8 +555,6 @@ def _remove_previous(aside: Path, kind: str | None) -> None:
 
 
 def _refuse_non_folder(path: Path) -> None:
-    from branchgate.errors import InputError
-
     if (path.exists() or path.is_symlink()) and not path.is_dir():
         raise InputError("is an existing file (or a link to one), not a folder: refusing to replace it", str(path))
 
@@ -614,8 +598,6 @@ def locked(path: str | Path):
     """Hold an exclusive advisory lock for a read-modify-write of the file ``path``. The lock file lives in the
     cache folder (``default_cache_dir()/locks``), named by ``path``'s real location: nothing is left beside
     ``path``. Without advisory locks (not POSIX) the last writer wins."""
-    from branchgate.errors import InputError
-
     key = hashlib.sha256(os.path.realpath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
     folder = default_cache_dir() / "locks"
     try:
@@ -653,8 +635,6 @@ def read_bounded(source, name: str, limit: int = MAX_READ_BYTES) -> bytes:
     """The bytes of a file the user gave (a path, or an open stream such as stdin), read whole but never past
     ``limit``: a longer input (a device such as /dev/zero, the wrong file) is refused after ``limit`` bytes.
     Every failure is an ``InputError`` naming ``name``."""
-    from branchgate.errors import InputError
-
     try:
         if hasattr(source, "read"):
             data = _read_at_most(source, limit)
@@ -695,8 +675,6 @@ def wide_encoding(head: bytes) -> str | None:
 def decode_text(data: bytes, file: str | None = None, line: int | None = None) -> str:
     """``data`` as UTF-8 text (a leading UTF-8 byte-order mark dropped); UTF-16/32 text (a byte-order mark, or
     NUL in every other byte) or bytes that are not UTF-8 are an ``InputError`` naming ``file`` and the line."""
-    from branchgate.errors import InputError
-
     name = wide_encoding(data[:8192])
     if name:
         raise InputError(f"{name} text, not UTF-8 (save it as UTF-8)", file, line)
@@ -714,8 +692,6 @@ def load_json(text: str | bytes, file: str | None = None, line: int | None = Non
     not UTF-8, integers beyond Python's digit limit, nesting deeper than ``MAX_JSON_DEPTH`` (also raised for
     documents too deep for the parser itself). Lone surrogates (``"\\ud800"``, valid JSON escapes but not
     text) are replaced by U+FFFD, so every string loaded can be encoded as UTF-8 and hashed."""
-    from branchgate.errors import InputError
-
     if isinstance(text, bytes):
         text = decode_text(text, file, line)
     try:
@@ -736,7 +712,6 @@ def load_json(text: str | bytes, file: str | None = None, line: int | None = Non
 
 def _checked(obj, file, line):
     """``obj`` with lone surrogates replaced, refusing nesting deeper than ``MAX_JSON_DEPTH`` (iterative)."""
-    from branchgate.errors import InputError
 
     def fix(s: str) -> str:
         return _LONE_SURROGATE.sub("\ufffd", s) if _has_surrogate(s) else s

@@ -18,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from branchgate.cli import main
 from branchgate.errors import BranchgateError
+from branchgate.fileio import atomic_path, check_output_dir, claim_output_dir, mark_output_dir
 
 OUTPUT_KIND = "quickstart"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
@@ -39,8 +41,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _step(title: str, argv: list[str]) -> None:
-    from branchgate.cli import main
-
     print(f"\n== {title}: branchgate {' '.join(argv)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     rc = main(argv)
@@ -50,8 +50,6 @@ def _step(title: str, argv: list[str]) -> None:
 
 
 def run(args) -> int:
-    from branchgate.fileio import atomic_path, check_output_dir, claim_output_dir, mark_output_dir
-
     encoder_dir = args.encoder if Path(args.encoder).exists() else None  # a local encoder folder is an input
     out = check_output_dir(args.out, [encoder_dir], OUTPUT_KIND, in_place=True)
     claim_output_dir(out, OUTPUT_KIND)  # closed (mark_output_dir) once every step is done

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from branchgate.logs_to_dataset.read_points import evidence_labels, keypoint_gains, run_read_points
+from branchgate.logs_to_dataset.traces import ReadReport
+
 AUROC_TOLERANCE = 0.03
 FRONTIER_TOLERANCE = 0.10
 FRONTIER_SHARES = (0.3, 0.6)
@@ -42,9 +45,7 @@ def _mean(xs: list[float]) -> float | None:
 def shape(paths: Iterable[str | Path], fmt: str | None = None, max_runs: int = MAX_RUNS) -> dict:
     """The read-stage shape of the runs in ``paths`` (module docstring); runs without a results event count
     in ``runs`` only."""
-    from branchgate.logs_to_dataset.read_points import evidence_labels, keypoint_gains, run_read_points
     from branchgate.logs_to_dataset.readers import read_runs
-    from branchgate.logs_to_dataset.traces import ReadReport
 
     report = ReadReport()
     runs = searched = 0
@@ -133,7 +134,6 @@ def auroc_table(dataset: str | Path) -> dict:
 
 def _hits(paths: Iterable[str | Path], fmt: str | None, max_runs: int) -> dict[tuple[str, str], tuple[int, set]]:
     """(run id, hit id) → (words of the hit's full text, its key points) of every new hit of every run."""
-    from branchgate.logs_to_dataset.read_points import evidence_labels, run_read_points
     from branchgate.logs_to_dataset.readers import read_runs
 
     out = {}

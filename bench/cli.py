@@ -19,7 +19,12 @@ OUT/real_auroc.png.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+
+from branchgate.bench.common_sense import line as common_sense_line
+from branchgate.bench.run_order import run_bench
+from branchgate.bench.settings import load_config
 
 OPTIONS = ("breadth", "depth", "encoder", "labels", "bootstrap", "workers")  # command-line overrides of config keys
 
@@ -76,14 +81,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.bench.run_order import run_bench
-    from branchgate.bench.settings import load_config
-
     cfg = load_config(args.config)
     for key in OPTIONS:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
-    import shlex
 
     report, paths, steps = run_bench(
         args.env,
@@ -108,7 +109,6 @@ def run(args) -> int:
     )
     for line in report.get("findings", []):
         print(f"- {line}")
-    from branchgate.bench.common_sense import line as common_sense_line
 
     for where, per in (("pre", report.get("by_labels", {})), ("read", report.get("read", {}))):
         for source, res in per.items():

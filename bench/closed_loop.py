@@ -7,7 +7,9 @@ Each point runs in OUT/closed_loop/<name>/ (``pipeline.simulate``, resumable) wi
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -17,6 +19,10 @@ import numpy as np
 from branchgate.bench.steps import fingerprint
 from branchgate.bench.sweeps import PolicyPoint
 from branchgate.fileio import atomic_write_json
+from branchgate.models.encoder import Encoder
+from branchgate.pipeline import env as envmod
+from branchgate.pipeline.config import Config
+from branchgate.pipeline.simulate import read_totals, simulate
 from branchgate.training.stats import mean_ci
 
 KEYS = ("nodes", "tokens", "kpr")
@@ -29,8 +35,6 @@ def safe_name(name: str) -> str:
 
 def per_query(folder: Path) -> dict[str, dict]:
     """{query id: run totals} of a simulate folder's finished traces (first repetition of each query)."""
-    from branchgate.pipeline.simulate import read_totals
-
     out = {}
     for path in sorted((Path(folder) / "traces").glob("*.jsonl")):
         qid, _, rest = path.stem.partition(".r")
@@ -94,8 +98,6 @@ def run_points(
 
 
 def _file_hash(path: str) -> str:
-    import hashlib
-
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -103,11 +105,7 @@ _WORKER: dict = {}
 
 
 def _init_worker(env_path: str, encoder: str) -> None:
-    import os
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from branchgate.models.encoder import Encoder
-    from branchgate.pipeline import env as envmod
 
     _WORKER["env"], _WORKER["encoder"] = envmod.load(env_path), Encoder.load(encoder)
 
@@ -119,9 +117,6 @@ def _point_job(args) -> str:
 
 
 def _run_point(env, sim: dict, job, queries_file: str, encoder) -> None:
-    from branchgate.pipeline.config import Config
-    from branchgate.pipeline.simulate import simulate
-
     p, folder, fp = job
     cfg = Config(**sim, pre=p.pre, read=p.read, post=p.post, synth=p.synth)
     simulate(env, cfg, folder, queries_file=queries_file, progress=False, encoder=encoder)

@@ -18,6 +18,7 @@ teacher's direction.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import random
@@ -27,6 +28,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from branchgate.errors import InputError
+from branchgate.inference.gate import Gate
 
 STAGES = ("pre", "read")
 PASS = {"pair_accuracy": 0.95, "irrelevant_kept": 0.10, "relevant_kept": 0.80}
@@ -172,14 +174,10 @@ def line(r: dict) -> str:
 
 def check_model(model: str | Path, **load_kw) -> dict:
     """``check`` of the controller at ``model`` (an ONNX file or ``pretrained:NAME``), loaded with ``Gate.load``."""
-    from branchgate.inference.gate import Gate
-
     return check(Gate.load(model, **load_kw))
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python3 -m branchgate.bench.common_sense", description=__doc__.split("\n")[0]
     )

@@ -13,7 +13,9 @@ from branchgate.bench.closed_loop import safe_name
 from branchgate.bench.settings import BenchRun
 from branchgate.bench.steps import keeps_folder
 from branchgate.bench.sweeps import gate_points, read_gate_points, variant_taus
+from branchgate.logs_to_dataset.build import build
 from branchgate.training import stats
+from branchgate.training.cli import resolve_config_names
 
 
 def source_steps(
@@ -76,8 +78,6 @@ def _dataset(run: BenchRun, source: str, key: str, traces: list[str], stage: str
     split_by = cfg["split_by"]  # the default leaves the step's fingerprint as it was before the setting existed
 
     def step(folder: Path) -> dict:
-        from branchgate.logs_to_dataset.build import build
-
         m = build(
             traces,
             folder / "dataset",
@@ -117,7 +117,6 @@ def _train(run: BenchRun, key: str, ds: dict) -> dict:
     train = run.cfg["train"]
 
     def step(folder: Path) -> dict:
-        from branchgate.training.cli import resolve_config_names
         from branchgate.training.fit import train as fit
 
         argv = [

@@ -405,7 +405,7 @@ def bench_step(run, source: str, onnx: str, real: list[str], real_sets: dict, re
     ``--real`` read dataset's track, started from the read gate of label source ``source`` (its checkpoint, else
     its export ``onnx``), judged also on every ``--real-eval`` read dataset. None without a real read dataset."""
     from branchgate.bench.closed_loop import safe_name
-    from branchgate.bench.run_order import _manifest_hash, _real_datasets
+    from branchgate.bench.settings import manifest_hash, real_datasets
 
     reads = real_sets.get("read_datasets") or {}
     if not reads:
@@ -415,8 +415,8 @@ def bench_step(run, source: str, onnx: str, real: list[str], real_sets: dict, re
     start = str(ckpt) if ckpt.is_file() else onnx
     evals = run.steps.run(
         "real_eval_data",
-        {"real_eval": list(real_eval), "manifests": [_manifest_hash(p) for p in real_eval], "encoder": run.enc_id},
-        lambda folder: _real_datasets(list(real_eval), folder, run.enc, progress, True),
+        {"real_eval": list(real_eval), "manifests": [manifest_hash(p) for p in real_eval], "encoder": run.enc_id},
+        lambda folder: real_datasets(list(real_eval), folder, run.enc, progress, True),
     )
     eval_reads = evals.get("read_datasets") or {}
     inputs = {

@@ -21,8 +21,20 @@ import argparse
 import contextlib
 import logging
 import sys
+from pathlib import Path
 
+from branchgate.bench import replay
+from branchgate.bench.replay import ReplayRun
+from branchgate.bench.replay_report import summarise, write_outputs
+from branchgate.data.decision_batches import load_decision_dataset
 from branchgate.errors import InputError
+from branchgate.fileio import check_output_dir
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import as_tau, as_threads
+from branchgate.inference.options import HELP, deprecated_alias
+from branchgate.limits import MAX_BOOTSTRAP
+from branchgate.logs_to_dataset.build import build
+from branchgate.logs_to_dataset.build_cli import add_judge_options, judge_options
 
 OUTPUT_KIND = "replay"
 PRE_TAUS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 0.9)
@@ -34,9 +46,6 @@ log = logging.getLogger(__name__)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from branchgate.inference.options import HELP, deprecated_alias
-    from branchgate.logs_to_dataset.build_cli import add_judge_options
-
     parser.add_argument("--traces", nargs="+", required=True, help="unpruned run logs: files or folders, any format")
     parser.add_argument("--pre", dest="model", default=None, metavar="PATH", help=HELP["pre"])
     deprecated_alias(parser, "--model", "--pre", "model")
@@ -77,9 +86,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.bench.replay_report import summarise, write_outputs
-    from branchgate.fileio import check_output_dir
-
     check_args(args)
     out = check_output_dir(args.out, [*args.traces, args.model, args.read, args.dataset], OUTPUT_KIND)
     runs, read = load_runs(args)
@@ -104,11 +110,6 @@ def run(args) -> int:
 def check_args(args) -> None:
     """Every option's value, before any work (no log read, no controller loaded, no folder made): an
     ``InputError`` naming the option."""
-    from pathlib import Path
-
-    from branchgate.inference.inputs import as_tau, as_threads
-    from branchgate.limits import MAX_BOOTSTRAP
-
     if args.model is None and args.read is None:
         raise InputError("give a controller to replay: --pre (pre-retrieval) and/or --read", "--pre")
     if not 0 < args.keep <= 1:
@@ -168,7 +169,6 @@ def load_runs(args) -> tuple[list, object]:
     """The runs of ``--traces`` as ``ReplayRun``s (a progress bar on long logs) and the ``ReadReport``; none is an
     error. Records skipped (a bad line, a count out of bounds) are a warning naming the first few by file and line.
     """
-    from branchgate.bench.replay import ReplayRun
     from branchgate.logs_to_dataset.readers import ReadReport, read_runs
 
     report, runs = ReadReport(), []
@@ -189,8 +189,6 @@ def load_runs(args) -> tuple[list, object]:
 def value_rule(args, runs, stage: str, out) -> tuple:
     """The value-kept rule and its name: ``--labels`` (default keypoints when the runs carry key points, rows
     with ``--dataset``, else citations)."""
-    from branchgate.bench import replay
-
     labels = args.labels or (
         "rows" if args.dataset else "keypoints" if any(r.n_key_points for r in runs) else "citations"
     )
@@ -244,9 +242,6 @@ def check_rows_match(utilities: dict, runs, stage: str, path) -> None:
 
 def label_dataset(args, labels: str, stage: str, out) -> str:
     """Build the ``labels`` decision dataset of ``--traces`` at OUT/dataset (``dataset build``; the train extra)."""
-    from branchgate.logs_to_dataset.build import build
-    from branchgate.logs_to_dataset.build_cli import judge_options
-
     options = judge_options(args)
     path = out / "dataset"
     log.info("building the %s-stage %s dataset of --traces at %s", stage, labels, path)
@@ -256,8 +251,6 @@ def label_dataset(args, labels: str, stage: str, out) -> str:
 
 def dataset_utilities(path: str) -> tuple[dict, str, str]:
     """``({row key: utility}, stage, label source)`` of a decision dataset (every split, labelled rows)."""
-    from branchgate.data.decision_batches import load_decision_dataset
-
     dd, manifest = load_decision_dataset(path)
     stage = manifest.get("stage", "pre")
     out: dict = {}
@@ -281,8 +274,6 @@ class Sweep:
 
     @classmethod
     def from_args(cls, args) -> Sweep:
-        from branchgate.inference.gate import Gate
-
         pre = Gate.load(args.model, threads=args.threads) if args.model else None
         read = Gate.load(args.read, threads=args.threads) if args.read else None
         for gate, flag, want in ((pre, "--pre", "pre"), (read, "--read", "read")):

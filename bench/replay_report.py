@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from branchgate import __version__
+from branchgate.fileio import atomic_write_json, atomic_write_text, mark_output_dir
+from branchgate.limits import MAX_CANDIDATES, MAX_HITS
 from branchgate.provenance import source_commit
+from branchgate.training.stats import bootstrap_ci, mean_ci
 
 log = logging.getLogger(__name__)
 FIELDS = ("searches", "hits_read", "tokens", "value")
@@ -20,8 +23,6 @@ def summarise(rows: list[dict], runs, args, labels: str, sweep, skipped: list | 
     """The report: ``unpruned`` (means), ``points`` (per τ: means with intervals, shares of unpruned with
     intervals, what was saved), ``recommended``, what the replay ``left_out`` and the log records ``skipped``
     (``{file, line, reason}``, the first 100)."""
-    from branchgate.training.stats import bootstrap_ci, mean_ci
-
     base = np.array(rows[0]["per_run"], np.float64)
     points = []
     for row in rows[1:]:
@@ -72,8 +73,6 @@ def left_out(runs) -> dict:
     """What the replay left out of the logs (``ReplayRun.left_out``), summed over runs, with the caps and the runs
     concerned: candidates past a frame's first ``MAX_CANDIDATES``, hits past a search's first ``MAX_HITS``, hits with
     neither title nor snippet."""
-    from branchgate.limits import MAX_CANDIDATES, MAX_HITS
-
     keys = ("candidates", "hits", "hits_without_text")
     out = {k: int(sum(r.left_out[k] for r in runs)) for k in keys}
     out["runs"] = sum(any(r.left_out[k] for k in keys) for r in runs)
@@ -253,8 +252,6 @@ def plot(report: dict, path: Path) -> None:
 
 def write_outputs(out: Path, report: dict, kind: str) -> list[str]:
     """Writes the report's files; returns the names of those written (no picture without tokens or matplotlib)."""
-    from branchgate.fileio import atomic_write_json, atomic_write_text, mark_output_dir
-
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "replay.json", report)
     atomic_write_text(out / "replay.md", markdown(report))

@@ -4,17 +4,16 @@ shared steps here (``simulate``, ``closed_loop``, ``real_data``, ``eval_data``),
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
 from branchgate.bench import closed_loop, settings
 from branchgate.bench.budget_step import budget_step
-from branchgate.bench.closed_loop import safe_name
+from branchgate.bench.common_sense import check_model
 from branchgate.bench.gate_steps import source_steps
-from branchgate.bench.report import write
-from branchgate.bench.settings import BenchRun, sim_settings, write_ids
+from branchgate.bench.report import findings, write
+from branchgate.bench.settings import BenchRun, manifest_hash, real_datasets, sim_settings, write_ids
 from branchgate.bench.steps import Steps, keeps_folder
 from branchgate.bench.sweeps import (
     BOTH_FAMILY,
@@ -28,8 +27,14 @@ from branchgate.bench.sweeps import (
     read_family,
     variant_family,
 )
-from branchgate.errors import InputError
 from branchgate.fileio import check_output_dir, claim_output_dir, is_output_of, mark_output_dir
+from branchgate.logs_to_dataset.build import build
+from branchgate.logs_to_dataset.decision_points import check_split_by
+from branchgate.models.encoder import resolve
+from branchgate.pipeline import env as envmod
+from branchgate.pipeline.config import Config
+from branchgate.pipeline.simulate import simulate
+from branchgate.training.metrics import clean
 
 OUTPUT_KIND = "bench"  # the command named in the output folder's mark (``fileio.check_output_dir``)
 
@@ -64,7 +69,7 @@ def run_bench(
             "encoder": run.enc_id,
             **({"read": True} if reads else {}),
         },
-        lambda folder: _real_datasets(real, folder, run.enc, progress, reads),
+        lambda folder: real_datasets(real, folder, run.enc, progress, reads),
     )
     eval_set = run.steps.run(
         "eval_data",
@@ -113,10 +118,6 @@ def prepare(
 ) -> tuple[BenchRun, list[str]]:
     """Check every setting and input before any work, then claim ``out`` (``fileio.check_output_dir``): the
     ``BenchRun`` and the ``--real`` inputs' fingerprints."""
-    from branchgate.logs_to_dataset.decision_points import check_split_by
-    from branchgate.models.encoder import resolve
-    from branchgate.pipeline import env as envmod
-
     out = Path(out).resolve()  # the steps' cached results name files by path: absolute, so any cwd can reuse them
     env_path = str(Path(env_path).resolve()) if Path(env_path).exists() else env_path  # (or the name "sample")
     sources = settings.label_sources(cfg["labels"])
@@ -126,7 +127,7 @@ def prepare(
     env = envmod.load(env_path)
     train_ids, eval_ids = settings.read_ids(env, train_file), settings.read_ids(env, eval_file)
     settings.check_disjoint(train_file, train_ids, eval_file, eval_ids)
-    real_fp = [_manifest_hash(p) for p in real]  # a missing --real path fails before any work
+    real_fp = [manifest_hash(p) for p in real]  # a missing --real path fails before any work
     out = check_output_dir(
         out, [env.path, train_file, eval_file, *_outside_own_output(real, out)], OUTPUT_KIND, in_place=True
     )
@@ -152,8 +153,6 @@ def prepare(
 def _simulate(run: BenchRun) -> dict:
     """``simulate``: the train queries, unpruned, for every train seed: ``seed<N>/``, and with
     ``experimental.train_trees`` one ``tree<i>/seed<N>/`` per listed tree."""
-    from branchgate.pipeline.config import Config
-    from branchgate.pipeline.simulate import simulate
 
     def step(folder: Path) -> dict:
         qf = write_ids(folder, run.train_ids)
@@ -190,9 +189,6 @@ def _report(
     """``report.json`` (keys: docs/bench.md): the first label source's gate as the headline, every source under
     ``by_labels`` with its variants' comparisons, each source's read gate under ``read`` (with both learned
     stages' comparisons), the policies' summaries, ``budgets`` and the findings."""
-    from branchgate.bench.report import findings
-    from branchgate.training.metrics import clean
-
     boot = run.boot
     for res in [*per_source.values(), *per_read.values()]:
         res["common_sense"] = common_sense(res.pop("controller", None))
@@ -240,7 +236,6 @@ def common_sense(controller: str | None) -> dict | None:
     """The exported controller's figures on the hand-written common-sense suite (``bench/common_sense.py``)."""
     if not controller:
         return None
-    from branchgate.bench.common_sense import check_model
 
     return check_model(controller, threads=1)
 
@@ -275,30 +270,6 @@ def read_comparisons(pts: list, runs: dict, boot: int) -> dict:
     return out
 
 
-def _real_datasets(real: list[str], folder: Path, enc: str, progress: bool, reads: bool = False) -> dict:
-    """``{"datasets": {NAME: decision dataset}}``: each ``--real`` path, trace folders built into datasets
-    (``dataset build --labels auto``) once for every label source; with ``reads`` also ``"read_datasets"``: each
-    trace folder's read decisions (``--stage read``), and each read dataset given as such."""
-    from branchgate.data.decision_batches import read_manifest
-    from branchgate.logs_to_dataset.build import build
-
-    result: dict[str, str] = {}
-    read: dict[str, str] = {}
-    for path in real:
-        name = Path(path).resolve().name
-        name = name if name not in result else f"{name}-{len(result)}"
-        if (Path(path) / "manifest.json").is_file():
-            (read if read_manifest(path).get("stage") == "read" else result)[name] = str(path)
-            continue
-        dest = folder / safe_name(name)  # agent traces: build their decision datasets first
-        build([path], dest / "dataset", encoder=enc, labels="auto", progress=progress)
-        result[name] = str(dest / "dataset")
-        if reads:
-            build([path], dest / "read_dataset", encoder=enc, labels="auto", progress=progress, stage="read")
-            read[name] = str(dest / "read_dataset")
-    return {"datasets": result, **({"read_datasets": read} if reads else {})}
-
-
 def _eval_dataset(
     loop_folder: Path, seeds: list[int], folder: Path, enc: str, progress: bool, reads: bool = False
 ) -> dict:
@@ -306,8 +277,6 @@ def _eval_dataset(
     dataset labelled by their key points: held-out queries, every branch expanded, so every candidate has a
     label. ``{"dataset": None}`` when those runs carry no key points (an environment without them). With
     ``reads`` also ``"read_dataset"``: the same runs' read decisions (every hit read, so every new hit labelled)."""
-    from branchgate.logs_to_dataset.build import build
-
     traces = [str(loop_folder / f"seed{s}" / "none" / "traces") for s in seeds]
     out = {}
     for key, stage in (("dataset", "pre"), ("read_dataset", "read"))[: 2 if reads else 1]:
@@ -328,19 +297,3 @@ def _outside_own_output(real: list[str], out: str | Path) -> list[str]:
         return list(real)
     root = Path(os.path.realpath(out))
     return [p for p in real if root not in Path(os.path.realpath(p)).parents]
-
-
-def _manifest_hash(path) -> str:
-    """A decision dataset's manifest, or a trace folder's file names, sizes and mtimes, hashed."""
-    from branchgate.bench.steps import fingerprint
-
-    path = Path(path)
-    m = path / "manifest.json"
-    if m.is_file():
-        return fingerprint(json.loads(m.read_text()))
-    if not path.exists():
-        raise InputError("not found (--real takes decision datasets or trace folders)", str(path))
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    return fingerprint(
-        [(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    )

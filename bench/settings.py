@@ -9,9 +9,16 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from branchgate.bench.steps import Steps
+from branchgate.bench import closed_loop
+from branchgate.bench.closed_loop import safe_name
+from branchgate.bench.steps import Steps, fingerprint
+from branchgate.data.decision_batches import read_manifest
 from branchgate.errors import InputError
 from branchgate.fileio import atomic_write_text
+from branchgate.logs_to_dataset.build import build
+from branchgate.logs_to_dataset.label_sources import parse_spec
+from branchgate.models.encoder import Encoder
+from branchgate.pipeline.simulate import select_queries
 from branchgate.texts import SNIPPET_WORDS
 
 SECTIONS = ("train", "policies", "experimental")  # the config's mappings, each merged key by key over the defaults
@@ -72,8 +79,6 @@ def listed(value) -> list[str]:
 
 def label_sources(value) -> list[str]:
     """The config's ``labels`` (one source, a comma-separated list, or a YAML list) as a list of specs."""
-    from branchgate.logs_to_dataset.label_sources import parse_spec
-
     out = [s for s in listed(value) if s]
     if not out:
         raise InputError("no label source given", "labels")
@@ -135,8 +140,6 @@ def seed_lists(cfg: dict) -> tuple[list[int], list[int]]:
 
 
 def read_ids(env, path: str) -> list[str]:
-    from branchgate.pipeline.simulate import select_queries
-
     return list(dict.fromkeys(q for q, _ in select_queries(env, None, path)))  # InputError names file and line
 
 
@@ -196,9 +199,6 @@ class BenchRun:
 
     def closed_loop(self, folder: Path, pts, upstream: str) -> dict:
         """``pts`` on the eval queries for every seed, averaged over seeds (``upstream``: the export they use)."""
-        from branchgate.bench import closed_loop
-        from branchgate.models.encoder import Encoder
-
         qf = write_ids(folder, self.eval_ids)
         encoder = Encoder.load(self.enc) if self.workers <= 1 else None
         by_seed = [
@@ -223,3 +223,38 @@ def write_ids(folder: Path, ids: list[str]) -> str:
     path = folder / "queries.txt"
     atomic_write_text(path, "\n".join(ids) + "\n")
     return str(path)
+
+
+def real_datasets(real: list[str], folder: Path, enc: str, progress: bool, reads: bool = False) -> dict:
+    """``{"datasets": {NAME: decision dataset}}``: each ``--real`` path, trace folders built into datasets
+    (``dataset build --labels auto``) once for every label source; with ``reads`` also ``"read_datasets"``: each
+    trace folder's read decisions (``--stage read``), and each read dataset given as such."""
+    result: dict[str, str] = {}
+    read: dict[str, str] = {}
+    for path in real:
+        name = Path(path).resolve().name
+        name = name if name not in result else f"{name}-{len(result)}"
+        if (Path(path) / "manifest.json").is_file():
+            (read if read_manifest(path).get("stage") == "read" else result)[name] = str(path)
+            continue
+        dest = folder / safe_name(name)  # agent traces: build their decision datasets first
+        build([path], dest / "dataset", encoder=enc, labels="auto", progress=progress)
+        result[name] = str(dest / "dataset")
+        if reads:
+            build([path], dest / "read_dataset", encoder=enc, labels="auto", progress=progress, stage="read")
+            read[name] = str(dest / "read_dataset")
+    return {"datasets": result, **({"read_datasets": read} if reads else {})}
+
+
+def manifest_hash(path) -> str:
+    """A decision dataset's manifest, or a trace folder's file names, sizes and mtimes, hashed."""
+    path = Path(path)
+    m = path / "manifest.json"
+    if m.is_file():
+        return fingerprint(json.loads(m.read_text()))
+    if not path.exists():
+        raise InputError("not found (--real takes decision datasets or trace folders)", str(path))
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return fingerprint(
+        [(str(p.relative_to(path) if path.is_dir() else p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    )

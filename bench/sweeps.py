@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from branchgate.errors import InputError
+from branchgate.models import teachers
 
 STAGES = ("pre", "read", "post", "synth")  # a policy point's stage slots, in the order a search meets them
 
@@ -56,8 +57,6 @@ class PolicyPoint:
 def baseline_points(section: dict) -> list[PolicyPoint]:
     """The policy points that do not use the gate (``configs/bench.yaml``: ``policies``): ``none``, every teacher
     over its breadth budget, ``shallow``, ``random`` and the three-stage combinations without ``gate``."""
-    from branchgate.models import teachers
-
     out = [PolicyPoint("none", "none", "none")]
     names = section.get("teachers") or list(teachers.NAMES)
     for name in names:
@@ -87,8 +86,6 @@ def late_teacher_points(section: dict) -> list[PolicyPoint]:
     keep-top-k per result list (``NAME:max_items=K`` for K in ``read_max_items`` / ``post_max_items``), curve
     ``NAME@read`` / ``NAME@post``; and its threshold (``NAME:threshold=T`` for T in ``read_thresholds[NAME]`` /
     ``post_thresholds[NAME]``), curve ``NAME@read_threshold`` / ``NAME@post_threshold``."""
-    from branchgate.models import teachers
-
     names = section.get("late_teachers") or section.get("teachers") or list(teachers.NAMES)
     out = []
     for stage, key in LATE_STAGES.items():
@@ -112,8 +109,6 @@ def late_teacher_points(section: dict) -> list[PolicyPoint]:
 
 def _late_thresholds(section: dict, key: str) -> dict[str, list[float]]:
     """``policies.KEY``: ``{TEACHER: [threshold, ...]}`` (empty: no threshold curves at that stage)."""
-    from branchgate.models import teachers
-
     value = section.get(key) or {}
     if not isinstance(value, dict):
         raise InputError(f"expected {{TEACHER: [threshold, ...]}}, got {value!r}", f"policies.{key}")
@@ -214,8 +209,6 @@ def budget_points(section: dict, gate_path: str) -> list[PolicyPoint]:
     """The ``budgets`` step's points: per fraction F of ``budget_fractions``, ``gate@budget=F`` (the run-scoped
     gate), ``gate+defer@budget=F`` and ``NAME@budget=F`` for each of ``budget_baselines`` (a teacher or
     ``shallow``), every one with ``budget_tokens=P%`` (P = 100·F of the query's unpruned tokens)."""
-    from branchgate.models import teachers
-
     out = []
     baselines = [str(b) for b in (section.get("budget_baselines") or [])]
     for b in baselines:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from branchgate.data.dataset_schema import SPLITS
 from branchgate.data.decision_batches import TextTable, build_decisions, check_encoder, load_decision_dataset
 from branchgate.data.embedding_cache import EmbeddingCache
-from branchgate.models.encoder import LazyEncoder
+from branchgate.models.encoder import LazyEncoder, resolve
 
 log = logging.getLogger(__name__)
 # the splits a ``setup`` stage needs labelled rows in; any other stage (fit: training ends on the test split)
@@ -64,7 +64,6 @@ class DecisionDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.sets:
             return
-        from branchgate.models.encoder import resolve
 
         self.splits, self.manifest = load_decision_dataset(self.dataset_path)
         spec = self.encoder_spec or resolve(self.encoder_name)

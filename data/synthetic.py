@@ -15,10 +15,14 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from pathlib import Path
 
 from branchgate import __version__
 from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, split_of
 from branchgate.data.dataset_schema import features as schema_features
+from branchgate.data.decision_batches import TextTable, build_decisions
+from branchgate.data.embedding_cache import EmbeddingCache
+from branchgate.fileio import atomic_dir, atomic_write_json
 from branchgate.texts import candidate_text
 
 TOPICS = [
@@ -230,10 +234,6 @@ def synthetic_dataset(
 
 def write_synthetic_dataset(out, n_runs: int = 60, seed: int = 0, **kwargs):
     """Write a synthetic decision dataset to ``out`` (atomically) and return its path."""
-    from pathlib import Path
-
-    from branchgate.fileio import atomic_dir, atomic_write_json
-
     dsd, manifest = synthetic_dataset(n_runs=n_runs, seed=seed, **kwargs)
     with atomic_dir(out) as tmp:
         dsd.save_to_disk(str(tmp))
@@ -245,9 +245,6 @@ def warm_cache(dataset_dir, cache_path, encoder) -> None:
     """Embed every text of a decision dataset's decision points into the embedding cache at ``cache_path``
     with ``encoder``, so that training on it never loads an encoder."""
     import datasets
-
-    from branchgate.data.decision_batches import TextTable, build_decisions
-    from branchgate.data.embedding_cache import EmbeddingCache
 
     texts = TextTable()
     dsd = datasets.load_from_disk(str(dataset_dir))

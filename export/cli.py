@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from pathlib import Path
+
+from branchgate.errors import InputError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +39,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args) -> None:
     """Every option checked before any work (``InputError`` naming it)."""
-    import math
-    from pathlib import Path
-
-    from branchgate.errors import InputError
     from branchgate.export.controller import checked_paths
 
     if not 1 <= args.max_decisions <= MAX_DECISIONS:

@@ -50,9 +50,11 @@ from branchgate.export.graph import (
 from branchgate.export.onnx_metadata import OPSET, metadata, tokenizer_json, write_metadata
 from branchgate.export.packed_tower import PackedBertTower, supports
 from branchgate.export.parity import auroc, load_decisions, max_diff, run_gate, tower_vs_encoder, training_scores
+from branchgate.export.torch_ref import TorchController
 from branchgate.features import FEATURE_NAMES
 from branchgate.fileio import check_file_set, write_file_set
 from branchgate.inference.metadata import FINGERPRINT_PROBES, PARTS, check_fingerprint
+from branchgate.models.encoder import Encoder, recorded_spec
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +226,6 @@ def torch_scores(net, encoder, decisions):
     """(the torch reference's (p_keep, utility) per decision, max |Δ| of its text tower vs the encoder's own
     embeddings, the training path's p_keep per decision or None without a dataset). The reference runs the
     encoder exactly as training embedded the texts (its default attention), each distinct text once."""
-    from branchgate.export.torch_ref import TorchController
-
     reference = TorchController(net, encoder, cache=True)
     with torch_threads(1):  # one thread: robust on a shared machine, where OpenMP barriers stall
         ref = [reference.predict(s, c) for s, c, _ in decisions.items]
@@ -416,8 +416,6 @@ def _quiet_root_logger():
 # -- pieces -----------------------------------------------------------------------------------------------
 def load_encoder(meta: dict):
     """The checkpoint's encoder (``models.encoder.recorded_spec``); never downloads."""
-    from branchgate.models.encoder import Encoder, recorded_spec
-
     max_length = int(meta["max_length"]) if meta.get("max_length") else None
     return Encoder(recorded_spec(meta.get("encoder"), meta.get("encoder_path")), max_length=max_length)
 

@@ -25,10 +25,17 @@ then the hits per decision.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+
+from branchgate.errors import MismatchError
+from branchgate.export.samples import sample_decisions, sample_read_decisions
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import as_decision, as_read_decision, decision_texts
 
 SETTLE_S = 0.1  # pause before each block: onnxruntime and OpenMP workers spin for a while after a run
 
@@ -82,9 +89,6 @@ def measure_latency(
 def predict_inputs(stage: str, decisions: Sequence | None) -> list:
     """``(DecisionState, candidate texts)`` of each decision as a Gate of ``stage`` scores it (the Gate's input
     rules: ``as_decision``; ``as_read_decision``, the hits to score in rank order); default: the stage's samples."""
-    from branchgate.export.samples import sample_decisions, sample_read_decisions
-    from branchgate.inference.inputs import as_decision, as_read_decision
-
     if stage == "read":
         reads = [as_read_decision(s, hits) for s, hits in (sample_read_decisions() if decisions is None else decisions)]
         return [(r.state, r.texts) for r in reads]
@@ -96,10 +100,8 @@ def _methods(model: str, checkpoint: str, int8_model: str | None, threads: int) 
     and its int8 twin, all with ``threads`` CPU threads."""
     import torch
 
-    from branchgate.errors import MismatchError
     from branchgate.export.controller import load_encoder
     from branchgate.export.torch_ref import TorchController
-    from branchgate.inference.gate import Gate
     from branchgate.training.checkpoint import load_controller
 
     torch.set_num_threads(int(threads))
@@ -136,8 +138,6 @@ def _parity(methods: dict, decisions: list) -> dict:
 def _timings(methods: dict, decisions: list, reps: int, progress: bool) -> dict:
     """{(state, method): ms per call}, ``reps`` rounds of every decision in each state, the methods' order
     rotating each round (module docstring)."""
-    from branchgate.inference.inputs import decision_texts
-
     times = {(state, name): [] for state in ("cold", "warm") for name in methods}  # reps x decisions, round by round
     names = list(methods)
     bar = _bar(progress, reps * len(names))
@@ -196,8 +196,6 @@ def _clear(method) -> None:
 
 
 def _int8_sibling(model: str) -> str | None:
-    from pathlib import Path
-
     from branchgate.export.controller import paths_for
 
     path = Path(model)
@@ -214,6 +212,5 @@ def _bar(enabled: bool, total: int):
         from tqdm import tqdm
     except ImportError:
         return None
-    import sys
 
     return tqdm(total=total, desc="bench-gate", file=sys.stderr, disable=not sys.stderr.isatty())

@@ -7,6 +7,9 @@ import argparse
 import json
 import sys
 
+from branchgate.export.latency import measure_latency
+from branchgate.inference.gate_cli import read_decisions
+from branchgate.inference.model_file import read_stage
 from branchgate.inference.options import chosen_controller, controller_options
 
 
@@ -32,10 +35,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.export.latency import measure_latency
-    from branchgate.inference.gate_cli import read_decisions
-    from branchgate.inference.model_file import read_stage
-
     args.model = chosen_controller(args)
     decisions = None
     if args.decisions:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +50,10 @@ from branchgate.export.onnx_tower import (  # noqa: F401  (importable here)
     tower_dir,
     tower_key,
 )
+from branchgate.inference.gate_texts import padded_tokens
+from branchgate.inference.schedule import length_buckets
+from branchgate.inference.wordpiece import checked_wordpiece
+from branchgate.models.encoder import Encoder, LazyEncoder, resolve
 
 PARITY_TOL = 1e-6
 TOKEN_BUDGET = 8192  # padded tokens per graph run (64 texts of 128 tokens)
@@ -66,8 +71,6 @@ class _Runner:
 
     def __init__(self, tower: Tower):
         from tokenizers import Tokenizer
-
-        from branchgate.inference.wordpiece import checked_wordpiece
 
         self.tower = tower
         meta = tower.meta
@@ -102,14 +105,10 @@ class _Runner:
         return self._session
 
     def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
-        from branchgate.inference.gate_texts import padded_tokens
-
         return padded_tokens(texts, self.tokenizer, self.wordpiece, self.pad_id)
 
     def batches(self, texts: list[str], batch_size: int = 64) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(row indices, input_ids, attention_mask) per graph run: sorted by token length, similar lengths together."""
-        from branchgate.inference.schedule import length_buckets
-
         if not texts:
             return []
         tokens = self.tokens(list(texts))
@@ -173,8 +172,6 @@ def _watch_parent(ppid: int, every: float = 1.0) -> None:
 
 
 def _init_worker(tower_path: str) -> None:
-    import threading
-
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="parent-watchdog").start()
     try:
@@ -334,7 +331,6 @@ def build_encoder(name: str = "auto", embed: str = "onnx", workers: int | None =
         from branchgate.models.encoder import Encoder
 
         return Encoder.load(name)
-    from branchgate.models.encoder import LazyEncoder, resolve
 
     return OnnxEncoder(LazyEncoder(resolve(name)), workers=workers)
 
@@ -350,6 +346,5 @@ def describe(encoder) -> dict:
             "parity_tolerance": PARITY_TOL,
             "prepare_s": None if encoder.prepare_s is None else round(encoder.prepare_s, 3),
         }
-    from branchgate.models.encoder import Encoder
 
     return {"path": "torch" if isinstance(encoder, Encoder) else type(encoder).__name__}

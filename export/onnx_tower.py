@@ -26,6 +26,8 @@ import numpy as np
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError
+from branchgate.fileio import atomic_dir, atomic_path, atomic_write_json, default_cache_dir
+from branchgate.models.encoder import LazyEncoder, content_hash
 
 log = logging.getLogger(__name__)
 
@@ -71,16 +73,12 @@ class Tower:
 
 
 def tower_key(spec, max_length: int) -> str:
-    from branchgate.models.encoder import content_hash
-
     h = content_hash(Path(spec.path))
     raw = json.dumps([TOWER_FORMAT, spec.id, h, int(max_length)])
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def tower_dir(spec, max_length: int, cache_dir: str | Path | None = None) -> Path:
-    from branchgate.fileio import default_cache_dir
-
     root = Path(cache_dir) if cache_dir else default_cache_dir() / "onnx_encoders"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.id.rpartition("#")[0] or spec.id)[-60:]
     return root / f"{name}-{tower_key(spec, max_length)}"
@@ -105,7 +103,6 @@ def export_tower(encoder, folder: str | Path) -> Tower:
     from branchgate.export.graph import eager_attention, set_attention
     from branchgate.export.onnx_metadata import OPSET, tokenizer_json
     from branchgate.export.packed_tower import PackedBertTower
-    from branchgate.fileio import atomic_dir, atomic_write_json
 
     tower = encoder.torch_module().eval()
     module = graph_tower(tower)
@@ -169,8 +166,6 @@ def _probes_sha() -> str:
 def record_reference(tower: Tower, encoder) -> np.ndarray:
     """The torch encoder's vectors of ``PARITY_PROBES``, stored beside the tower (``reference.npy`` and
     ``reference.json``: the probes' hash and the torch stack's versions they were computed with)."""
-    from branchgate.fileio import atomic_path, atomic_write_json
-
     vecs = np.asarray(encoder.encode(list(PARITY_PROBES)), np.float32)
     with atomic_path(tower.path / "reference.npy") as tmp:
         with open(tmp, "wb") as fh:
@@ -197,6 +192,4 @@ def recorded_reference(tower: Tower) -> np.ndarray | None:
 
 def _loaded(encoder):
     """The sentence-transformers ``Encoder`` behind ``encoder`` (a ``LazyEncoder`` loads its weights now)."""
-    from branchgate.models.encoder import LazyEncoder
-
     return encoder.load() if isinstance(encoder, LazyEncoder) else encoder

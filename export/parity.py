@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
+from branchgate.data.dataset_schema import DECISION_COLUMNS
+from branchgate.data.decision_batches import TextTable, build_decisions
 from branchgate.errors import BranchgateError, InputError
 from branchgate.inference.gate import Gate
 from branchgate.inference.inputs import as_decision, decision_texts
+from branchgate.training.metrics import safe_auroc
 
 
 @dataclass
@@ -42,8 +45,6 @@ def load_decisions(dataset: str | Path | None, split: str = "test", max_decision
         import datasets
     except ImportError:
         raise BranchgateError("a parity dataset needs the train extra (pip install 'branchgate[train]')") from None
-    from branchgate.data.dataset_schema import DECISION_COLUMNS
-    from branchgate.data.decision_batches import TextTable, build_decisions
 
     path = Path(dataset)
     if not path.exists():
@@ -127,8 +128,6 @@ def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 def auroc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     """AUROC over rows labelled 0/1 (other labels ignored); None without both classes."""
-    from branchgate.training.metrics import safe_auroc
-
     labels = np.asarray(labels)
     keep = (labels == 0) | (labels == 1)
     return safe_auroc(labels[keep], np.asarray(scores, np.float64)[keep])

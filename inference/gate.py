@@ -56,6 +56,7 @@ modules.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -93,6 +94,7 @@ from branchgate.inference.metadata import (
 )
 from branchgate.inference.model_file import controller_path, read_metadata
 from branchgate.inference.read_state import check_floor, select_hits
+from branchgate.inference.run_gate import Budget, RunGate
 from branchgate.inference.schedule import group_threads
 from branchgate.inference.selection import Selection  # noqa: F401  (the Gate's answer; also importable from here)
 from branchgate.inference.teacher_gate import TeacherGate
@@ -228,7 +230,6 @@ class Gate(GateTexts):
                 f"{tok_path}: tokenizer file missing (it is written beside the model by `branchgate export`)"
             )
         tok_bytes = read_bounded(tok_path, str(tok_path))
-        import hashlib
 
         if (
             hashlib.sha256(tok_bytes).hexdigest() != meta["tokenizer_sha256"]
@@ -334,8 +335,6 @@ class Gate(GateTexts):
         (``inference.run_gate.RunGate``; ``options``: tau, max_keep, price_start, price_end, price_exponent,
         defer_margin, revisit_floor, tokens_per_node, max_share). A budgeted run admits by its price, which starts
         at τ at every depth: the controller's ``root_tau`` does not apply."""
-        from branchgate.inference.run_gate import Budget, RunGate
-
         if self.stage != "pre":
             raise BranchgateError(
                 f"{self.path}: a budgeted run admits candidate sub-queries: it needs a pre-retrieval controller, and "

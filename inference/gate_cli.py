@@ -50,6 +50,7 @@ from pathlib import Path
 
 from branchgate.errors import InputError, LimitError
 from branchgate.fileio import atomic_write_json, decode_text, default_cache_dir, load_json, locked, read_bounded
+from branchgate.inference.gate import Gate
 from branchgate.inference.inputs import (
     READ_STATE_FIELDS,
     as_count,
@@ -65,6 +66,7 @@ from branchgate.inference.inputs import (
 from branchgate.inference.inputs import STATE_FIELDS as STATE_KEYS
 from branchgate.inference.model_file import read_stage
 from branchgate.inference.options import chosen_controller, controller_options
+from branchgate.inference.run_gate import RunGate, apply_decision
 
 NO_ROOT_TAU_IN_RUNS = "root_tau and a budgeted run do not combine (the run admits by its own price)"
 HIT_KEYS = ("hits", "items")  # a read decision's hit list: the first of these keys present
@@ -290,8 +292,6 @@ def _check_flags(args) -> None:
 
 
 def run(args) -> int:
-    from branchgate.inference.gate import Gate
-
     _check_flags(args)
     args.model = chosen_controller(args)
     objects = read_json(args.input, args.jsonl)
@@ -372,8 +372,6 @@ def _why(exc: OSError) -> str:
 
 def run_decision(gate, d: dict, tau, max_keep, state: str | None) -> dict:
     """One decision of a budgeted run: load the run (or start it), apply reported spends, decide, save."""
-    from branchgate.inference.run_gate import RunGate, apply_decision
-
     run_id = d["run_id"]
     path = state_file(run_id, state)
     with locked_runs(path) as data:

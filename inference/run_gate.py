@@ -57,6 +57,7 @@ import numpy as np
 
 from branchgate.errors import InputError
 from branchgate.inference.budget import MAX_TOTAL, Budget, BudgetExceeded, Deferred, _amount  # noqa: F401 (re-exported)
+from branchgate.inference.inputs import as_decision, as_max_keep, as_state, as_tau
 from branchgate.inference.selection import Selection
 
 BUDGET_STATE_VERSION = 1
@@ -125,8 +126,6 @@ class RunGate:
         max_share: float | None = None,
         charges: bool = True,
     ):
-        from branchgate.inference.inputs import as_max_keep, as_tau
-
         self.gate = gate
         self.budget = budget if budget is not None else Budget()
         self.defer = bool(defer)
@@ -192,8 +191,6 @@ class RunGate:
         """Gate one decision under the budget (the module docstring's admission rule). For the ``Deferred``
         entries: ``keys`` name the candidates (e.g. trace candidate ids), ``objects`` are what ``candidate``
         holds (default: the candidates as given)."""
-        from branchgate.inference.inputs import as_decision, as_max_keep, as_tau
-
         tau = None if tau is None else as_tau(tau)
         max_keep = as_max_keep(max_keep) if max_keep is not None else self.max_keep
         st, texts = as_decision(state, candidates)
@@ -254,8 +251,6 @@ class RunGate:
         indices refer to ``deferred`` as it was before the call; ``selection.revisited`` holds the admitted
         ``Deferred`` entries (in ``kept`` order). ``costs``: one token estimate per pending entry (ranked then
         by p_keep · ĝ / cost, as in ``select``); default the running estimate."""
-        from branchgate.inference.inputs import as_max_keep, as_state
-
         max_keep = as_max_keep(max_keep)
         st = as_state(state)
         with self._lock:

@@ -25,6 +25,7 @@ from branchgate.errors import BranchgateError
 from branchgate.inference.inputs import DecisionState, as_decision, as_max_keep, as_tau
 from branchgate.inference.read_state import check_floor, select_hits
 from branchgate.inference.selection import Selection
+from branchgate.models.teachers import Items, State, get
 
 
 class TeacherGate:
@@ -33,8 +34,6 @@ class TeacherGate:
     higher_is_better = True
 
     def __init__(self, gate, teacher: str, tau: float, root_tau: float | None = None):
-        from branchgate.models.teachers import get
-
         self.gate = gate
         self.teacher = get(teacher)
         self.name = f"teacher:{self.teacher.name}"
@@ -58,8 +57,6 @@ class TeacherGate:
 
     def scores(self, state: DecisionState, texts: Sequence[str]) -> np.ndarray:
         """The teacher's score of each candidate text given the decision's state."""
-        from branchgate.models.teachers import Items, State
-
         if not texts:
             return np.zeros(0, np.float32)
         retained = [t for t in (state.retained or []) if t and str(t).strip()]

@@ -74,6 +74,7 @@ from pathlib import Path
 
 from branchgate.data.dataset_schema import SPLITS, check_stage, features, split_of
 from branchgate.errors import InputError
+from branchgate.export.onnx_encoder import EMBED_MODES, describe
 from branchgate.fileio import check_output_dir
 from branchgate.logs_to_dataset.build_report import (
     KEYPOINT_STATS,
@@ -94,8 +95,10 @@ from branchgate.logs_to_dataset.label_sources import DEFAULT_POSITIVE_RATE, run_
 from branchgate.logs_to_dataset.labels import PRUNED_LABELS, LabelRecords, RowBuilder
 from branchgate.logs_to_dataset.read_rows import READ_COUNTS, ReadRowBuilder, check_read_labels, read_run
 from branchgate.logs_to_dataset.readers import discover, input_files, read_file
+from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
 from branchgate.logs_to_dataset.row_store import OUTPUT_KIND, RowSpill, write_dataset
 from branchgate.logs_to_dataset.traces import ReadReport
+from branchgate.models import teachers as T
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +197,6 @@ def build(traces: list[str | Path], out: str | Path, **options) -> dict:
 
 def run_build(settings: BuildSettings) -> dict:
     """``build`` with its settings made: check them and the output folder, then read, label and write."""
-    from branchgate.logs_to_dataset.readers.searcho1 import use_keypoints
-
     s = settings
     check_split_by(s.split_by)  # an unknown --split-by fails before any work
     check_build_output(s.out, s.traces, s.keypoints, s.cache)
@@ -211,9 +212,6 @@ def run_build(settings: BuildSettings) -> dict:
 
 def check_settings(s: BuildSettings) -> None:
     """An ``InputError`` naming the option when one has no valid value (before any work)."""
-    from branchgate.export.onnx_encoder import EMBED_MODES
-    from branchgate.models import teachers as T
-
     if check_stage(s.stage) == "read":
         check_read_labels(s.labels)
     if s.pruned_labels not in PRUNED_LABELS:
@@ -233,8 +231,6 @@ class _Build:
     counts and timings, the runs waiting for embeddings, and the encoder, loaded on first use."""
 
     def __init__(self, settings: BuildSettings, spill: RowSpill):
-        from branchgate.models import teachers as T
-
         s = self.s = settings
         self.models = {name: T.get(name) for name in T.NAMES}
         self.builder = (ReadRowBuilder if s.stage == "read" else RowBuilder)(
@@ -459,7 +455,6 @@ class _Build:
         if s.stage == "read":
             manifest["read"] = {k: int(self.read_counts[k]) for k in READ_COUNTS}
         manifest["deferral"] = {k: int(self.deferral[k]) for k in DEFERRAL_COUNTS}
-        from branchgate.export.onnx_encoder import describe
 
         manifest["embedder"] = describe(self.encoder)
         if partial["runs"] and s.partial_runs == "keep":

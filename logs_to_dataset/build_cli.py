@@ -19,13 +19,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from branchgate.data.dataset_schema import STAGES
+from branchgate.logs_to_dataset.build import BATCH_TEXTS, BuildSettings, NothingParsed, run_build
+from branchgate.logs_to_dataset.build_report import summary_line
+from branchgate.logs_to_dataset.decision_points import SPLIT_BY
+from branchgate.logs_to_dataset.labels import PRUNED_LABELS
+from branchgate.logs_to_dataset.ray_build import RAY_BATCH_TEXTS, ray_run_build
+from branchgate.logs_to_dataset.readers import READERS
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from branchgate.data.dataset_schema import STAGES
-    from branchgate.logs_to_dataset.decision_points import SPLIT_BY
-    from branchgate.logs_to_dataset.labels import PRUNED_LABELS
-    from branchgate.logs_to_dataset.readers import READERS
-
     parser.add_argument(
         "--traces", nargs="+", required=True, metavar="PATH", help="trace files or directories (searched recursively)"
     )
@@ -168,9 +171,6 @@ def judge_options(args: argparse.Namespace) -> dict:
 
 def settings_from_args(args: argparse.Namespace):
     """The build's ``BuildSettings`` from the parsed options (``--engine ray``: Ray's batch size)."""
-    from branchgate.logs_to_dataset.build import BATCH_TEXTS, BuildSettings
-    from branchgate.logs_to_dataset.ray_build import RAY_BATCH_TEXTS
-
     ray = getattr(args, "engine", "local") == "ray"
     label_options = judge_options(args)
     return BuildSettings(
@@ -198,10 +198,6 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from branchgate.logs_to_dataset.build import NothingParsed, run_build
-    from branchgate.logs_to_dataset.build_report import summary_line
-    from branchgate.logs_to_dataset.ray_build import ray_run_build
-
     settings = settings_from_args(args)
     try:
         manifest = ray_run_build(settings) if getattr(args, "engine", "local") == "ray" else run_build(settings)

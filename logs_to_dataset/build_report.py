@@ -15,6 +15,7 @@ from branchgate.data.dataset_schema import DATASET_SCHEMA_VERSION, SPLITS, colum
 from branchgate.fileio import atomic_write_json, mark_output_dir
 from branchgate.logs_to_dataset.labels import LabelRecords
 from branchgate.logs_to_dataset.trace_schema import SCHEMA_VERSION
+from branchgate.models.teachers import params
 
 KEYPOINT_STATS = (
     "runs_with_ground_truth",
@@ -141,7 +142,6 @@ def _manifest(
         missing.setdefault(kind, {"runs": 0, "reasons": {}})
         missing[kind]["runs"] += n
         missing[kind]["reasons"][reason] = n
-    from branchgate.models.teachers import params
 
     return {
         "schema_version": DATASET_SCHEMA_VERSION,

@@ -45,6 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from branchgate.errors import InputError
+from branchgate.logs_to_dataset import judge
+from branchgate.models import teachers as T
+from branchgate.models.teachers import State, set_gain
 
 EXCLUDED = "excluded"
 DEFAULT_POSITIVE_RATE = 0.1
@@ -170,8 +173,6 @@ class TeacherSource:
         """``set_gain(teacher, E, state)`` of each evidence set E (lists of evidence ids) given the context C_t
         (``context_ids``): state = ``State([root query], C_t, at.frame_query, at.parent_goal, at.depth, {"pool":
         C_t ∪ every E})``; ``at`` is the decision (a frame, or a read point)."""
-        from branchgate.models.teachers import State, set_gain
-
         pool = list(dict.fromkeys(context_ids + [i for ids in evidence_sets for i in ids]))
         state = State(
             tools.q,
@@ -200,7 +201,6 @@ def _judge(teacher_source, options: dict):
             "--labels judge needs --llm-url/--llm-model (an OpenAI-compatible endpoint and model "
             "that reads each branch's evidence and names the key points it adds)"
         )
-    from branchgate.logs_to_dataset import judge
 
     return judge.label_source(**options)
 
@@ -229,8 +229,6 @@ def discount_of(value) -> float:
 def parse_spec(spec: str | None) -> tuple[str, str]:
     """``(source, argument or "")`` of a ``--labels`` value (``teacher:NAME``, ``returns:γ``); InputError for
     an unknown one."""
-    from branchgate.models import teachers as T
-
     spec = (spec or "auto").strip()
     name, _, arg = spec.partition(":")
     if name not in SOURCES or (arg and name not in ("teacher", "returns")):
@@ -246,8 +244,6 @@ def parse_spec(spec: str | None) -> tuple[str, str]:
 
 def make(spec: str, teacher_name: str, teacher_model, options: dict | None = None):
     """The source named by ``--labels`` (``teacher:NAME`` overrides ``--teacher``'s name for the label)."""
-    from branchgate.models import teachers as T
-
     name, arg = parse_spec(spec)
     options = dict(options or {})
     if name == "teacher" and arg:

@@ -23,6 +23,7 @@ and the hits read before it, and label with the same ``row_label`` and ``finaliz
 from __future__ import annotations
 
 import math
+from array import array
 from collections import Counter
 from contextlib import contextmanager
 
@@ -39,6 +40,7 @@ from branchgate.logs_to_dataset.label_sources import (
     make,
     rate_threshold,
 )
+from branchgate.models.teachers import Items, State, get
 
 PRUNED_LABELS = ("excluded", "teacher_pre")
 # Evidence is cut to ~10 characters per token of the encoder's window before embedding (the build sets
@@ -99,8 +101,6 @@ class _Tools:
         self.q = self.items([rd.root_query])
 
     def items(self, texts: list[str], tokens=None):
-        from branchgate.models.teachers import Items
-
         if not texts:
             return Items.empty(self.dim)
         return Items(list(texts), np.stack([self.vectors[t] for t in texts]), tokens)
@@ -128,8 +128,6 @@ class RowBuilder:
         positive_rate: float = DEFAULT_POSITIVE_RATE,
         label_options: dict | None = None,
     ):
-        from branchgate.models.teachers import get
-
         if pruned_labels not in PRUNED_LABELS:
             raise ValueError(f"pruned_labels must be one of {PRUNED_LABELS}")
         if not 0.0 < positive_rate < 1.0:
@@ -208,8 +206,6 @@ class RowBuilder:
         """Every teacher's pre-retrieval score of a decision's candidate ``texts`` (name → array), and the label
         teacher's: x = the texts, state = ``State([root query], retained texts, frame_query, parent_goal, depth,
         {"pool": x})``. The read stage calls it with the new hits' texts and the read hits' texts."""
-        from branchgate.models.teachers import State
-
         x = tools.items(list(texts))
         state = State(tools.q, tools.items(list(retained)), frame_query, parent_goal, depth, {"pool": x})
         pre = {name: np.asarray(m.score(x, state), dtype=np.float64) for name, m in self.teachers.items()}
@@ -288,8 +284,6 @@ class LabelRecords:
     retained lists, teacher scores) go to disk as they are built. ``finalize`` sets ``label`` here."""
 
     def __init__(self, splits):
-        from array import array
-
         self.splits = tuple(splits)
         self.kinds: list[str] = []  # utility_kind / label_source codes → names
         self.sources: list[str] = []

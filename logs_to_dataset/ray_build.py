@@ -22,16 +22,22 @@ run here: the builder (``RowBuilder`` or ``read_rows.ReadRowBuilder``) names its
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from branchgate.data.dataset_schema import features
 from branchgate.errors import BranchgateError, InputError
+from branchgate.export.onnx_encoder import OnnxEncoder
+from branchgate.logs_to_dataset.build import BuildSettings, check_build_output, run_build
+from branchgate.models.encoder import Encoder, LazyEncoder
 
 RAY_HINT = "pip install 'branchgate[ray]'"
 # texts per build.py flush: large batches, so each Ray job has enough work to amortise its start (actors
@@ -60,8 +66,6 @@ def build_ray(
 ) -> dict:
     """``build.build`` with ``RayEngine``: same arguments (``options``: ``build.BuildSettings``), same outputs
     (dataset and manifest); ``ray_run_build`` says the rest."""
-    from branchgate.logs_to_dataset.build import BuildSettings
-
     return ray_run_build(
         BuildSettings(traces, out, batch_texts=batch_texts, **options),
         num_actors=num_actors,
@@ -82,8 +86,6 @@ def ray_run_build(
     encoder actor reserves that many GPUs and encodes on CUDA (``embed="torch"`` only; not covered by the CPU
     tests). The driver's encoder is the local build's (``onnx_encoder.build_encoder``), with one process: the
     driver exports and parity-checks the ONNX tower once, the actors open the same cached tower."""
-    from branchgate.logs_to_dataset.build import check_build_output, run_build
-
     s = settings
     check_build_output(s.out, s.traces, s.keypoints, s.cache)  # before any folder is made
     ray = require_ray()
@@ -234,9 +236,6 @@ class _PoolEncoder:
 def _portable(encoder):
     """What an actor rebuilds the driver's encoder from: the ONNX tower's encoder, or a sentence-transformers
     encoder, by its spec (and window); anything else (an encoder object passed to ``build``) as itself."""
-    from branchgate.export.onnx_encoder import OnnxEncoder
-    from branchgate.models.encoder import Encoder, LazyEncoder
-
     if isinstance(encoder, OnnxEncoder):
         kind, spec, kw = _portable(encoder.torch_encoder)
         if kind != "spec":
@@ -278,9 +277,6 @@ class _EncoderActor:
 
 def _rows_batch(batch, builder, dim: int, schema):
     """A block of runs → one record per run: its index, its rows, the labels it lacked (``builder.missing``)."""
-    import copy
-    from collections import Counter
-
     import pyarrow as pa
 
     builder = copy.copy(builder)  # its own count of the runs it cannot label (``missing``), sent back per run
@@ -299,8 +295,6 @@ def _row_schema(teacher_names, stage: str = "pre"):
     """The dataset's columns as Arrow types, floats kept at float64 (rows are labelled on the driver from
     these utilities, as in a local build) and ``label`` nullable (set by ``RowBuilder.finalize``)."""
     import pyarrow as pa
-
-    from branchgate.data.dataset_schema import features
 
     fields = []
     for f in features(teacher_names, stage).arrow_schema:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 
 from branchgate.errors import BranchgateError
+from branchgate.models.encoder import EncoderUnavailable, packaged_path
 
 TOKENIZER_ID = "sentence-transformers/all-MiniLM-L6-v2:tokenizer.json (WordPiece, no special tokens)"
 
@@ -22,8 +23,6 @@ TOKENIZER_ID = "sentence-transformers/all-MiniLM-L6-v2:tokenizer.json (WordPiece
 @lru_cache(maxsize=1)
 def _tokenizer():
     from tokenizers import Tokenizer
-
-    from branchgate.models.encoder import EncoderUnavailable, packaged_path
 
     try:
         path = packaged_path()

@@ -9,8 +9,10 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from branchgate.errors import BranchgateError
+from branchgate.errors import BranchgateError, InputError
+from branchgate.fileio import load_json, read_bounded
 from branchgate.texts import SNIPPET_WORDS
 
 
@@ -88,11 +90,6 @@ def check_snippet_words(n) -> None:
 
 def _reference(path: str) -> dict:
     """``Config.budget_reference``: {query id: {"nodes", "tokens"}} (other keys ignored)."""
-    from pathlib import Path
-
-    from branchgate.errors import InputError
-    from branchgate.fileio import load_json, read_bounded
-
     if not path:
         raise BranchgateError(
             "a budget given as P% needs Config.budget_reference (simulate --budget-reference FILE): "

@@ -6,6 +6,10 @@ import argparse
 import json
 import logging
 
+from branchgate.errors import BranchgateError
+from branchgate.pipeline import env as envmod
+from branchgate.pipeline.env_build import build
+
 log = logging.getLogger(__name__)
 
 
@@ -44,10 +48,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.errors import BranchgateError
-    from branchgate.pipeline import env as envmod
-    from branchgate.pipeline.env_build import build
-
     if args.chunk_words < 10:
         raise BranchgateError("--chunk-words must be at least 10")
     out = build(

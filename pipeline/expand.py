@@ -11,9 +11,12 @@ The read stage's steps (``_read_stage``, ``_write_reads``) are ``pipeline/read_s
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
+from branchgate.inference.inputs import DecisionState
 from branchgate.inference.read_state import ReadState
+from branchgate.models.teachers import State
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points
 from branchgate.pipeline.exact_costs import RunBudget, SynthBound
 from branchgate.pipeline.read_stage import ReadStage
@@ -88,8 +91,6 @@ class Expander(ReadStage):
     ) -> Expansion:
         """Candidate ``c``'s expansion against ``seen``/``context`` and the hits read so far, ``reads`` (default: the
         run's) — nothing written, no state changed."""
-        from branchgate.models.teachers import State
-
         env, led = self.env, r.led
         with led.timed("retrieve"):
             hits = self.retrieve(c.query)
@@ -288,8 +289,6 @@ class Expander(ReadStage):
         as leaves (retrieval + process, no follow-ups), each only if its exact cost fits. Their ``expand``
         decision names the ``defer`` decision that set them aside; the deferred candidates never expanded get
         a closing ``prune`` (actor ``budget`` when the budget could not afford them)."""
-        from branchgate.inference.inputs import DecisionState
-
         gate, budget, w = r.run_gate, r.budget, r.w
         no_room: set[int] = set()  # ids of the Deferred entries the last revisit could not afford
         while gate.deferred:
@@ -407,8 +406,6 @@ class _Run:
 
 
 def _accepts(fn, name: str) -> bool:
-    import inspect
-
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):

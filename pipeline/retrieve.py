@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from branchgate.errors import BranchgateError, MismatchError
+from branchgate.fileio import atomic_write_json
 from branchgate.pipeline.textutil import STOPWORDS
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,6 @@ class DenseIndex:
 
     @classmethod
     def build(cls, env_dir: Path, texts: list[str], embed, encoder_id: str) -> DenseIndex:
-        from branchgate.fileio import atomic_write_json
-
         matrix = np.asarray(embed(texts), dtype=np.float32)
         folder = Path(env_dir) / DENSE_DIR
         folder.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,9 @@ import numpy as np
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError
+from branchgate.inference.inputs import DecisionState
 from branchgate.inference.read_state import ReadState
+from branchgate.models.teachers import Items, State
 from branchgate.pipeline import accounting, stage_policies
 from branchgate.pipeline.accounting import Ledger, count_tokens, covered_key_points, kpr, token_counts
 from branchgate.pipeline.config import PROTECT, SHAPES, Config, _reference, check_snippet_words
@@ -108,8 +110,6 @@ class Runner(Expander):
         return [i for i, _ in hits]
 
     def items(self, texts: list[str], tokens: list[int] | None, policy, ledger: Ledger):
-        from branchgate.models.teachers import Items
-
         if policy.needs_embeddings and self.embedder is not None:
             with ledger.timed("embed"):
                 emb = self.embedder(texts)
@@ -274,9 +274,6 @@ class Runner(Expander):
     def _choose_pre(self, r: _Run, fr: dict, level: int, cids: list[str], texts: list[str]):
         """The pre-retrieval stage's choice among the frame's candidates, and (for a run-scoped gate with a
         token budget) each candidate's expansion against the state at the frame, to price them exactly."""
-        from branchgate.inference.inputs import DecisionState
-        from branchgate.models.teachers import State
-
         cands, led, run_gate = fr["cands"], r.led, r.run_gate
         alone: dict[int, Expansion] = {}  # each candidate's expansion against the state at the frame
         with led.timed("pre"):

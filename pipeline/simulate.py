@@ -21,7 +21,10 @@ import numpy as np
 
 from branchgate.errors import BranchgateError, InputError, MismatchError
 from branchgate.fileio import atomic_path, atomic_write_json, check_output_dir, claim_output_dir, mark_output_dir
-from branchgate.pipeline.config import Config
+from branchgate.logs_to_dataset.traces import TraceWriter
+from branchgate.pipeline import env as envmod
+from branchgate.pipeline import generate, stage_policies
+from branchgate.pipeline.config import Config, check_snippet_words
 from branchgate.pipeline.run import Runner
 
 log = logging.getLogger(__name__)
@@ -89,9 +92,6 @@ _RUNNER: Runner | None = None
 def make_runner(env_path, cfg: Config, gen_kw: dict, threads: int | None = None, encoder=None) -> Runner:
     """A Runner for ``cfg`` over an environment (a loaded ``Env`` or its path); ``encoder`` (an already
     loaded ``Encoder``) replaces ``Encoder.load(cfg.encoder)``."""
-    from branchgate.pipeline import env as envmod
-    from branchgate.pipeline import generate
-
     env = env_path if isinstance(env_path, envmod.Env) else envmod.load(env_path)
     try:  # one BLAS thread as well: teachers' small SVDs/matmuls spin on shared cores (3× slower measured)
         from threadpoolctl import threadpool_limits
@@ -125,8 +125,6 @@ def _do_run(job):
 
 
 def run_one(runner: Runner, qid: str, rep: int, out: str) -> tuple[str, dict]:
-    from branchgate.logs_to_dataset.traces import TraceWriter
-
     run_id = run_id_of(qid, rep, runner.cfg)
     final = Path(out) / "traces" / f"{run_id}.jsonl"
     with atomic_path(final) as tmp, TraceWriter(tmp) as writer:
@@ -165,10 +163,6 @@ def simulate(
     encoder=None,
 ) -> dict:
     from tqdm.auto import tqdm
-
-    from branchgate.pipeline import env as envmod
-    from branchgate.pipeline import stage_policies
-    from branchgate.pipeline.config import check_snippet_words
 
     gen_kw = gen_kw or {}
     stages = (

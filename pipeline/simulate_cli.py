@@ -8,6 +8,8 @@ import re
 import sys
 
 from branchgate.inference.options import deprecated_alias
+from branchgate.pipeline.config import Config
+from branchgate.pipeline.simulate import simulate
 
 POLICY_HELP = (
     "none | <teacher>[:k=v,...] (mmr, grn, cd, dpp, sc, lexical, hybrid; e.g. mmr:threshold=0.4, "
@@ -124,9 +126,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from branchgate.pipeline.config import Config
-    from branchgate.pipeline.simulate import simulate
-
     cfg = Config(
         breadth=args.breadth,
         depth=args.depth,

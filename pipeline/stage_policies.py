@@ -12,12 +12,16 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
 from branchgate.decide import decide, threshold_at
 from branchgate.errors import BranchgateError
+from branchgate.inference.inputs import DecisionState
+from branchgate.models import teachers
+from branchgate.models.teachers import select
 from branchgate.pipeline.policy_spec import (
     BUDGET_KEYS,
     ITEM_STAGES,
@@ -106,8 +110,6 @@ class TeacherPolicy(Policy):
         return self.model.threshold
 
     def choose(self, x, state, stage, rng) -> Choice:
-        from branchgate.models.teachers import select
-
         n = len(x)
         if n == 0:
             return Choice([], [], [])
@@ -237,8 +239,6 @@ class GatePolicy(ControllerPolicy):
     def _greedy(model, x, state, p: np.ndarray, tau: float, fallback: bool) -> list[int]:
         """Set-aware keep: ``decide`` one candidate at a time (the best, if it passes τ; the top-1 fallback only
         for the first), then re-score the rest with it in the retained context."""
-        from branchgate.inference.inputs import DecisionState
-
         root = state.query.texts[0] if len(state.query.texts) else ""
         retained = list(state.context.texts)
         kept: list[int] = []
@@ -283,8 +283,6 @@ GATE_CACHE = 50_000  # texts whose embeddings a pipeline Gate keeps (a sweep re-
 
 
 def _shared_gate(path: str):
-    from pathlib import Path
-
     try:
         from branchgate.inference.gate import Gate
     except ImportError as exc:
@@ -464,7 +462,6 @@ def _parse(name: str, arg: str, opts: dict, spec: str, stage: str, flag: str, bu
         if nodes < 1:
             raise BranchgateError(f"{flag} {spec}: NODES must be ≥ 1 (the root counts as one node)")
         return ShallowPolicy(nodes=nodes, spec=spec)
-    from branchgate.models import teachers
 
     if name not in teachers.NAMES:
         raise BranchgateError(

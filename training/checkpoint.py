@@ -35,6 +35,7 @@ from branchgate.errors import InputError, MismatchError
 from branchgate.fileio import atomic_path, load_json
 from branchgate.inference.metadata import MAX_DIM, MAX_LENGTH
 from branchgate.models.value_model import FEATURE_NAMES, ValueNet
+from branchgate.training.metrics import clean
 
 CONTROLLER_SCHEMA_VERSION = 1
 CONTROLLER_FILE = "controller.safetensors"
@@ -130,8 +131,6 @@ def checkpoint_entry(net: ValueNet, meta: dict) -> dict:
 def save_controller(path: str | Path, net: ValueNet, meta: dict) -> Path:
     """Write ``net`` and ``meta`` as one safetensors controller file (see the module docstring), atomically."""
     from safetensors.torch import save_file
-
-    from branchgate.training.metrics import clean
 
     path = Path(path)
     entry = clean(checkpoint_entry(net, meta))  # numpy scalars → Python, NaN/inf → None

@@ -15,10 +15,19 @@ import numpy as np
 import torch
 
 from branchgate import __version__
+from branchgate.data.datamodule import DecisionDataModule
+from branchgate.data.dataset_schema import SPLITS, dataset_stage
+from branchgate.data.decision_batches import TextTable, build_decisions, check_encoder, load_decision_dataset
 from branchgate.errors import MismatchError
 from branchgate.fileio import atomic_dir, atomic_write_json, check_output_dir
-from branchgate.training.baselines import evaluate_baselines
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import DecisionState
+from branchgate.inference.model_file import controller_path
+from branchgate.models.encoder import recorded_spec
+from branchgate.texts import candidate_text
+from branchgate.training.baselines import evaluate_baselines, platt_coefficients
 from branchgate.training.metrics import METRIC_KEYS, calibrate_tau, clean, gate_metrics, top1_accuracy
+from branchgate.training.plots import write_plots
 
 log = logging.getLogger(__name__)
 OUTPUT_KIND = "evaluate"  # the command named in the output folder's mark (``fileio.check_output_dir``)
@@ -51,8 +60,6 @@ def calibrate_probabilities(net, dm) -> dict | None:
     probability; the ranking, AUROC and the decisions at a τ recalibrated afterwards are unchanged.
     Returns ``{"scale", "shift"}``, or None (identity kept) without both classes or with a fit that would
     invert the ranking."""
-    from branchgate.training.baselines import platt_coefficients
-
     net.set_keep_calibration(1.0, 0.0)
     p, _ = predict(net, dm.sets["validation"], dm.table)
     p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
@@ -98,8 +105,6 @@ def write_evaluation(
     """The metrics of a model's test-split scores ``p`` (p_keep) and ``u`` (utility), in split row order, at ``tau``
     and of every baseline → ``out/metrics.json`` + PNG plots. ``dm``: the dataset's ``splits``, ``sets`` (grouped
     decision points), ``manifest``, ``dataset_path`` and ``cache_stats``."""
-    from branchgate.training.plots import write_plots
-
     out = Path(out)
     calibration = dict(calibration or {"method": "f1", "keep_rate": None})
     test = dm.splits["test"]
@@ -154,8 +159,6 @@ def checkpoint_data(checkpoint, dataset, cache, stage: str):
     """``(net, meta, dm)``: a trained controller and a decision dataset's data module set up for ``stage``
     (``test``, ``predict``), with the dataset's encoder checked against the checkpoint's (``MismatchError``), and
     the checkpoint's ``max_length`` against that encoder's."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.models.encoder import recorded_spec
     from branchgate.training.checkpoint import check_max_length, load_controller
 
     net, meta = load_controller(checkpoint)
@@ -213,11 +216,6 @@ def evaluate_model(
     metrics, baselines and plots as ``evaluate_checkpoint``. The dataset's encoder and stage must be the
     controller's (metadata ``encoder``, ``stage``); τ is the controller's (metadata ``tau``; the root frame's
     ``root_tau`` does not apply, as for a checkpoint) unless ``recalibrate``."""
-    from branchgate.data.decision_batches import check_encoder
-    from branchgate.inference.gate import Gate
-    from branchgate.inference.model_file import controller_path
-    from branchgate.training.metrics import calibrate_tau
-
     model = controller_path(model)
     check_output_dir(out, [model, dataset], OUTPUT_KIND)
     gate = Gate.load(model, threads=threads)
@@ -247,8 +245,6 @@ def evaluate_model(
 def check_same_stage(manifest: dict, stage: str, model: str, dataset) -> None:
     """``MismatchError`` unless the dataset's decisions (``dataset_schema.dataset_stage``: the manifest's ``stage``,
     none: ``pre``) are of the controller's ``stage``."""
-    from branchgate.data.dataset_schema import dataset_stage
-
     have = dataset_stage(manifest, f"{dataset}/manifest.json")
     if have != stage:
         raise MismatchError(
@@ -260,10 +256,6 @@ def check_same_stage(manifest: dict, stage: str, model: str, dataset) -> None:
 def grouped_dataset(dataset: str | Path):
     """The dataset's splits grouped into decision points as training groups them
     (``data.decision_batches.build_decisions``), without embedding anything: what the Gate needs to score them."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.data.dataset_schema import SPLITS
-    from branchgate.data.decision_batches import TextTable, build_decisions, load_decision_dataset
-
     dm = DecisionDataModule(str(dataset), show_progress=False)
     dm.splits, dm.manifest = load_decision_dataset(dataset)
     texts = TextTable()
@@ -286,9 +278,6 @@ def dataset_decisions(split, dset, limit: int | None = None):
     ``dset`` (``build_decisions`` of ``split``), as the Gate takes them: the state from the decision's first row
     (its ``retained`` too: a read dataset stores it there only), the candidates in their order as
     ``texts.candidate_text(query, goal)`` (a read dataset's ``query`` holds the hit text, its ``goal`` is empty)."""
-    from branchgate.inference.inputs import DecisionState
-    from branchgate.texts import candidate_text
-
     cols = split.select_columns(["root_query", "frame_query", "parent_goal", "retained", "query", "goal", "depth"])[:]
     for d in range(len(dset) if limit is None else min(len(dset), limit)):
         rows = dset.row[dset.cand_ptr[d] : dset.cand_ptr[d + 1]]

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from branchgate.errors import InputError
+from branchgate.inference.inputs import as_threads
+from branchgate.inference.model_file import controller_path
 from branchgate.inference.options import chosen_controller, controller_options
 
 
@@ -39,12 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     import torch
 
-    from branchgate.inference.inputs import as_threads
-    from branchgate.inference.model_file import controller_path
     from branchgate.training.evaluate import evaluate_checkpoint, evaluate_model, format_table
 
     threads = as_threads(args.threads or None, "--threads")  # 0: the default; else 1 to 4 per core
@@ -65,8 +65,6 @@ def run(args) -> int:
 
 def check_keep_rate(recalibrate: str | None, keep_rate: float | None) -> None:
     """``--keep-rate``: a share in (0, 1], needed by (and only by) ``--recalibrate keep_rate``."""
-    from branchgate.errors import InputError
-
     if keep_rate is not None and not 0 < keep_rate <= 1:
         raise InputError(f"must be in (0, 1], got {keep_rate}", "--keep-rate")
     if recalibrate == "keep_rate" and keep_rate is None:

@@ -24,6 +24,12 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from branchgate.data.datamodule import DecisionDataModule
+from branchgate.errors import InputError
+from branchgate.fileio import atomic_write_text, check_output_dir, mark_output_dir
+from branchgate.inference.inputs import as_tau
+from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
+from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
+from branchgate.training.init_from import apply_start, check_start, load_start, switch_order_on
 from branchgate.training.module import ControllerModule
 
 log = logging.getLogger(__name__)
@@ -122,7 +128,6 @@ class TrainCLI(LightningCLI):
             stem = Path(str(configs[-1])).stem if configs else "run"
             cfg["out"] = str(Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
         out = Path(cfg["out"])
-        from branchgate.fileio import check_output_dir
 
         # before Lightning creates anything in it: never a folder of the user's or one of the inputs
         check_output_dir(out, [cfg.get("data.dataset"), cfg.get("data.cache")], "train", in_place=True)
@@ -154,8 +159,6 @@ def make_loggers(out: Path, wb: Wandb) -> list:
 
 def start(model: ControllerModule, source: str, freeze: str, dm: DecisionDataModule) -> None:
     """``--init_from``: the model starts from ``source``'s net (``training.init_from``), checked against the data."""
-    from branchgate.training.init_from import apply_start, check_start, load_start, switch_order_on
-
     net, meta, how = load_start(source)
     check_start(meta, dm.manifest, dm.dataset_path, source)
     trainable = apply_start(net, freeze)
@@ -172,12 +175,6 @@ def start(model: ControllerModule, source: str, freeze: str, dm: DecisionDataMod
 def train(argv: list[str] | None = None) -> dict:
     """Run the whole training command; returns the metrics dict."""
     import torch
-
-    from branchgate.errors import InputError
-    from branchgate.fileio import atomic_write_text, mark_output_dir
-    from branchgate.inference.inputs import as_tau
-    from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
-    from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
 
     logging.getLogger("lightning.pytorch").propagate = False  # Lightning prints its own INFO lines
     warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated")

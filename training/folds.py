@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from branchgate.data.dataset_schema import SPLITS
+from branchgate.data.dataset_schema import SPLITS, dataset_stage
+from branchgate.data.decision_batches import load_decision_dataset
 from branchgate.errors import InputError
+from branchgate.fileio import atomic_write_text, mark_output_dir
+from branchgate.training import stats
+from branchgate.training.baselines import platt_coefficients
+from branchgate.training.metrics import calibrate_tau, clean
 
 MIN_RUNS_PER_FOLD = 2  # runs with both classes each fold needs, on average, for its AUROC to mean anything
 
@@ -77,8 +83,6 @@ def write_fold(dsd, manifest: dict, folds: dict[str, int], i: int, k: int, out: 
     """Fold ``i``'s dataset in ``out``: test = fold i, validation = fold i+1, train = the rest."""
     from datasets import DatasetDict, concatenate_datasets
 
-    from branchgate.fileio import atomic_write_text
-
     every = concatenate_datasets([dsd[s] for s in SPLITS])
     fold = np.array([folds[r] for r in every["run_id"]])
     parts = {"test": fold == i, "validation": fold == (i + 1) % k}
@@ -96,8 +100,6 @@ def write_fold(dsd, manifest: dict, folds: dict[str, int], i: int, k: int, out: 
 def oof_rows(fold_runs: list[tuple[str, str]], cache: str | None = None):
     """The pooled out-of-fold ``training.stats.Rows``: each fold's controller on its fold's test split (embeddings
     from ``cache``, the training's)."""
-    from branchgate.training import stats
-
     parts = [stats.controller_rows(ckpt, data, ("test",), cache) for ckpt, data in fold_runs]
     names = [n for n in parts[0].scorers if all(n in p.scorers for p in parts)]
     return stats.Rows(
@@ -113,8 +115,6 @@ def oof_rows(fold_runs: list[tuple[str, str]], cache: str | None = None):
 
 def report(rows, boot: int = 1000) -> dict:
     """Per row and per decision: every scorer's AUROC [95% over runs], ``gate`` − scorer paired."""
-    from branchgate.training import stats
-
     return {
         "per_row": stats.scorer_metrics(rows, boot, ref="gate"),
         "per_decision": stats.scorer_metrics(stats.per_decision(rows), boot, ref="gate"),
@@ -157,9 +157,7 @@ def calibrate_final(checkpoint: Path, rows, calib) -> dict:
     """Probability calibration and τ of the final controller from the out-of-fold predictions (module docstring):
     a Platt map fitted on the folds' calibrated logits, composed with the final net's own calibration; τ by
     ``calib`` (``fit.Calibration``) on the mapped out-of-fold probabilities."""
-    from branchgate.training.baselines import platt_coefficients
     from branchgate.training.checkpoint import load_controller, save_controller
-    from branchgate.training.metrics import calibrate_tau
 
     net, meta = load_controller(checkpoint)
     p = np.clip(rows.scorers["gate"], 1e-7, 1 - 1e-7)
@@ -177,8 +175,6 @@ def calibrate_final(checkpoint: Path, rows, calib) -> dict:
 
 def best_epoch(metrics: dict) -> int:
     """The epoch count a fold's training selected (from its best checkpoint's name, else its last epoch)."""
-    import re
-
     m = re.search(r"best-(\d+)-", str(metrics.get("best_checkpoint") or ""))
     return int(m.group(1)) + 1 if m else int(metrics.get("epochs") or 0) + 1
 
@@ -188,9 +184,6 @@ def run_folds(cli, argv: list[str], train) -> dict:
     ``train`` the one training run (``fit.train``: passed in, as ``fit`` calls this module)."""
     from datasets import DatasetDict, concatenate_datasets
 
-    from branchgate.data.dataset_schema import dataset_stage
-    from branchgate.data.decision_batches import load_decision_dataset
-    from branchgate.fileio import atomic_write_text, mark_output_dir
     from branchgate.training.checkpoint import CONTROLLER_FILE
 
     k, dataset, out = int(cli.config["folds"]), str(cli.config["data.dataset"]), Path(cli.config["out"])
@@ -247,7 +240,6 @@ def run_folds(cli, argv: list[str], train) -> dict:
         stage=stage,
         dataset=dataset,
     )
-    from branchgate.training.metrics import clean
 
     atomic_write_text(out / "oof.json", json.dumps(clean(rep), indent=1, allow_nan=False))
     text = table(rep, stage)

@@ -33,8 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from branchgate.data.dataset_schema import dataset_stage
+from branchgate.data.decision_batches import check_encoder
 from branchgate.errors import InputError, MismatchError
-from branchgate.models.value_model import FEATURE_NAMES, ValueNet
+from branchgate.models.value_model import FEATURE_NAMES, SCALAR_NAMES, ValueNet
+from branchgate.pretrained import is_pretrained, resolve
 
 FREEZE = ("towers", "none", "mlp")
 _LINEARS = ("state_tower.1", "cand_tower.1", "mlp.0", "mlp.3", "heads", "wide")
@@ -42,8 +45,6 @@ _LINEARS = ("state_tower.1", "cand_tower.1", "mlp.0", "mlp.3", "heads", "wide")
 
 def load_start(source: str) -> tuple[ValueNet, dict, str]:
     """``(net, meta, how)`` of ``source`` (see the module docstring); ``how`` says where the weights came from."""
-    from branchgate.pretrained import is_pretrained, resolve
-
     if is_pretrained(source):
         _, _, path = resolve(source)
         net, meta = onnx_start(path)
@@ -153,9 +154,6 @@ def _state_from_initializers(net: ValueNet, inits: dict, where: str) -> dict:
 
 def check_start(meta: dict, manifest: dict, dataset: str, source: str) -> None:
     """The start fits the dataset: same stage, same encoder (``MismatchError`` naming both)."""
-    from branchgate.data.dataset_schema import dataset_stage
-    from branchgate.data.decision_batches import check_encoder
-
     stage, want = meta.get("stage") or "pre", dataset_stage(manifest)
     if stage != want:
         raise MismatchError(
@@ -188,8 +186,6 @@ def switch_order_on(net: ValueNet, features) -> None:
     """A start trained without the position input (``order`` false: it read 0) that will now read it: the weights
     reading ``order`` and ``order_frac`` start at 0 (the start's scores are unchanged until training moves them) and
     their standardisation is the new train split's (``features``: its [rows, F] structured features)."""
-    from branchgate.models.value_model import SCALAR_NAMES
-
     f = np.asarray(features, np.float64)
     order, n_cand = f[:, FEATURE_NAMES.index("order")], f[:, FEATURE_NAMES.index("n_candidates")]
     values = {"order": order, "order_frac": order / np.maximum(n_cand - 1.0, 1.0)}

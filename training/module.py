@@ -20,6 +20,7 @@ from branchgate.data.dataset_schema import dataset_stage
 from branchgate.models.value_model import ValueNet
 from branchgate.training.checkpoint import checkpoint_entry, make_meta, train_feature_range
 from branchgate.training.init_from import union_range
+from branchgate.training.metrics import safe_auroc
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +186,6 @@ class ControllerModule(L.LightningModule):
         )
 
     def on_validation_epoch_end(self):
-        from branchgate.training.metrics import safe_auroc
-
         p, y, rows, depth = (np.concatenate([v[i] for v in self._val]) if self._val else np.zeros(0) for i in range(4))
         self._val.clear()
         if self.trainer.world_size > 1:  # DDP: each rank saw its share of the split; score the whole split

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from branchgate.training.metrics import safe_auprc
+from branchgate.training.metrics import safe_auprc, safe_auroc, top1_accuracy, top1_hits
 
 DEPTH_STRATA = {"depth0": lambda d: d == 0, "depth1+": lambda d: d >= 1}
 
@@ -64,19 +64,13 @@ class Rows:
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def auroc(self, name: str, rows) -> float:
-        from branchgate.training.metrics import safe_auroc
-
         return _nan(safe_auroc(self.labels[rows], self.scorers[name][rows]))
 
     def top1(self, name: str, rows) -> float:
-        from branchgate.training.metrics import top1_accuracy
-
         return _nan(top1_accuracy(self.scorers[name][rows], self.utility[rows], self.frames[rows]))
 
     def top1_informative(self, name: str, rows) -> float:
         """Top-1 accuracy over decision points where some candidate has positive utility (the choice matters)."""
-        from branchgate.training.metrics import top1_hits
-
         hits = top1_hits(self.scorers[name][rows], self.utility[rows], self.frames[rows], informative=True)
         return float(np.mean(list(hits.values()))) if hits else np.nan
 

@@ -58,6 +58,8 @@ from pathlib import Path
 from branchgate.errors import InputError
 from branchgate.inference.agents.recorder import TraceRecorder
 from branchgate.inference.budget import Budget, _limit
+from branchgate.inference.gate import Gate
+from branchgate.inference.inputs import as_floor, as_tau
 from branchgate.inference.read_state import ReadState
 from branchgate.logs_to_dataset.trace_schema import text_evidence_id
 from branchgate.texts import hit_of, hit_text
@@ -229,9 +231,6 @@ class DocumentGate:
         budget_tokens: int | None = None,
         system: str = "documents",
     ):
-        from branchgate.inference.gate import Gate
-        from branchgate.inference.inputs import as_floor, as_tau
-
         gate = Gate.load(read) if isinstance(read, (str, Path)) else read
         if getattr(gate, "stage", None) != "read":
             raise InputError(

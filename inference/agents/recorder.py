@@ -29,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from branchgate.logs_to_dataset.readers.gptr import cited_urls, map_urls
 from branchgate.logs_to_dataset.trace_schema import text_evidence_id
 
 log = logging.getLogger(__name__)
@@ -247,8 +248,6 @@ class TraceRecorder:
     def record_report(self, text, path: str | None = None) -> list[str]:
         """Record the final report: its cited URLs (``cited_sources``) and the evidence recorded with those
         ``source`` URLs (``cited_ids``, the ``citations`` label); returns the cited ids. It may follow run_end."""
-        from branchgate.logs_to_dataset.readers.gptr import cited_urls, map_urls
-
         text = str(text or "")
         cited = cited_urls(text)
         ids, unmapped = map_urls(cited, self._by_url)
