@@ -72,9 +72,11 @@ def key(rows: Rows) -> list[tuple]:
 def train_folds(dataset: str, out: Path, start: str | None, folds: int, cache: str | None, extra=()) -> Path:
     """``train --folds`` on ``dataset`` into ``out`` (from ``start`` when given); reused when ``out/oof.json`` exists
     for the same arguments."""
+    from branchgate.training.cli import resolve_config_names
     from branchgate.training.fit import train
 
-    argv = [*TRAIN_ARGS, *extra, "--data.dataset", dataset, "--folds", str(folds), "--out", str(out)]
+    argv = resolve_config_names([*TRAIN_ARGS, *extra, "--data.dataset", dataset, "--folds", str(folds)])
+    argv += ["--out", str(out)]
     argv += ["--data.encoder", _encoder(dataset)]
     if cache:
         argv += ["--data.cache", cache]
@@ -210,7 +212,8 @@ def frontier(traces: list[str], scores: dict[str, dict], shares=SHARES) -> dict:
     from branchgate.bench.replay import ReplayRun, keypoint_value
     from branchgate.logs_to_dataset.readers import read_runs
 
-    runs = [ReplayRun(r) for r in read_runs(traces)]
+    scored = {run_id for table in scores.values() for run_id, _ in table}  # the dataset's runs only
+    runs = [ReplayRun(r) for r in read_runs(traces) if r.run_id in scored]
     runs = [r for r in runs if r.has_results and r.n_key_points]
     full = [r.replay() for r in runs]
     base_tokens = float(sum(o.tokens for o in full))
@@ -259,12 +262,13 @@ def track(
     folds: int = FOLDS,
     cache: str | None = None,
     evals: dict[str, tuple[str, list[str] | None]] | None = None,
+    train_args: tuple = (),
 ) -> dict:
     """The real track of one ``--real`` read dataset (module docstring); ``evals``: ``{name: (dataset, traces)}``
-    of ``--real-eval``."""
+    of ``--real-eval``; ``train_args``: more ``train`` options (after ``TRAIN_ARGS``)."""
     out = Path(out)
-    ft = train_folds(dataset, out / "finetuned", start, folds, cache)
-    ro = train_folds(dataset, out / "real_only", None, folds, cache)
+    ft = train_folds(dataset, out / "finetuned", start, folds, cache, train_args)
+    ro = train_folds(dataset, out / "real_only", None, folds, cache, train_args)
     base = oof_scores(ft, cache)
     scorers = {"finetuned": base.scorers["gate"], "real_only": aligned(base, oof_scores(ro, cache))}
     scorers["sim_only"] = controller_scores(start, dataset, base, cache)

@@ -7,6 +7,7 @@ held-out set by a salted hash of its id, fixed before any result was looked at (
     python3 -m research.learn_real split DATASET OUT          # OUT/dev and OUT/heldout: the dataset by query
     python3 -m research.learn_real compare OOF_DIR... [--json F]  # out-of-fold scorers on the same rows
     python3 -m research.learn_real heldout DATASET CONTROLLER... [--names ...] [--json F]
+    python3 -m research.learn_real track START DEV HELDOUT TRACES OUT   # bench/real_track.py on the split
 
 ``compare`` pools several ``train --folds`` outputs that share one dataset (the same rows, the same folds) and adds
 ``sim_only`` (the start of the first, scored unchanged: ``--start``) and ``stack`` (the logistic stack of
@@ -185,6 +186,23 @@ def heldout(
     return out
 
 
+def run_track(a) -> None:
+    """The bench's real track on the dev queries (out of fold) and judged on the held-out ones: OUT/track.json,
+    OUT/track.md, OUT/real_track.png."""
+    from branchgate.bench import real_track
+    from branchgate.training.metrics import clean
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = real_track.track(
+        a.start, a.dev, [a.traces], out, a.boot, cache=a.cache, evals={"held-out queries": (a.heldout, [a.traces])}
+    )
+    (out / "track.json").write_text(json.dumps(clean(res), indent=1))
+    (out / "track.md").write_text("\n".join(real_track.markdown(res)) + "\n")
+    real_track.plot(res, out / real_track.PLOT)
+    print("\n".join(real_track.markdown(res)))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -204,11 +222,19 @@ def main(argv=None) -> None:
     h.add_argument("--start", default=None)
     h.add_argument("--boot", type=int, default=1000)
     h.add_argument("--json", default=None)
+    t = sub.add_parser("track")
+    for name in ("start", "dev", "heldout", "traces", "out"):
+        t.add_argument(name)
+    t.add_argument("--cache", default=None)
+    t.add_argument("--boot", type=int, default=1000)
     for p in (c, h):
         p.add_argument("--cache", default=None, help="the embedding cache the datasets were built with")
     a = ap.parse_args(argv)
     if a.cmd == "split":
         split(a.dataset, a.out)
+        return
+    if a.cmd == "track":
+        run_track(a)
         return
     names = a.names or [Path(d).name for d in (a.dirs if a.cmd == "compare" else a.controllers)]
     if a.cmd == "compare":
