@@ -4,6 +4,13 @@ benchmark, not a test; the figures are in docs/use/serve.md).
     python3 benchmarks/bench_serve.py                                  # exports an untrained pre + read controller
     python3 benchmarks/bench_serve.py --pre PRE.onnx --read READ.onnx  # your controllers
     python3 benchmarks/bench_serve.py --requests 400 --seconds 60 --clients 1 8 32 --out serve_bench.json
+    python3 benchmarks/bench_serve.py --pre pretrained:pre-model --read pretrained:read-model --workers 1 2
+
+With ``--workers 1 2`` the same levels run against a server of each worker count (both up at once, on one
+``--store``: a new SQLite file unless given; each level against one server then the other, next to each other in
+time), and the report adds each level's throughput with two workers over one, from the same run. A third endpoint,
+``/v1/runs/{run_id}/select`` on one unlimited run, measures the store's read-decide-write (compare-and-set) under
+load.
 
 One server process (``branchgate serve``, uvicorn, access log off) is started as a subprocess; one client process
 (this one: httpx's async client, one connection per client) sends ``--requests`` requests per level or stops after
@@ -93,13 +100,18 @@ def read_body(i: int) -> dict:
 
 
 BODIES = {"/v1/select": select_body, "/v1/read": read_body}
+RUN_PATH = "/v1/runs/{run_id}/select"  # a budgeted run's decisions: select_body on one unlimited run
+
+
+def body_for(path: str):
+    return BODIES.get(path, select_body)
 
 
 async def level(url: str, path: str, clients: int, requests: int, seconds: float, start: int) -> dict:
     """``clients`` concurrent clients sending ``path`` requests until ``requests`` are sent or ``seconds`` pass."""
     import httpx
 
-    bodies = [json.dumps(BODIES[path](start + i)).encode() for i in range(requests)]
+    bodies = [json.dumps(body_for(path)(start + i)).encode() for i in range(requests)]
     latencies: list[float] = []
     errors: list[str] = []
     sent = 0
@@ -188,19 +200,70 @@ def untrained_controllers(folder: Path) -> tuple[str, str]:
 
 
 def table(rows: list[dict], local: dict) -> str:
-    """The results as a Markdown table, then the in-process figures."""
-    keys = ("clients", "ok", "throughput_rps", "p50_ms", "p99_ms", "errors")
+    """The results as a Markdown table, then the in-process figures and, with two worker counts, their ratios."""
+    keys = ("workers", "clients", "ok", "throughput_rps", "p50_ms", "p99_ms", "errors")
     lines = [
-        "| endpoint | clients | requests | throughput (req/s) | p50 (ms) | p99 (ms) | errors |",
-        "|---|---|---|---|---|---|---|",
+        "| endpoint | workers | clients | requests | throughput (req/s) | p50 (ms) | p99 (ms) | errors |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| `{r['path']}` | " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    lines += [f"| `{r['endpoint']}` | " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     for path, r in local.items():
         lines.append(
             f"in-process `Gate.select` ({path}): p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms; "
             f"HTTP p50 at 1 client / in-process p50 = {r['ratio']}"
         )
+    for r in worker_ratios(rows):
+        lines.append(f"`{r['endpoint']}` at {r['clients']} clients: {r['workers']} throughput ratio {r['ratio']}")
     return "\n".join(lines)
+
+
+def worker_ratios(rows: list[dict]) -> list[dict]:
+    """Each level's throughput with the most workers over the fewest (same endpoint, same clients)."""
+    counts = sorted({r["workers"] for r in rows})
+    if len(counts) < 2:
+        return []
+    lo, hi = counts[0], counts[-1]
+    out = []
+    for r in rows:
+        if r["workers"] != hi:
+            continue
+        base = next(
+            b for b in rows if b["workers"] == lo and b["endpoint"] == r["endpoint"] and b["clients"] == r["clients"]
+        )
+        ratio = round(r["throughput_rps"] / base["throughput_rps"], 2) if base["throughput_rps"] else None
+        out.append({"endpoint": r["endpoint"], "clients": r["clients"], "workers": f"{hi}/{lo}", "ratio": ratio})
+    return out
+
+
+def serve_levels(argv: list[str], args) -> list[dict]:
+    """A server per worker count, all up at once; every endpoint at every client count against each of them in
+    turn, so that the levels compared were measured next to each other (the machine's load drifts)."""
+    import httpx
+
+    servers = {}
+    try:
+        for workers in args.workers:
+            proc, url, _ = start_server([*argv, "--workers", str(workers)])
+            run_path = RUN_PATH.format(run_id=f"bench-{workers}-{os.getpid()}")
+            with httpx.Client(base_url=url, timeout=120) as http:
+                http.post("/v1/runs", json={"run_id": run_path.split("/")[3]}).raise_for_status()
+            servers[workers] = (proc, url, run_path)
+        rows, start = [], 0
+        for path in (*BODIES, RUN_PATH):
+            for _, url, run_path in servers.values():
+                target = run_path if path == RUN_PATH else path
+                asyncio.run(level(url, target, 2, 10, 30, start=-100 - start))  # warm-up, not counted
+            for clients in args.clients:
+                for workers, (_, url, run_path) in servers.items():
+                    target = run_path if path == RUN_PATH else path
+                    row = asyncio.run(level(url, target, clients, args.requests, args.seconds, start))
+                    rows.append({**row, "endpoint": path, "workers": workers})
+                    start += args.requests
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+    finally:
+        for proc, _, _ in servers.values():
+            stop_server(proc)
+    return rows
 
 
 def main() -> int:
@@ -209,6 +272,8 @@ def main() -> int:
     parser.add_argument("--read", default=None, help="read controller (default: an untrained one, exported)")
     parser.add_argument("--threads", type=int, default=None, help="the server's --threads (default: its default)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="worker counts to compare (e.g. 1 2)")
+    parser.add_argument("--store", default=None, help="the server's --store (default: a new SQLite file)")
     parser.add_argument("--requests", type=int, default=400, help="requests per level (default 400)")
     parser.add_argument("--seconds", type=float, default=60.0, help="at most this long per level (default 60)")
     parser.add_argument("--in-process", type=int, default=100, help="in-process decisions timed per endpoint")
@@ -216,28 +281,27 @@ def main() -> int:
     args = parser.parse_args()
 
     pre, read = args.pre, args.read
+    folder = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     if pre is None or read is None:
-        pre, read = untrained_controllers(Path(tempfile.mkdtemp(prefix="bench-serve-")))
-    argv = ["--pre", pre, "--read", read, "--no-access-log"]
+        pre, read = untrained_controllers(folder)
+    store = args.store or f"sqlite:{folder / 'runs.db'}"
+    argv = ["--pre", pre, "--read", read, "--no-access-log", "--store", store]
     if args.threads is not None:
         argv += ["--threads", str(args.threads)]
-    proc, url, _ = start_server(argv)
-    rows, start = [], 0
-    try:
-        for path in BODIES:
-            asyncio.run(level(url, path, 1, 10, 30, start=-100))  # warm-up, not counted
-            for clients in args.clients:
-                rows.append(asyncio.run(level(url, path, clients, args.requests, args.seconds, start)))
-                start += args.requests
-                print(json.dumps(rows[-1]), file=sys.stderr)
-    finally:
-        stop_server(proc)
+    rows = serve_levels(argv, args)
     local = {}
     for path, model in (("/v1/select", pre), ("/v1/read", read)):
         local[path] = in_process(model, path, args.threads, args.in_process)
-        one = next(r for r in rows if r["path"] == path and r["clients"] == 1) if 1 in args.clients else None
+        one = next((r for r in rows if r["endpoint"] == path and r["clients"] == 1), None)
         local[path]["ratio"] = round(one["p50_ms"] / local[path]["p50_ms"], 2) if one and one["p50_ms"] else None
-    result = {"cores": os.cpu_count(), "threads": args.threads, "levels": rows, "in_process": local}
+    result = {
+        "cores": os.cpu_count(),
+        "threads": args.threads,
+        "store": store.split(":")[0],
+        "levels": rows,
+        "in_process": local,
+        "worker_ratios": worker_ratios(rows),
+    }
     print(table(rows, local))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
