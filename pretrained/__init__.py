@@ -55,4 +55,3 @@ def resolve(name: str) -> tuple[str, str, Path]:
     if not path.is_file():
         raise InputError(f"the pretrained {stage} controller is not installed ({path} missing)", "model")
     return stage, kind or choice(stage)["default"], path
-
