@@ -53,8 +53,9 @@ def one_blas_thread():
     """Run the teachers on one BLAS thread (a decorator of ``rows``). Their matrices are small (a decision's window:
     at most ``MAX_CONTEXT`` evidence rows and ``MAX_RETAINED`` retained texts), and more threads only spin against
     each other and every other process on shared cores: a Search-o1 log of 1,500 searches with 384-dim vectors built
-    its rows 13× slower on all threads of a loaded 2-core machine (``benchmarks/bench_build_searcho1.py``). Without
-    threadpoolctl (it comes with the train extra's scikit-learn) the threads are left as they are."""
+    its rows 8.2× slower on every thread of a loaded 2-core machine (932 s against 113 s in one run of
+    ``benchmarks/bench_build_searcho1.py``). Without threadpoolctl (it comes with the train extra's scikit-learn) the
+    threads are left as they are."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
