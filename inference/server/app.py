@@ -57,7 +57,7 @@ from branchgate.inference.gate_texts import CHARS_PER_TOKEN_LIMIT
 from branchgate.inference.inputs import as_decision, as_read_decision, decision_texts
 from branchgate.inference.run_gate import apply_decision
 from branchgate.inference.server import schema
-from branchgate.inference.server.runs import Runs, StoreError
+from branchgate.inference.server.runs import MemoryStore, Runs, StoreError
 from branchgate.limits import MAX_ITEMS  # items of any list in a body (candidates, hits, state.retained, ...)
 
 log = logging.getLogger("branchgate.serve")
@@ -321,8 +321,6 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
     """The FastAPI app over loaded Gates (``Gate.load``): ``pre`` a pre-retrieval controller, ``read`` a read
     controller, at least one of them. ``store``: where runs live (``runs.open_store``; default this process's
     memory); ``api_keys``: the keys accepted (None: no keys needed). Endpoints and errors: the module docstring."""
-    from branchgate.inference.server.runs import MemoryStore
-
     if pre is None and read is None:
         raise InputError("give a pre-retrieval controller, a read controller or both", "--pre/--read")
     for name, flag, gate in (("pre", "--pre", pre), ("read", "--read", read)):

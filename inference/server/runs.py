@@ -40,6 +40,7 @@ from contextlib import closing
 from pathlib import Path
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.inference.run_gate import RunGate
 
 CAS_TRIES = 200  # compare-and-set attempts of one request before it is answered 429 (the run is too busy)
 STRIPES = 64  # in-process locks that requests on one run share (by a hash of its id)
@@ -319,8 +320,6 @@ class Runs:
     def call(self, run_id: str, fn: Callable, owner: str | None = None, close: bool = False):
         """``fn(run)`` on the run's state now, written back by compare-and-set (``close``: the run is removed);
         404 for a run not open, 403 for a run another API key opened."""
-        from branchgate.inference.run_gate import RunGate
-
         with self._stripes[zlib.crc32(run_id.encode()) % STRIPES]:
             for _ in range(CAS_TRIES):
                 found = self.store.get(run_id)
