@@ -44,11 +44,13 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.staticfiles import StaticFiles
 
 from branchgate import __version__
 from branchgate.errors import BranchgateError, InputError
@@ -496,8 +498,6 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
 def add_docs(app: FastAPI) -> None:
     """``/docs``: Swagger UI with its files from the installed ``swagger-ui-bundle`` package (never from a CDN);
     without that package, ``/docs`` answers 404 saying what to install."""
-    from fastapi.openapi.docs import get_swagger_ui_html
-
     assets = swagger_assets()
     if assets is None:
 
@@ -506,8 +506,6 @@ def add_docs(app: FastAPI) -> None:
             return error_response(404, "Swagger UI is not installed (pip install swagger-ui-bundle); see /openapi.json")
 
         return
-    from starlette.staticfiles import StaticFiles
-
     app.mount("/docs-assets", StaticFiles(directory=assets), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)

@@ -25,7 +25,9 @@ import os
 import socket
 
 from branchgate.errors import BranchgateError, InputError
+from branchgate.fileio import decode_text, default_cache_dir, read_bounded
 from branchgate.inference.options import HELP, deprecated_alias
+from branchgate.limits import MAX_COUNT, MAX_ITEMS
 
 log = logging.getLogger("branchgate.serve")
 LOOPBACK_NAMES = ("localhost",)
@@ -88,7 +90,6 @@ def is_loopback(host: str) -> bool:
 def limits_of(args):
     """The server's ``Limits`` from the flags (each an integer ≥ 1; unset: the default)."""
     from branchgate.inference.server.app import Limits
-    from branchgate.limits import MAX_COUNT, MAX_ITEMS
 
     limits = Limits()
     for name in LIMIT_FLAGS:
@@ -108,8 +109,6 @@ def limits_of(args):
 def api_keys(args) -> list[str] | None:
     """The API keys: ``--api-keys FILE`` (one a line; blank lines and ``#`` comments skipped), else the
     ``BRANCHGATE_API_KEYS`` variable; None when neither is given (no key needed)."""
-    from branchgate.fileio import decode_text, read_bounded
-
     if args.api_keys is not None:
         text = decode_text(read_bounded(args.api_keys, args.api_keys, MAX_KEYS_BYTES), args.api_keys)
         keys, where = [line.strip() for line in text.splitlines()], args.api_keys
@@ -146,8 +145,6 @@ def load_gates(args) -> dict:
 
 def store_spec(args) -> str:
     """``--store``, or the default: a SQLite file under the cache folder (``fileio.default_cache_dir``)."""
-    from branchgate.fileio import default_cache_dir
-
     return args.store or f"sqlite:{default_cache_dir() / 'serve' / 'runs.db'}"
 
 

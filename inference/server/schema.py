@@ -16,6 +16,7 @@ if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"): 
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.json_schema import models_json_schema
 
 from branchgate.limits import MAX_COUNT
 
@@ -310,7 +311,5 @@ def request_body(model: type[Request], optional: bool = False) -> dict:
 
 def request_schemas() -> dict:
     """The request models' JSON schemas, keyed by name, with references into ``#/components/schemas``."""
-    from pydantic.json_schema import models_json_schema
-
     _, top = models_json_schema([(m, "validation") for m in REQUESTS], ref_template="#/components/schemas/{model}")
     return top["$defs"]
