@@ -8,6 +8,13 @@ held-out set by a salted hash of its id, fixed before any result was looked at (
     python3 -m research.learn_real compare OOF_DIR... [--json F]  # out-of-fold scorers on the same rows
     python3 -m research.learn_real heldout DATASET CONTROLLER... [--names ...] [--json F]
     python3 -m research.learn_real track START DEV HELDOUT TRACES OUT   # bench/real_track.py on the split
+    python3 -m research.learn_real capacity DATASET OOF_DIR [--cache F]  # which inputs pay, linear probes
+
+``capacity`` asks which inputs would pay before building them into the graph: logistic regressions, out of fold on
+the same folds as a ``train --folds`` run (OOF_DIR/oof.json), over the network's own in-graph scalar features (the
+teachers' quantities it computes, the position, the run's progress), then with the snippet teachers the graph
+lacks (sc, lexical, hybrid: the stack's inputs), then with the hit's and the question's embeddings (a learned
+interaction beyond the frozen towers, as a linear model can learn one), each against DPP with paired intervals.
 
 ``compare`` pools several ``train --folds`` outputs that share one dataset (the same rows, the same folds) and adds
 ``sim_only`` (the start of the first, scored unchanged: ``--start``) and ``stack`` (the logistic stack of
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +194,79 @@ def heldout(
     return out
 
 
+def capacity(dataset: str, oof_dir: str, cache: str | None, start: str, boot: int) -> dict:
+    """The linear probes of the module docstring."""
+    import torch
+
+    from branchgate.data.datamodule import DecisionDataModule
+    from branchgate.models.encoder import recorded_spec
+    from branchgate.texts import candidate_text
+    from branchgate.training.init_from import load_start, switch_order_on
+    from branchgate.training.metrics import safe_auroc
+    from branchgate.training.module import split_scalars
+    from branchgate.training.stats import bootstrap_ci
+
+    torch.set_num_threads(1)
+    net, meta, _ = load_start(start)
+    dm = DecisionDataModule(dataset, cache=cache, show_progress=False)
+    dm.encoder_spec = recorded_spec(meta["encoder"])
+    dm.setup("predict")
+    switch_order_on(net, dm.sets["train"].features)
+    folds = json.loads((Path(oof_dir) / "oof.json").read_text())["fold_of_run"]
+    xs, ys, runs, teach, texts = [], [], [], [], []
+    for s in SPLITS:
+        d = dm.splits[s]
+        xs.append(split_scalars(net, dm.sets[s], dm.table).numpy())
+        ys.append(np.asarray(d["label"]))
+        runs.append(np.asarray(d["run_id"]))
+        teach.append(np.column_stack([np.nan_to_num(np.asarray(d[f"teacher_{t}"], np.float64)) for t in TEACHERS]))
+        texts += [(candidate_text(q, g), r) for q, g, r in zip(d["query"], d["goal"], d["root_query"])]
+    keep = np.concatenate(ys) >= 0
+    x, y, r, t = (np.concatenate(v)[keep] for v in (xs, ys, runs, teach))
+    texts = [tx for tx, k in zip(texts, keep) if k]
+    from branchgate.data.embedding_cache import EmbeddingCache
+    from branchgate.models.encoder import LazyEncoder
+
+    emb = EmbeddingCache(LazyEncoder(recorded_spec(meta["encoder"])), path=cache)
+    cand, root = emb.get([c for c, _ in texts]), emb.get([q for _, q in texts])
+    fold = np.array([folds[k] for k in r])
+    dpp = t[:, TEACHERS.index("dpp")]
+    snippet = t[:, [TEACHERS.index(n) for n in ("sc", "lexical", "hybrid")]]
+    models = {
+        "in-graph scalars (the network's own inputs)": (x, 1.0),
+        "+ sc, lexical, hybrid snippet scores": (np.column_stack([x, snippet]), 1.0),
+        "+ hit embedding (C = 0.003)": (np.column_stack([x, snippet, cand]), 0.003),
+        "+ hit × question embedding (C = 0.003)": (np.column_stack([x, snippet, cand * root]), 0.003),
+    }
+    by = {k: np.flatnonzero(r == k) for k in np.unique(r)}
+    out = {"rows": int(len(y)), "runs": len(by), "dpp": safe_auroc(y, dpp), "probes": {}}
+    for name, (feats, c) in models.items():
+        p = stack_oof_c(feats, y, fold, c)
+
+        def delta(ids, p=p):
+            i = np.concatenate([by[k] for k in ids])
+            return safe_auroc(y[i], p[i]) - safe_auroc(y[i], dpp[i])
+
+        a = safe_auroc(y, p)
+        out["probes"][name] = {"auroc": a, "minus_dpp": a - out["dpp"], "ci95": bootstrap_ci(list(by), delta, boot)}
+        lo, hi = out["probes"][name]["ci95"]
+        print(f"{name:48s} {a:.3f}  − dpp {a - out['dpp']:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
+    return out
+
+
+def stack_oof_c(x: np.ndarray, y: np.ndarray, fold: np.ndarray, c: float) -> np.ndarray:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    score = np.zeros(len(y))
+    for k in np.unique(fold):
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=5000))
+        model.fit(x[fold != k], y[fold != k])
+        score[fold == k] = model.decision_function(x[fold == k])
+    return score
+
+
 def run_track(a) -> None:
     """The bench's real track on the dev queries (out of fold) and judged on the held-out ones: OUT/track.json,
     OUT/track.md, OUT/real_track.png."""
@@ -195,7 +276,14 @@ def run_track(a) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = real_track.track(
-        a.start, a.dev, [a.traces], out, a.boot, cache=a.cache, evals={"held-out queries": (a.heldout, [a.traces])}
+        a.start,
+        a.dev,
+        [a.traces],
+        out,
+        a.boot,
+        cache=a.cache,
+        evals={"held-out queries": (a.heldout, [a.traces])},
+        train_args=tuple(shlex.split(a.train_args or "")),
     )
     (out / "track.json").write_text(json.dumps(clean(res), indent=1))
     (out / "track.md").write_text("\n".join(real_track.markdown(res)) + "\n")
@@ -222,10 +310,18 @@ def main(argv=None) -> None:
     h.add_argument("--start", default=None)
     h.add_argument("--boot", type=int, default=1000)
     h.add_argument("--json", default=None)
+    cp = sub.add_parser("capacity")
+    cp.add_argument("dataset")
+    cp.add_argument("oof_dir")
+    cp.add_argument("--start", default="pretrained:read")
+    cp.add_argument("--cache", default=None)
+    cp.add_argument("--boot", type=int, default=1000)
+    cp.add_argument("--json", default=None)
     t = sub.add_parser("track")
     for name in ("start", "dev", "heldout", "traces", "out"):
         t.add_argument(name)
     t.add_argument("--cache", default=None)
+    t.add_argument("--train-args", default=None, help='more train options in one string, e.g. "--freeze mlp"')
     t.add_argument("--boot", type=int, default=1000)
     for p in (c, h):
         p.add_argument("--cache", default=None, help="the embedding cache the datasets were built with")
@@ -235,6 +331,13 @@ def main(argv=None) -> None:
         return
     if a.cmd == "track":
         run_track(a)
+        return
+    if a.cmd == "capacity":
+        out = capacity(a.dataset, a.oof_dir, a.cache, a.start, a.boot)
+        if a.json:
+            from branchgate.training.metrics import clean
+
+            Path(a.json).write_text(json.dumps(clean(out), indent=1))
         return
     names = a.names or [Path(d).name for d in (a.dirs if a.cmd == "compare" else a.controllers)]
     if a.cmd == "compare":
