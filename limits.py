@@ -23,6 +23,9 @@ leaves out is counted (a dataset's decision points: the manifest's ``run_problem
 
 from __future__ import annotations
 
+if __name__.partition(".")[0] not in ("branchgate", "__main__", "__mp_main__"):  # the root is the package
+    raise ImportError(f"import branchgate.{__name__} (the repository root is the branchgate package), not {__name__}")
+
 MAX_CANDIDATES = 256  # candidates (or hits) of one decision
 MAX_ITEMS = MAX_CANDIDATES  # items of any list of one decision (candidates, hits, retained, read, read_ids)
 MAX_RETAINED = 128  # retained branches (or texts read) a dataset's decision point keeps (the newest)
