@@ -92,7 +92,7 @@ def _configure(parser: argparse.ArgumentParser, module: str) -> None:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         # A command whose module needs an extra that is not installed still shows in --help.
-        parser.set_defaults(_missing=f"{exc.name} is not installed ({install_hint(exc.name)})")
+        parser.set_defaults(_missing=missing(exc.name))
         return
     mod.configure(parser)
 
@@ -104,6 +104,13 @@ def install_hint(module: str | None) -> str:
     """The install command that provides a missing module: its extra (``EXTRAS``; anything else is train's)."""
     extra = EXTRAS.get((module or "").partition(".")[0], "train")
     return f"pip install 'branchgate[{extra}]'"
+
+
+def missing(module: str) -> str:
+    """What every command says when a module of an extra is missing: the extra, installed from the package or from a
+    clone of the repository (branchgate is on no package index)."""
+    extra = install_hint(module).split("[", 1)[1].split("]", 1)[0]
+    return f"{module} is not installed ({install_hint(module)}; in a clone: pip install '.[{extra}]')"
 
 
 class _CurrentStderr(logging.StreamHandler):
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if not exc.name or exc.name.partition(".")[0] == "branchgate":
             raise  # a module of branchgate itself: a bug, not a missing extra
-        print(f"branchgate: error: {exc.name} is not installed ({install_hint(exc.name)})", file=sys.stderr)
+        print(f"branchgate: error: {missing(exc.name)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("branchgate: interrupted", file=sys.stderr)

@@ -179,7 +179,7 @@ def test_core_install_without_torch_gates_a_decision(encoder, tmp_path):
         (["train", "--config", "bench_train"], "lightning"),
     ):
         proc = in_venv(cli, *cmd, timeout=120)
-        hint = f"{missing} is not installed (pip install 'branchgate[train]')"
+        hint = f"{missing} is not installed (pip install 'branchgate[train]'; in a clone: pip install '.[train]')"
         assert proc.returncode == 2 and hint in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert replay.returncode == 0, replay.stderr[-2000:]
     report = json.loads((out / "replay.json").read_text())
@@ -224,3 +224,27 @@ def test_the_built_wheel_installs_in_a_clean_venv_and_gates(tmp_path):
     want = Gate.load("pretrained:read").select(state, hits)
     assert got["kept"] == want.kept
     np.testing.assert_allclose(got["p_keep"], want.p_keep, atol=1e-5)
+
+
+def test_a_missing_extra_is_named_by_every_command_not_a_traceback(monkeypatch, capsys):
+    """Any command whose work imports a module of a missing extra exits 2 naming the extra (from the package and
+    from a clone); a missing module of branchgate itself is a bug and still raises."""
+    import branchgate.pipeline.env_cli as env_cli
+    from branchgate.cli import main
+
+    def needs(name):
+        def run(args):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+        return run
+
+    monkeypatch.setattr(env_cli, "run", needs("datasets"))
+    assert main(["env", "build", "--format", "musique", "--src", "x", "--out", "y"]) == 2
+    err = capsys.readouterr().err
+    assert "datasets is not installed (pip install 'branchgate[train]'; in a clone: pip install '.[train]')" in err
+    monkeypatch.setattr(env_cli, "run", needs("uvicorn"))
+    assert main(["env", "build", "--format", "musique", "--src", "x", "--out", "y"]) == 2
+    assert "pip install '.[serve]'" in capsys.readouterr().err
+    monkeypatch.setattr(env_cli, "run", needs("branchgate.nope"))
+    with pytest.raises(ModuleNotFoundError):
+        main(["env", "build", "--format", "musique", "--src", "x", "--out", "y"])
