@@ -4,7 +4,9 @@
 
 Steps (the user's own commands, with the packaged encoder all-MiniLM-L6-v2): ``branchgate simulate`` over the
 bundled MuSiQue sample (CC BY 4.0) and HotpotQA sample (CC BY-SA 4.0), unpruned, every read stage open (every hit
-read: each new hit gets its key-point label), one run per question per seed; ``branchgate dataset build`` for
+read: each new hit gets its key-point label), one run per question per seed, as pages (issue 65: a copy of each
+sample whose manifest says ``unit: page``, each paragraph a titled page, so a hit shows its title and opening
+words) and five hits per search (``--top-k 5``, as the real Search-o1 lists); ``branchgate dataset build`` for
 stage pre and stage read (key-point labels, ``--split-by question``: a question's runs share one split);
 ``branchgate train --config bench_train``; ``branchgate export --int8``. Only the int8 ONNX file, its tokenizer
 and the model card are copied to ``pretrained/<stage>/``. ``choice.json`` gets each teacher's τ calibrated on
@@ -29,6 +31,17 @@ from branchgate.pretrained import MODEL_FILE, folder
 from branchgate.provenance import source_commit
 
 STAGES = ("pre", "read")
+TOP_K = 5  # hits per search: the real Search-o1 lists (docs/research/honest-simulator.md)
+
+
+def page_env(src: Path, dest: Path) -> Path:
+    """A copy of the bundled sample environment ``src`` at ``dest`` whose manifest says ``unit: page`` (each
+    paragraph is a page: its first line, the title, and its text); made once."""
+    if not (dest / "manifest.json").is_file():
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("bm25", "dense"))
+        m = json.loads((dest / "manifest.json").read_text())
+        (dest / "manifest.json").write_text(json.dumps({**m, "unit": "page"}, indent=1))
+    return dest
 
 
 def sh(argv: list[str]) -> None:
@@ -60,8 +73,10 @@ def teacher_taus(dataset: Path) -> dict:
 TRAINING_DATA = (
     "the bundled samples only: `data/samples/musique_sample` (40 MuSiQue questions, Trivedi et al., TACL 2022, "
     "CC BY 4.0) and `data/samples/hotpotqa_sample` (70 HotpotQA questions, Yang et al., EMNLP 2018, CC BY-SA 4.0), "
-    "both from the subsets distributed in OSU-NLP-Group/HippoRAG; attribution in NOTICE. No DeepResearchGym or "
-    "ClueWeb22 text was used in training; the real Search-o1 traces were used only to judge (below)."
+    "both from the subsets distributed in OSU-NLP-Group/HippoRAG; attribution in NOTICE; simulated as pages (each "
+    "paragraph a titled page, five hits per search) with the offline planner's fluent candidates and MuSiQue's own "
+    "sub-questions (docs/research/honest-simulator.md). No DeepResearchGym or ClueWeb22 text was used in training; "
+    "the real Search-o1 traces were used only to judge (below)."
 )
 WHAT = {
     "pre": "which candidate sub-queries of a decision to search (pre-retrieval; `Gate.select(state, candidates)`)",
@@ -170,7 +185,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     traces = []
-    for name, env in (("musique", str(sample_path())), ("hotpotqa", str(HOTPOTQA_DIR))):
+    for name, src in (("musique", sample_path()), ("hotpotqa", HOTPOTQA_DIR)):
+        env = str(page_env(src, work / f"env_{name}"))
         for seed in args.seeds:
             out = work / f"sim_{name}_s{seed}"
             sh(
@@ -184,6 +200,8 @@ def main(argv=None) -> int:
                     args.encoder,
                     "--seed",
                     str(seed),
+                    "--top-k",
+                    str(TOP_K),
                     "--no-progress",
                 ]
             )
