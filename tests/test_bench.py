@@ -146,6 +146,10 @@ def test_small_bench_runs_with_an_eval_set_missing_a_split(tmp_path, capsys):
 @pytest.mark.slow
 def test_report_has_every_policy_and_plausible_values(bench):
     d, _, rep = bench
+    # --real: the simulator against the real logs (bench/calibration.py), in report.json and report.md
+    cal = rep["calibration"]
+    assert cal["sim"]["shape"]["runs"] and any("AUROC" in c["what"] for c in cal["checks"])
+    assert "The simulator against the real logs" in (d / "out" / "report.md").read_text()
     assert {
         "policies",
         "gate_vs",
