@@ -399,7 +399,7 @@ def test_nothing_parsed_and_future_version(tmp_path, encoder):
             progress=False,
         )
     # no dataset, but the manifest says what was read and why nothing parsed (issue 24)
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".branchgate.json", "manifest.json"]
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped"][0]["reason"] == "empty file"
     with pytest.raises(SchemaVersionError):
         build(

@@ -50,7 +50,7 @@ def _at_most_4_gib():
 
 def _gate(model, *flags, stdin=None, timeout=90, prefix=()):
     """``branchgate gate`` in a child process: (returncode, stdout, stderr); a hang fails the test."""
-    cmd = [*prefix, *CLI, "gate", "--model", model, *flags]
+    cmd = [*prefix, *CLI, "gate", "--pre", model, *flags]
     try:
         p = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, preexec_fn=_at_most_4_gib)
     except subprocess.TimeoutExpired:
@@ -61,7 +61,7 @@ def _gate(model, *flags, stdin=None, timeout=90, prefix=()):
 def _in_process(monkeypatch, capsys, model, *flags, stdin: bytes = b""):
     """``branchgate gate`` through ``cli.main``, stdin given as bytes: (returncode, answers, stderr)."""
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    rc = main(["gate", "--model", model, *flags])
+    rc = main(["gate", "--pre", model, *flags])
     out = capsys.readouterr()
     return rc, [json.loads(x) for x in out.out.splitlines()], out.err
 
@@ -83,7 +83,7 @@ def test_input_from_an_endless_device_is_a_bounded_read_with_a_named_error(model
     assert "/dev/full: longer than" in err and time.monotonic() - t0 < 60
     with open("/dev/zero", "rb") as zero:  # stdin too
         p = subprocess.run(
-            [*CLI, "gate", "--model", model], stdin=zero, capture_output=True, timeout=90, preexec_fn=_at_most_4_gib
+            [*CLI, "gate", "--pre", model], stdin=zero, capture_output=True, timeout=90, preexec_fn=_at_most_4_gib
         )
     assert p.returncode == 2 and b"<stdin>: longer than" in p.stderr and b"Traceback" not in p.stderr
 
@@ -125,7 +125,7 @@ def test_ctrl_c_stops_a_long_gate_job_promptly_and_keeps_the_run_state_whole(mod
     state = tmp_path / "runs.json"
     most = str(4 * (os.cpu_count() or 1))
     p = subprocess.Popen(
-        [*CLI, "gate", "--model", model, "--jsonl", "--input", str(jobs), "--state", str(state), "--threads", most],
+        [*CLI, "gate", "--pre", model, "--jsonl", "--input", str(jobs), "--state", str(state), "--threads", most],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -292,7 +292,7 @@ def test_state_that_cannot_be_a_state_file_is_a_named_error(monkeypatch, capsys,
     ):
         rc, out, err = _in_process(monkeypatch, capsys, model, "--state", str(state), stdin=request)
         assert rc == 2 and out == [] and f"error: {state}" in err and what in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_file.lock", "a_folder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "a_folder"]  # the lock lives in the cache
     assert (tmp_path / "a_file").read_text() == "keep me\n" and not any(folder.iterdir())
     empty = tmp_path / "empty.json"
     empty.touch()  # e.g. from mktemp: no runs yet
@@ -318,7 +318,7 @@ def test_state_in_a_read_only_folder_is_a_named_error(model, tmp_path):
             prefix=prefix,
         )
         assert rc == 2 and out == "" and "Traceback" not in err
-        assert f"{ro / 'runs.json'}: cannot keep the run state here (permission denied" in err
+        assert f"{ro / 'runs.json'}: cannot write the run state (permission denied" in err
         assert not any(ro.iterdir())
     finally:
         ro.chmod(0o755)

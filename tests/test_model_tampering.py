@@ -180,7 +180,7 @@ def test_the_gate_checks_its_graph_against_the_encoder_and_max_length_its_metada
     relabelled = _copy_with(model, tmp_path / "bge", dict(props, encoder=BGE))
     decision = tmp_path / "d.json"
     decision.write_text(json.dumps({"state": {"root_query": "q"}, "candidates": ["a", "b"]}))
-    assert main(["gate", "--model", str(relabelled), "--input", str(decision), "--expect-encoder", BGE]) == 2
+    assert main(["gate", "--pre", str(relabelled), "--input", str(decision), "--expect-encoder", BGE]) == 2
     assert f"recorded as '{BGE}', but its weights are '{PACKAGED}'" in capsys.readouterr().err
     with pytest.raises(MismatchError, match="cannot embed a text of max_length=1000 tokens"):
         Gate.load(_copy_with(model, tmp_path / "long", dict(props, max_length="1000")), threads=1)
@@ -209,7 +209,7 @@ def test_a_controller_without_tokenizer_sha256_is_refused(model, tmp_path, capsy
         Gate.load(bare, threads=1)
     decision = tmp_path / "d.json"
     decision.write_text(json.dumps({"state": {"root_query": "q"}, "candidates": ["a", "b"]}))
-    assert main(["gate", "--model", str(bare), "--input", str(decision), "--threads", "1"]) == 2
+    assert main(["gate", "--pre", str(bare), "--input", str(decision), "--threads", "1"]) == 2
     assert "tokenizer_sha256" in capsys.readouterr().err
 
 

@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from branchgate.data.datamodule import DecisionDataModule
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_write_text, check_output_dir, mark_output_dir
+from branchgate.fileio import atomic_write_text, check_output_dir, claim_output_dir, mark_output_dir
 from branchgate.inference.inputs import as_tau
 from branchgate.training.checkpoint import CONTROLLER_FILE, read_lightning_checkpoint, save_controller
 from branchgate.training.evaluate import calibrate, calibrate_probabilities, evaluate, format_table
@@ -129,8 +129,10 @@ class TrainCLI(LightningCLI):
             cfg["out"] = str(Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
         out = Path(cfg["out"])
 
-        # before Lightning creates anything in it: never a folder of the user's or one of the inputs
-        check_output_dir(out, [cfg.get("data.dataset"), cfg.get("data.cache")], "train", in_place=True)
+        # before Lightning creates anything in it: never a folder of the user's or one of the inputs (checked once,
+        # by the first process: DDP's other ranks run this again after it has started writing there)
+        if _first_process():
+            check_output_dir(out, [cfg.get("data.dataset"), cfg.get("data.cache")], "train", in_place=True)
         if cfg.get("checkpoint.dirpath") is None:
             cfg["checkpoint.dirpath"] = str(out / "checkpoints")
         if cfg.get("trainer.default_root_dir") is None:
@@ -205,9 +207,9 @@ def train(argv: list[str] | None = None) -> dict:
     if cli.config.get("threads"):
         torch.set_num_threads(int(cli.config["threads"]))
     out = Path(cli.config["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, "train")
-    atomic_write_text(out / "config.yaml", cli.parser.dump(cli.config, skip_none=False))
+    if _first_process():
+        claim_output_dir(out, "train")  # open until mark_output_dir below lists what this run wrote
+        atomic_write_text(out / "config.yaml", cli.parser.dump(cli.config, skip_none=False))
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     dm.setup("fit")  # dataset, encoder and embedding errors surface here, before Lightning starts
     if cli.config.get("init_from"):
@@ -273,5 +275,11 @@ def train(argv: list[str] | None = None) -> dict:
         f"encoder {metrics['encoder']}; tau {tau:.4f} ({calib.method}); embedding cache "
         f"hits {dm.cache_stats.get('hits')} misses {dm.cache_stats.get('misses')}"
     )
+    mark_output_dir(out, "train")
     print(f"wrote {final}, {out / 'metrics.json'} and plots in {out}")
     return metrics
+
+
+def _first_process() -> bool:
+    """Whether this is the process a user started (DDP starts the other ranks with LOCAL_RANK set above 0)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
