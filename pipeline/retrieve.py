@@ -28,6 +28,7 @@ def _bm25s():
         import bm25s
     except ImportError:
         raise BranchgateError("retrieval needs bm25s: pip install 'branchgate[train]'") from None
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # it sets its own logger to DEBUG: not the user's business
     return bm25s
 
 
