@@ -251,25 +251,6 @@ def test_gpt_researcher_log_with_100k_subqueries_is_capped_and_counted(tmp_path)
     assert got["problems"] == {D.OVER_CANDIDATES: 100_001 - D.MAX_CANDIDATES}
 
 
-def searcho1_trace(folder: Path, n: int, docs: int = 3) -> Path:
-    folder.mkdir(parents=True)
-    (folder / "9100001.q").write_text("what is topic zero")
-    parts = []
-    for i in range(n):
-        parts.append(
-            f"<|begin_search_query|>search {i} about subtopic {i % 97}<|end_search_query|>\n"
-            "<|begin_search_result|>"
-            + "".join(
-                f"Doc {k + 1} (URL: https://ex.org/{i}/{k}, ClueWebID: cw-{i}-{k})\n"
-                f"document {i} {k} about subtopic {i % 97}, word{i * 7 + k}\n"
-                for k in range(docs)
-            )
-            + f"<|end_search_result|>\nthinking after search {i}\n"
-        )
-    (folder / "9100001.a").write_text("".join(parts) + "Final answer: done.")
-    return folder / "9100001.a"
-
-
 WORK = """
 import json, sys
 from collections import Counter
@@ -319,13 +300,13 @@ print(json.dumps(out))
 """
 
 
-def test_searcho1_trace_with_1500_searches_does_bounded_work_per_decision(tmp_path):
+def test_searcho1_trace_with_1500_searches_does_bounded_work_per_decision(tmp_path, harness):
     """It took more than 30 minutes (every decision's teachers over all earlier searches and documents), later
     171 s against a 120 s wall-time assertion on a loaded machine. The work is bounded instead: every decision
     makes the same number of teacher matrix operations, each over at most the caps' window (the newest
     ``MAX_CONTEXT`` evidence items plus the frame's own, ``MAX_RETAINED`` retained texts), so the work per
     decision is O(window), not O(history). The time is ``benchmarks/bench_build_searcho1.py``'s."""
-    path = searcho1_trace(tmp_path / "Searcho1_ClueWeb22", 1500)
+    path = harness("bench_build_searcho1").searcho1_trace(tmp_path / "Searcho1_ClueWeb22", 1500, docs=3)
     got = isolated(WORK.replace("sys.argv[1]", repr(str(path))), timeout=900)
     d = np.array(got["decisions"])
     assert len(d) == 1500 and (d[:, 0] == 1).all() and got["finite"]
