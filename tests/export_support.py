@@ -231,3 +231,16 @@ def read_controller_from(traces: Path, root: Path, labels: str = "citations") ->
     out = root / "read_export" / "controller.onnx"
     assert main(["export", "--checkpoint", str(run / "controller.safetensors"), "--out", str(out)]) == 0
     return out
+
+
+def untrained_controller(path: Path, max_length: int = 256) -> Path:
+    """A small controller file on the packaged encoder (untrained: evaluate and export only need it to load)."""
+    import torch
+
+    from branchgate.models.encoder import resolve
+    from branchgate.models.value_model import ValueNet
+    from branchgate.training.checkpoint import make_meta, save_controller
+
+    torch.manual_seed(0)
+    meta = make_meta(resolve("packaged"), tau=0.5, data_sha256="test", dim=384, max_length=max_length)
+    return save_controller(path, ValueNet(384, hidden=8, dropout=0.0).eval(), meta)

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from export_support import untrained_controller
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -278,24 +279,11 @@ def test_item3_a_refused_build_leaves_a_users_old_folder_where_it_is(tmp_path, c
     assert {k: v for k, v in snapshot(tmp_path).items() if k.startswith(".newout.old")} == before
 
 
-def _controller(path: Path) -> Path:
-    """A small controller file on the packaged encoder (untrained: evaluate and export only need it to load)."""
-    import torch
-
-    from branchgate.models.encoder import resolve
-    from branchgate.models.value_model import ValueNet
-    from branchgate.training.checkpoint import make_meta, save_controller
-
-    torch.manual_seed(0)
-    meta = make_meta(resolve("packaged"), tau=0.5, data_sha256="test", dim=384, max_length=256)
-    return save_controller(path, ValueNet(384, hidden=8, dropout=0.0).eval(), meta)
-
-
 def test_item2_evaluate_keeps_files_added_to_its_output(tmp_path, capsys):
     from branchgate.data.synthetic import write_synthetic_dataset
 
     ds = write_synthetic_dataset(tmp_path / "ds", n_runs=16, seed=3)
-    ckpt = _controller(tmp_path / "run" / "controller.safetensors")
+    ckpt = untrained_controller(tmp_path / "run" / "controller.safetensors")
     out = tmp_path / "eval"
     argv = ["evaluate", "--checkpoint", str(ckpt), "--dataset", str(ds), "--cache", str(tmp_path / "e.sqlite")]
     assert main([*argv, "--out", str(out)]) == 0
@@ -309,7 +297,7 @@ def test_item2_evaluate_keeps_files_added_to_its_output(tmp_path, capsys):
 # -- evaluate --threads (item 8) -------------------------------------------------------------------------------
 @pytest.mark.parametrize("threads", ["-5", "2000"])
 def test_evaluate_threads_out_of_range_is_refused_before_work(tmp_path, capsys, threads):
-    ckpt = _controller(tmp_path / "run" / "controller.safetensors")
+    ckpt = untrained_controller(tmp_path / "run" / "controller.safetensors")
     argv = ["evaluate", "--checkpoint", str(ckpt), "--dataset", str(tmp_path / "none"), "--threads", threads]
     err = refused([*argv, "--out", str(tmp_path / "eval")], capsys, "--threads")
     assert "must be an integer from 1 to" in err and not (tmp_path / "eval").exists()

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from export_support import untrained_controller
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -208,24 +209,11 @@ def test_simulate_previous_output_resumes(tmp_path):
     assert main(argv) == 0 and snapshot(out / "traces") == runs
 
 
-def _controller(path: Path) -> Path:
-    """A small controller file on the packaged encoder (untrained: evaluate only needs it to load)."""
-    import torch
-
-    from branchgate.models.encoder import resolve
-    from branchgate.models.value_model import ValueNet
-    from branchgate.training.checkpoint import make_meta, save_controller
-
-    torch.manual_seed(0)
-    meta = make_meta(resolve("packaged"), tau=0.5, data_sha256="test", dim=384, max_length=128)
-    return save_controller(path, ValueNet(384, hidden=8, dropout=0.0).eval(), meta)
-
-
 def test_evaluate_out_file_and_overlap_are_refused(tmp_path, capsys):
     from branchgate.data.synthetic import write_synthetic_dataset
 
     ds = write_synthetic_dataset(tmp_path / "ds", n_runs=16, seed=3)
-    ckpt = _controller(tmp_path / "run" / "controller.safetensors")
+    ckpt = untrained_controller(tmp_path / "run" / "controller.safetensors", max_length=128)
     f = tmp_path / "metrics.txt"
     f.write_text("precious\n")
     before = snapshot(tmp_path)
