@@ -12,6 +12,10 @@ draws an *origin*:
   already known;
 - ``tangent``: a phrase from the weaker retrieved passages (or, failing that, from a random passage of
   the corpus) asked about without the topic — off-target;
+- ``offtopic``: a sub-query written for *another* question of the same environment (its first human-written
+  sub-question when it has them, else its topic in a query template) — a planner that drifts off the question;
+  it retrieves the other question's pages, so it is labelled as the plainly irrelevant candidate it is. Without
+  another question in the environment, a tangent instead;
 - ``gold``: when the environment's query carries human-written sub-questions (MuSiQue's
   ``question_decomposition``, in the query's ``meta.decomposition``), the first one is a candidate of the plan and
   the next one (its ``#k`` references filled with the answers found) a follow-up of a gold branch.
@@ -41,9 +45,10 @@ class Cand:
     focus: str = ""  # the phrase the candidate is about (drill-down context for its follow-ups)
 
 
-# origin mix by frame depth: (aspect, redundant, tangent)
-MIX = {0: (0.55, 0.25, 0.20), 1: (0.45, 0.30, 0.25)}
-MIX_DEEP = (0.40, 0.30, 0.30)
+# origin mix by frame depth: (aspect, redundant, tangent, offtopic); a tenth of the candidates drift off the question
+ORIGINS = ("aspect", "redundant", "tangent", "offtopic")
+MIX = {0: (0.50, 0.25, 0.15, 0.10), 1: (0.40, 0.30, 0.20, 0.10)}
+MIX_DEEP = (0.35, 0.30, 0.25, 0.10)
 
 ASPECT_Q = [
     "{phrase} and {topic}",
@@ -92,6 +97,16 @@ TANGENT_Q = [
 TANGENT_G = [
     "Background on {phrase}.",
     "Understand {phrase} in general terms.",
+]
+OFFTOPIC_Q = [
+    "{topic}",
+    "facts about {topic}",
+    "overview of {topic}",
+    "{topic} explained",
+]
+OFFTOPIC_G = [
+    "Find out about {topic}.",
+    "Collect the main facts on {topic}.",
 ]
 
 _PHRASE_SPLIT = re.compile(r"[,;:()\[\]\"!?|/]+|\s[-\u2013\u2014]\s")
@@ -236,7 +251,7 @@ def cited_learnings(
                 continue
             sources[key] = [ti]
             ws = set(content_words(sent))
-            score = sum(idf(w) for w in ws & terms) + 0.01 * len(ws)
+            score = sum(idf(w) for w in sorted(ws & terms)) + 0.01 * len(ws)  # sorted: the same float in every process
             scored.append((-score, ti, si, " ".join(sent.split()[:max_words]), key))
     scored.sort()
     return [(s, sources[key]) for *_, s, key in scored[:max_sentences]]
@@ -250,6 +265,7 @@ class OfflineGenerator:
     def __init__(self, env):
         self.env = env
         self._gold = {q.query.strip(): gold_steps(q.meta, q.key_points) for q in getattr(env, "queries", [])}
+        self._questions = sorted(self._gold)  # the environment's questions: where an off-topic candidate comes from
 
     def _df(self, word: str) -> int:
         return self.env.df.get(word, 0)
@@ -307,7 +323,7 @@ class OfflineGenerator:
         strong_words = {w for p, _ in strong[:12] for w in p.split()}
         weak = [(p, s) for p, s in weak if not set(p.split()) & strong_words]
         mix = MIX.get(depth, MIX_DEEP)
-        origins = rng.choices(["aspect", "redundant", "tangent"], weights=mix, k=k)
+        origins = rng.choices(ORIGINS, weights=mix, k=k)
         if "aspect" not in origins and strong:
             origins[0] = "aspect"
         out: list[Cand] = []
@@ -354,6 +370,10 @@ class OfflineGenerator:
             frame = frame_query.strip().rstrip("?")
             q = rng.choice(REDUNDANT_Q).format(frame=frame, topic=topic)
             return Cand(q, rng.choice(REDUNDANT_G).format(topic=topic), "redundant", focus)
+        if origin == "offtopic":
+            cand = self._offtopic(root, rng)
+            if cand is not None:
+                return cand
         phrase = _pick(weak, used, rng, top=8)
         if phrase is None:  # drift to a random passage of the corpus
             text = self.env.texts[rng.randrange(len(self.env.texts))]
@@ -362,6 +382,20 @@ class OfflineGenerator:
                 return None
         q = rng.choice(TANGENT_Q).format(phrase=phrase)
         return Cand(q, rng.choice(TANGENT_G).format(phrase=phrase), "tangent", phrase)
+
+    def _offtopic(self, root: str, rng: random.Random) -> Cand | None:
+        """A sub-query written for another question of the environment (None when it has no other): that question's
+        first sub-question when it has human-written ones (its references filled), else its topic in a template."""
+        others = [q for q in self._questions if q != root.strip()]
+        if not others:
+            return None
+        other = others[rng.randrange(len(others))]
+        steps = self._gold.get(other) or []
+        q = fill_gold(steps[0][0], [a for _, a in steps]) if steps else None
+        topic = topic_of(other)
+        if q is None:
+            q = rng.choice(OFFTOPIC_Q).format(topic=topic)
+        return Cand(q, rng.choice(OFFTOPIC_G).format(topic=topic), "offtopic", topic_of(q, 4))
 
 
 def _pick(scored: list[tuple[str, float]], used: set[str], rng: random.Random, top: int) -> str | None:

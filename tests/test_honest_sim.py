@@ -48,6 +48,23 @@ def test_offline_candidates_are_fluent_and_the_plan_asks_the_first_sub_question(
         assert len(ws) < 4 or any(w in STOPWORDS or w in {"definition", "statistics"} for w in ws), text
 
 
+def test_some_offline_candidates_drift_to_another_question_and_find_none_of_its_key_points():
+    env = envmod.load("sample")
+    gen = OfflineGenerator(env)
+    others = {q.query.strip() for q in env.queries}
+    off = 0
+    for n, q in enumerate(env.queries[:40]):
+        texts = [env.texts[i] for i, _ in env.bm25.search(q.query, 10)]
+        for c in gen.plan(q.query, texts, 6, random.Random(n)):
+            if c.origin != "offtopic":
+                continue
+            off += 1
+            assert q.query not in c.query and c.focus and others  # written for another question, not this one
+            found = {k for i, _ in env.bm25.search(c.query, 5) for k in env.labels[i]}
+            assert not {k for k in found if k.startswith(f"{q.id}#")}, c.query  # plainly irrelevant: no key point
+    assert 10 <= off <= 45  # about a tenth of 240 candidates
+
+
 def test_page_environment_lists_whole_pages_with_titles(tmp_path):
     src = write_drgym(tmp_path / "src")
     out = env_build.build("drgym", [str(src)], tmp_path / "env", unit="page", progress=False)
