@@ -18,10 +18,11 @@ import numpy as np
 
 from branchgate.bench.steps import fingerprint
 from branchgate.bench.sweeps import PolicyPoint
-from branchgate.fileio import atomic_write_json
+from branchgate.fileio import atomic_write_json, mark_output_dir
 from branchgate.models.encoder import Encoder
 from branchgate.pipeline import env as envmod
 from branchgate.pipeline.config import Config
+from branchgate.pipeline.simulate import OUTPUT_KIND as SIMULATE
 from branchgate.pipeline.simulate import read_totals, simulate
 from branchgate.training.stats import mean_ci
 
@@ -121,6 +122,7 @@ def _run_point(env, sim: dict, job, queries_file: str, encoder) -> None:
     cfg = Config(**sim, pre=p.pre, read=p.read, post=p.post, synth=p.synth)
     simulate(env, cfg, folder, queries_file=queries_file, progress=False, encoder=encoder)
     atomic_write_json(Path(folder) / "point.json", {"fingerprint": fp, "name": p.name, "spec": p.spec})
+    mark_output_dir(folder, SIMULATE)  # the point's folder is simulate's output: its record lists point.json too
 
 
 def summarize(pts: list[PolicyPoint], runs: dict[str, dict[str, dict]], boot: int, seed: int = 0) -> dict:

@@ -190,6 +190,8 @@ def _report(
     ``by_labels`` with its variants' comparisons, each source's read gate under ``read`` (with both learned
     stages' comparisons), the policies' summaries, ``budgets`` and the findings."""
     boot = run.boot
+    per_source = {k: dict(v) for k, v in per_source.items()}  # the caller's own (controller paths) stay whole
+    per_read = {k: dict(v) for k, v in per_read.items()}
     for res in [*per_source.values(), *per_read.values()]:
         res["common_sense"] = common_sense(res.pop("controller", None))
         res.pop("export_fp", None)
