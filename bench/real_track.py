@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from branchgate.training.stats import Rows, per_decision, scorer_metrics
+from branchgate.training.stats import Rows, per_decision, scorer_metrics, split_rows
 
 SPLITS = ("train", "validation", "test")
 PLOT = "real_track.png"
@@ -136,30 +136,7 @@ def _teacher_rows(dataset: str) -> Rows:
     from branchgate.data.decision_batches import load_decision_dataset
 
     dsd, _ = load_decision_dataset(dataset)
-    cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth", "order")}
-    scorers: dict[str, list] = {}
-    for s in SPLITS:
-        part = dsd[s]
-        cols["label"].append(np.asarray(part["label"], np.int64))
-        cols["utility"].append(np.asarray([np.nan if v is None else v for v in part["utility"]], np.float64))
-        cols["run"].append(np.asarray(part["run_id"]))
-        cols["frame"].append(np.asarray([f"{r}/{f}" for r, f in zip(part["run_id"], part["frame_id"])]))
-        cols["depth"].append(np.asarray(part["depth"], np.int64))
-        cols["order"].append(np.asarray(part["rank" if "rank" in part.column_names else "order"], np.int64))
-        for c in part.column_names:
-            if c.startswith("teacher_"):
-                vals = np.asarray([np.nan if v is None else v for v in part[c]], np.float64)
-                scorers.setdefault(c[len("teacher_") :], []).append(vals)
-    cat = {k: np.concatenate(v) for k, v in cols.items()}
-    return Rows(
-        cat["label"],
-        cat["utility"],
-        cat["run"],
-        cat["frame"],
-        cat["depth"],
-        {k: np.concatenate(v) for k, v in scorers.items()},
-        cat["order"],
-    )
+    return split_rows((dsd[s], {}) for s in SPLITS)
 
 
 def aligned(base: Rows, rows: Rows, name: str = "gate") -> np.ndarray:

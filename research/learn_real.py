@@ -99,23 +99,10 @@ def stack_oof(x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> np.ndarray:
 
 def start_scores(start: str, dataset: str, rows, cache: str | None) -> np.ndarray:
     """The start controller (``--init-from`` source) scored unchanged on ``rows`` of ``dataset``, by the training
-    path: the simulator-only gate."""
-    from branchgate.data.datamodule import DecisionDataModule
-    from branchgate.models.encoder import recorded_spec
-    from branchgate.training.evaluate import predict
-    from branchgate.training.init_from import load_start
+    path: the simulator-only gate (the bench's real track scores it the same way)."""
+    from branchgate.bench.real_track import controller_scores
 
-    net, meta, _ = load_start(start)
-    dm = DecisionDataModule(dataset, cache=cache, show_progress=False)
-    dm.encoder_spec = recorded_spec(meta["encoder"])
-    dm.setup("predict")
-    by_key = {}
-    for s in SPLITS:
-        p, _ = predict(net, dm.sets[s], dm.table)
-        part = dm.splits[s]
-        for r, f, rank, y, v in zip(part["run_id"], part["frame_id"], part["rank"], part["label"], p):
-            by_key[(r, f"{r}/{f}", rank, y)] = float(v)
-    return np.array([by_key[k] for k in _key(rows)])
+    return controller_scores(start, dataset, rows, cache)
 
 
 def compare(dirs: list[str], names: list[str], start: str | None, boot: int, cache: str | None) -> dict:

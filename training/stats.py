@@ -162,16 +162,23 @@ def controller_predictions(checkpoint, dataset, splits=("test",), cache=None):
 
 def controller_rows(checkpoint, dataset, splits=("test",), cache=None) -> Rows:
     """The controller (``gate``, by the training path) and every ``teacher_*`` column on ``splits`` of a dataset."""
+    return split_rows((part, {"gate": p}) for _, part, p in controller_predictions(checkpoint, dataset, splits, cache))
+
+
+def split_rows(parts) -> Rows:
+    """``Rows`` of dataset splits: ``parts`` yields ``(split, scores)``, the split's rows with extra scorers' values
+    in its row order (``{}``: its ``teacher_*`` columns only)."""
     cols: dict[str, list] = {k: [] for k in ("label", "utility", "run", "frame", "depth", "order")}
     scorers: dict[str, list] = {}
-    for _, part, p in controller_predictions(checkpoint, dataset, splits, cache):
+    for part, extra in parts:
         cols["label"].append(np.asarray(part["label"], np.int64))
         cols["utility"].append(np.asarray([np.nan if v is None else v for v in part["utility"]], np.float64))
         cols["run"].append(np.asarray(part["run_id"]))
         cols["frame"].append(np.asarray([f"{r}/{f}" for r, f in zip(part["run_id"], part["frame_id"])]))
         cols["depth"].append(np.asarray(part["depth"], np.int64))
         cols["order"].append(np.asarray(part["rank" if "rank" in part.column_names else "order"], np.int64))
-        scorers.setdefault("gate", []).append(p.astype(np.float64))
+        for name, values in extra.items():
+            scorers.setdefault(name, []).append(np.asarray(values, np.float64))
         for c in part.column_names:
             if c.startswith("teacher_"):
                 scorers.setdefault(c[len("teacher_") :], []).append(
