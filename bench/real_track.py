@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from branchgate.fileio import atomic_path, atomic_write_text, mark_output_dir
 from branchgate.training.stats import Rows, per_decision, scorer_metrics, split_rows
 
 SPLITS = ("train", "validation", "test")
@@ -86,7 +87,8 @@ def train_folds(dataset: str, out: Path, start: str | None, folds: int, cache: s
     if (out / "oof.json").is_file() and done.is_file() and json.loads(done.read_text()) == argv:
         return out
     train(argv)
-    done.write_text(json.dumps(argv))
+    atomic_write_text(done, json.dumps(argv))
+    mark_output_dir(out, "train")  # the folder is train's output: its record lists the arguments file too
     return out
 
 
@@ -377,7 +379,8 @@ def plot(result: dict, path: Path) -> None:
         else:
             ax2.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 

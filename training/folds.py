@@ -32,7 +32,7 @@ import numpy as np
 from branchgate.data.dataset_schema import SPLITS, dataset_stage
 from branchgate.data.decision_batches import load_decision_dataset
 from branchgate.errors import InputError
-from branchgate.fileio import atomic_write_text, mark_output_dir
+from branchgate.fileio import atomic_path, atomic_write_text, claim_output_dir, mark_output_dir
 from branchgate.training import stats
 from branchgate.training.baselines import platt_coefficients
 from branchgate.training.metrics import calibrate_tau, clean
@@ -191,8 +191,7 @@ def run_folds(cli, argv: list[str], train) -> dict:
     counts = run_labels(dsd)
     check_enough(counts, k, dataset)
     folds = assign_folds(counts, k)
-    out.mkdir(parents=True, exist_ok=True)
-    mark_output_dir(out, "train")
+    claim_output_dir(out, "train")  # open until mark_output_dir below lists what the folds and the final model wrote
     base = without(argv, "--folds")
     results, fold_runs = [], []
     for i in range(k):
@@ -230,7 +229,8 @@ def run_folds(cli, argv: list[str], train) -> dict:
         ]
     )
     controller = out / CONTROLLER_FILE
-    shutil.copyfile(out / "final" / CONTROLLER_FILE, controller)
+    with atomic_path(controller) as tmp:
+        shutil.copyfile(out / "final" / CONTROLLER_FILE, tmp)
     cal = calibrate_final(controller, rows, cli.config_init["calibration"])
     rep.update(
         folds=k,
@@ -246,6 +246,7 @@ def run_folds(cli, argv: list[str], train) -> dict:
     atomic_write_text(out / "oof.md", text)
     print(text)
     print(f"final model: every run, {epochs} epochs; τ {cal['tau']:.4f} from the out-of-fold predictions")
+    mark_output_dir(out, "train")
     print(f"wrote {controller}, {out / 'oof.json'} and {out / 'oof.md'}")
     return dict(final, oof=rep)
 
