@@ -113,19 +113,14 @@ class ResearchHook(ResearchPatches, ReadHook, TraceRecorder):
         gate=None,
         trace=None,
         *,
-        tau: float | None = None,
-        max_keep: int | None = None,
-        run_id: str | None = None,
         system: str = SYSTEM,
-        root_query: str | None = None,
-        budget_nodes: int | None = None,
-        budget_tokens: int | None = None,
-        defer: bool = False,
-        budget_options: dict | None = None,
         read=None,
         read_tau: float | None = None,
         read_floor: str | None = None,
+        **options,
     ):
+        """``options``: ``TraceRecorder``'s (``tau``, ``max_keep``, ``run_id``, ``root_query``, ``budget_nodes``,
+        ``budget_tokens``, ``defer``, ``budget_options``); ``read*``: the read stage's (``ReadHook``)."""
         skill = getattr(target, "deep_researcher", None)
         conductor = getattr(target, "research_conductor", None)
         if skill is None and conductor is None:  # a DeepResearchSkill itself
@@ -144,21 +139,8 @@ class ResearchHook(ResearchPatches, ReadHook, TraceRecorder):
                 raise TypeError(f"{type(target).__name__} has no conduct_research(): not a GPTResearcher")
         self.researcher = target if conductor is not None else getattr(skill, "researcher", None)
         self.skill, self.conductor = skill, conductor
-        super().__init__(
-            gate,
-            trace,
-            tau=tau,
-            max_keep=max_keep,
-            run_id=run_id,
-            system=system,
-            root_query=root_query,
-            run_prefix="gptr",
-            counts=("untyped_plans", "dropped_without_goal"),
-            budget_nodes=budget_nodes,
-            budget_tokens=budget_tokens,
-            defer=defer,
-            budget_options=budget_options,
-        )
+        counts = ("untyped_plans", "dropped_without_goal")
+        super().__init__(gate, trace, system=system, run_prefix="gptr", counts=counts, **options)
         self._frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
             f"branchgate_frame_{id(self)}", default=None
         )

@@ -118,34 +118,16 @@ class OpenDeepResearchHook(ReadHook, TraceRecorder):
         gate=None,
         trace=None,
         *,
-        tau: float | None = None,
-        max_keep: int | None = None,
-        run_id: str | None = None,
         system: str = SYSTEM,
-        root_query: str | None = None,
-        budget_nodes: int | None = None,
-        budget_tokens: int | None = None,
-        defer: bool = False,
-        budget_options: dict | None = None,
         read=None,
         read_tau: float | None = None,
         read_floor: str | None = None,
+        **options,
     ):
-        super().__init__(
-            gate,
-            trace,
-            tau=tau,
-            max_keep=max_keep,
-            run_id=run_id,
-            system=system,
-            root_query=root_query,
-            run_prefix="odr",
-            counts=("not_run", "unmatched_runs", "unmatched_queries"),
-            budget_nodes=budget_nodes,
-            budget_tokens=budget_tokens,
-            defer=defer,
-            budget_options=budget_options,
-        )
+        """``options``: ``TraceRecorder``'s (``tau``, ``max_keep``, ``run_id``, ``root_query``, ``budget_nodes``,
+        ``budget_tokens``, ``defer``, ``budget_options``); ``read*``: the read stage's (``ReadHook``)."""
+        counts = ("not_run", "unmatched_runs", "unmatched_queries")
+        super().__init__(gate, trace, system=system, run_prefix="odr", counts=counts, **options)
         self._branch: contextvars.ContextVar[_Branch | None] = contextvars.ContextVar(
             f"branchgate_odr_{id(self)}", default=None
         )
