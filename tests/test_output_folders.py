@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from export_support import untrained_controller
+from folder_support import build_argv, refused, snapshot
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -27,24 +28,6 @@ from branchgate.pipeline.sample import SAMPLE_DIR
 FIX = Path(branchgate.__file__).parent / "tests" / "fixtures"  # also right for a copy of this file elsewhere
 TRACES = FIX / "canonical" / "two_runs.jsonl"
 MUSIQUE = json.loads((FIX / "musique" / "one_question.json").read_text())  # one two-hop question
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every file (its bytes) and folder (None) under ``root``, hidden ones included."""
-    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
-
-
-def refused(argv: list[str], capsys, path) -> str:
-    """Run the CLI: exit 2 and ``path`` named in the one-line error; returns the message."""
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err[-2000:]
-    assert "Traceback" not in err and f"branchgate: error: {path}" in err, err[-2000:]
-    return err
-
-
-def build_argv(traces, out) -> list[str]:
-    return ["dataset", "build", "--traces", str(traces), "--out", str(out), "--encoder", "packaged", "--no-progress"]
 
 
 @pytest.fixture
