@@ -156,8 +156,8 @@ def gate_cli(monkeypatch, capsys, stdin: str, *flags: str, model: str = "/nonexi
     ],
     ids=["huge-int", "deep"],
 )
-def test_gate_cli_json_that_breaks_later_is_exit_2(monkeypatch, capsys, stdin):
-    rc, out = gate_cli(monkeypatch, capsys, stdin)
+def test_gate_cli_json_that_breaks_later_is_exit_2(monkeypatch, capsys, stdin, exported_model):
+    rc, out = gate_cli(monkeypatch, capsys, stdin, model=exported_model["fp32"])  # --pre checks the file first
     assert rc == 2 and "<stdin>" in out.err and "Traceback" not in out.err
 
 
