@@ -41,11 +41,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 READY = re.compile(r"(?:Uvicorn running|branchgate serve: listening) on (http://[^\s)]+)")
 
 
-def start_server(argv: list[str], timeout: float = 180.0, cwd=None) -> tuple[subprocess.Popen, str, list[str]]:
+def start_server(
+    argv: list[str], timeout: float = 180.0, cwd=None, cache: str | None = None
+) -> tuple[subprocess.Popen, str, list[str]]:
     """``branchgate serve ARGV --port 0`` as a subprocess → (process, its base URL, its log lines so far and to
-    come). Its stderr is drained by a thread (a full pipe would stall the server); stdout goes nowhere."""
+    come). Its stderr is drained by a thread (a full pipe would stall the server); stdout goes nowhere. ``cache``:
+    its ``BRANCHGATE_CACHE`` (default a new empty folder, so runs kept by the default SQLite store of an earlier
+    server never meet this one's)."""
     cmd = [sys.executable, "-m", "branchgate", "serve", *argv, "--port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    env = {**os.environ, "BRANCHGATE_CACHE": cache or tempfile.mkdtemp(prefix="branchgate-serve-")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     lines: list[str] = []
     urls: queue.Queue = queue.Queue()
 

@@ -88,17 +88,17 @@ test("read: which hits to read, and a hit read before is not new", async () => {
 });
 
 test("a budgeted run: open, select, status, spend, close", async () => {
-  const opened = conforms(await client.openRun({ budget_nodes: 2, defer: true }), "/v1/runs", "post", "201");
+  const opened = conforms(await client.openRun({ budget_nodes: 1, defer: true }), "/v1/runs", "post", "201");
   const runId = opened.run_id;
-  assert.deepEqual(opened.limit, { nodes: 2, tokens: null });
+  assert.deepEqual(opened.limit, { nodes: 1, tokens: null });
   const first = conforms(await client.runSelect(runId, { ...DECISION, tau: 0 }), "/v1/runs/{run_id}/select", "post");
-  assert.equal(first.kept.length, 2); // τ 0: all pass, the budget admits 2
+  assert.equal(first.kept.length, 1); // the budget admits one node (the top-1 when none beats the price)
   const second = await client.runSelect(runId, { ...DECISION, tau: 0 });
   assert.deepEqual(second.kept, []);
   assert.equal(second.exhausted, true);
   const status = conforms(await client.run(runId), "/v1/runs/{run_id}", "get");
-  assert.equal(status.spent_nodes, 2);
-  conforms(await client.spend(runId, { spend: [120, 80] }), "/v1/runs/{run_id}/spend", "post");
+  assert.equal(status.spent_nodes, 1);
+  conforms(await client.spend(runId, { spend: [200] }), "/v1/runs/{run_id}/spend", "post");
   const revisit = await client.revisit(runId, { state: DECISION.state });
   conforms(revisit, "/v1/runs/{run_id}/revisit", "post");
   const closed = conforms(await client.closeRun(runId), "/v1/runs/{run_id}/close", "post");
