@@ -248,6 +248,22 @@ def track(
     out = Path(out)
     ft = train_folds(dataset, out / "finetuned", start, folds, cache, train_args)
     ro = train_folds(dataset, out / "real_only", None, folds, cache, train_args)
+    return judge(start, dataset, ft, ro, traces, boot, folds, cache, evals)
+
+
+def judge(
+    start: str,
+    dataset: str,
+    ft: Path,
+    ro: Path,
+    traces: list[str] | None,
+    boot: int = 1000,
+    folds: int = FOLDS,
+    cache: str | None = None,
+    evals: dict[str, tuple[str, list[str] | None]] | None = None,
+) -> dict:
+    """``track``'s tables and frontiers from its trained folds ``ft`` (fine-tuned) and ``ro`` (real rows only):
+    nothing is trained here (``research/retrack.py`` reruns it after a change to the replay)."""
     base = oof_scores(ft, cache)
     scorers = {"finetuned": base.scorers["gate"], "real_only": aligned(base, oof_scores(ro, cache))}
     scorers["sim_only"] = controller_scores(start, dataset, base, cache)

@@ -14,6 +14,9 @@ The cost rule (one rule for every log format):
   nothing new in the log (so made no call) but finds something in the replay, because what an earlier branch
   read there was pruned, is charged the run's median fixed part plus that evidence; the child frames it would
   then open are not in the log and are not replayed (so replay runs slightly cheap: docs/use/replay.md);
+- an agent that searches again whatever a search brought (run_start ``config.follow_ups`` = ``"always"``, as the
+  Search-o1 reader declares: each search is the next step of one chain of reasoning) goes on to a searched branch's
+  child frames even when the branch reads nothing new (``ReplayRun.follows_always``);
 - the synthesis call costs its fixed part (its tokens minus the tokens of every evidence of the run) plus the
   tokens of the evidence found in the replay;
 - a log without ``llm_call`` events costs the tokens of the evidence found: what reading costs.
@@ -90,6 +93,9 @@ class ReplayRun:
         self.hit_evidence: dict[str, list[str]] = {}  # hit id → evidence ids its reading produced
         self.report = None
         self.totals: dict = {}
+        start = next((e for e in events if e.type == "run_start"), None)
+        # the module docstring's follow-up rule: the agent's next search does not wait for this one to find something
+        self.follows_always = (getattr(start, "config", None) or {}).get("follow_ups") == "always"
         self.timeline = self._timeline(events)
         self._costs(events)
 
@@ -179,10 +185,11 @@ class ReplayRun:
                 if ledger is not None and not ledger.fits(key, walk):
                     continue  # the budget cannot afford it: not expanded (the pipeline's "prune", actor budget)
                 new = self._search(key, walk, read, out)
+                if new or self.follows_always:
+                    open_frames.update(self.child.get(key, []))
                 if new:
                     cost = self.branch_tokens(key, new)
                     out.tokens += cost
-                    open_frames.update(self.child.get(key, []))
                     if ledger is not None:
                         ledger.commit(cost, sum(self.tokens_of(new)))
                 elif ledger is not None:

@@ -182,13 +182,18 @@ def replace_block(text: str, new: str, begin: str = BEGIN, end: str = END) -> st
 def write(report: dict) -> None:
     """The results page's block, the README's headline and every page's shared figures from ``report``."""
     PAGE.write_text(replace_block(PAGE.read_text(encoding="utf-8"), block(report)), encoding="utf-8")
-    README.write_text(
-        replace_block(README.read_text(encoding="utf-8"), headline(report), HEAD_BEGIN, HEAD_END), encoding="utf-8"
-    )
     write_figures(report)
 
 
+def write_headline(report: dict) -> None:
+    """The README's headline (it reads the stored report and docs/figures.json)."""
+    README.write_text(
+        replace_block(README.read_text(encoding="utf-8"), headline(report), HEAD_BEGIN, HEAD_END), encoding="utf-8"
+    )
+
+
 def write_figures(report: dict) -> None:
+    write_headline(report)
     figs = figures(report)
     for page in user_pages():
         text = page.read_text(encoding="utf-8")
@@ -202,7 +207,11 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", help="the bench's --out folder")
-    ap.add_argument("--figures", action="store_true", help="only rewrite the shared figures from the stored report")
+    ap.add_argument(
+        "--figures",
+        action="store_true",
+        help="only rewrite the shared figures and the README headline from the stored report",
+    )
     ap.add_argument("--commit", default=None, help="commit of the code that ran the bench (recorded in the block)")
     args = ap.parse_args()
     if args.figures or not args.out:

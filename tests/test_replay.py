@@ -375,3 +375,18 @@ def test_chain_shaped_logs_say_why_nothing_is_pruned(tmp_path, models, capsys):
     assert dp["frames"] == dp["single_candidate"] > 0
     assert all(p["tokens_share"]["mean"] == 1.0 for p in report["points"])
     assert "single candidate" in report["summary"] and "--read" in report["summary"]
+
+
+def test_a_chain_agent_searches_again_after_a_search_it_read_nothing_of():
+    """The Search-o1 reader declares ``follow_ups: always`` (each search is the next step of one chain): a read
+    rule that reads nothing still reaches the second search; the reference pipeline's rule (no such declaration)
+    stops at a branch that read nothing new."""
+    fixture = Path(__file__).parent / "fixtures" / "searcho1"
+    run = next(r for r in read_runs([fixture]) if r.run_id == "9000001")
+    start = next(e for e in run.events if e.type == "run_start")
+    assert start.config["follow_ups"] == "always"
+    chain = ReplayRun(run)
+    assert chain.follows_always and chain.replay().searches == 2
+    assert chain.replay(read=lambda state, hits: []).searches == 2
+    chain.follows_always = False
+    assert chain.replay(read=lambda state, hits: []).searches == 1

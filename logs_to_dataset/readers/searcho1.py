@@ -237,7 +237,8 @@ class SearchO1Reader:
             return cls(run_id=run_id, seq=next(seq), ts=None, **kw)
 
         prefix, searches, orphans, truncated = parse_trace(trace, warn)
-        config: dict = {"format": "searcho1"}
+        # each search is the next step of one chain of reasoning, made whatever the last one brought (bench/replay.py)
+        config: dict = {"format": "searcho1", "follow_ups": "always"}
         kp_counts = {"labelled_by_id": 0, "labelled_by_span_only": 0}
         if gt is not None:
             config["keypoints"] = {"file": gt.file, "n_key_points": len(gt.ids), "bad_links": gt.bad_links}
