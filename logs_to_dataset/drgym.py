@@ -166,9 +166,15 @@ def parse_documents(body: str, warn: Warn = _no_warn) -> list[Doc]:
 
 def trace_documents(text: str, warn: Warn = _no_warn) -> list[Doc]:
     """Every document of every result block of a trace (a search's results and orphan blocks), in order."""
+    return trace_contents(text, warn)[0]
+
+
+def trace_contents(text: str, warn: Warn = _no_warn) -> tuple[list[Doc], list[str]]:
+    """``trace_documents`` and the trace's search queries (whitespace folded, non-empty, in order), from one parse."""
     _, searches, orphans, _ = parse_trace(text, warn)
     bodies = [s.result for s in searches if s.result is not None] + orphans
-    return [d for body in bodies for d in parse_documents(body, warn)]
+    queries = [" ".join(s.query.split()) for s in searches if s.query.strip()]
+    return [d for body in bodies for d in parse_documents(body, warn)], queries
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -6,6 +6,10 @@
   Parsing, key points, ids and span labelling are ``logs_to_dataset/drgym.py``'s (``SpanIndex`` over every
   query's key points), the rules ``branchgate dataset build --format searcho1`` labels evidence with: a
   document's passages carry, together, the key points the reader gives that document.
+  With ``agent_queries`` (``env build --agent-queries``), each query's meta keeps its Search-o1 agent's searches
+  (``agent_queries``, at most ``MAX_AGENT_QUERIES``): the offline planner's real-text candidates
+  (``generate.agent_steps``). Off by default: a controller trained on such an environment has seen the very
+  queries of those logs, so it must not be judged on the same questions' logs.
 - ``build_musique``: MuSiQue questions, one key point per decomposition step on its supporting paragraph.
 - ``unit="page"``: one passage per document (a page, as a search engine lists it: its first line is its title),
   not chunks. drgym: every document whose full text is known (from the traces or a DocStream), labelled as the
@@ -39,12 +43,15 @@ from branchgate.logs_to_dataset.drgym import (
     load_key_points,
     read_json,
     read_queries,
-    trace_documents,
+    trace_contents,
 )
 from branchgate.logs_to_dataset.spans import SpanIndex, normalize
 from branchgate.pipeline import env
 from branchgate.pipeline.chunking import Atom, pack, span_atoms, split_long, text_atoms
 from branchgate.pipeline.env import DEFAULT_CHUNK_WORDS, FORMATS, UNITS
+
+MAX_AGENT_QUERIES = 16  # a query's Search-o1 sub-queries kept in its meta (the planner asks one per step)
+MAX_AGENT_QUERY_CHARS = 300
 
 __all__ = [
     "Atom",
@@ -167,8 +174,10 @@ def build_drgym(
     max_queries: int | None = None,
     progress: bool = True,
     unit: str = "passage",
+    agent_queries: bool = False,
 ) -> Path:
-    """Queries with key points; passages: the ground-truth documents (full text where a trace or DocStream
+    """Queries with key points (with ``agent_queries``, each keeps its Search-o1 agent's searches in
+    ``meta.agent_queries``); passages: the ground-truth documents (full text where a trace or DocStream
     holds it, spans located and never split; else their quoted spans) and the other trace documents
     (distractors, chunked to lengths drawn from the relevant passages'), labelled by ``SpanIndex``; with
     ``unit="page"`` one passage per document (``_pages``)."""
@@ -179,7 +188,7 @@ def build_drgym(
         check_layout(src)
         new_ids = _drgym_queries(b, src, docs, max_queries)
         query_kps += _drgym_key_points(b, src, new_ids)
-        _drgym_traces(b, src, docs, set(new_ids) if max_queries is not None else None)
+        _drgym_traces(b, src, docs, set(new_ids) if max_queries is not None else None, agent_queries)
     index = SpanIndex(query_kps)
     docs.names.update(index.names)  # ground-truth documents: named as in their key-point file
     if unit == "page":
@@ -239,8 +248,9 @@ def _drgym_key_points(b: Builder, src: Path, new_ids: list[str]) -> list:
     return query_kps
 
 
-def _drgym_traces(b: Builder, src: Path, docs: _Docs, wanted: set[str] | None) -> None:
-    """The documents of ``src``'s Search-o1 traces (only the ``wanted`` queries' when given) into ``docs``."""
+def _drgym_traces(b: Builder, src: Path, docs: _Docs, wanted: set[str] | None, agent_queries: bool) -> None:
+    """The documents of ``src``'s Search-o1 traces (only the ``wanted`` queries' when given) into ``docs``; with
+    ``agent_queries``, each query's searches into its ``meta.agent_queries``."""
     so_dir = src / TRACE_DIR
     if not so_dir.is_dir():
         b.notes["sources_without_Searcho1_ClueWeb22"] += 1
@@ -253,8 +263,13 @@ def _drgym_traces(b: Builder, src: Path, docs: _Docs, wanted: set[str] | None) -
         except OSError as exc:
             b.skip(a, None, f"unreadable: {exc}")
             continue
-        for d in trace_documents(text, b.note):
+        found, asked = trace_contents(text, b.note)
+        for d in found:
             docs.add(d.id, d.text)
+        if agent_queries and a.stem in b.queries and asked:  # the offline planner's real-text candidates
+            asked = [q[:MAX_AGENT_QUERY_CHARS] for q in asked]
+            b.queries[a.stem]["meta"]["agent_queries"] = list(dict.fromkeys(asked))[:MAX_AGENT_QUERIES]
+            b.notes["queries_with_agent_queries"] += 1
 
 
 def _pairs(spans) -> int:  # notes count (span, key point) pairs
@@ -449,5 +464,6 @@ def build(fmt: str, sources: list[str], out: str | Path, **kw) -> Path:
     else:
         kw.pop("chunk_words", None)
         kw.pop("progress", None)
+        kw.pop("agent_queries", None)  # drgym only: MuSiQue's own sub-questions serve
         path = build_musique(sources, out, **kw)
     return path  # env.save wrote it as an ``env build`` output (``fileio.atomic_dir``)

@@ -43,6 +43,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="passage: documents chunked to --chunk-words (default); page: one passage per document, a search hit "
         "is a whole page with its title (its first line) and opening words, as a search engine lists it",
     )
+    parser.add_argument(
+        "--agent-queries",
+        action="store_true",
+        help="drgym: the offline planner also asks each question's Search-o1 searches, as real-text candidates "
+        "(then judge its controllers on other questions' logs: they have seen these queries)",
+    )
     parser.add_argument("--dense", action="store_true", help="also cache passage embeddings for the dense retriever")
     parser.add_argument("--encoder", default="auto", help="encoder for --dense (auto | packaged | hub id | local dir)")
 
@@ -58,6 +64,7 @@ def run(args) -> int:
         seed=args.seed,
         max_queries=args.max_queries,
         unit=args.unit,
+        agent_queries=args.agent_queries,
     )
     if args.dense:
         from branchgate.data.embedding_cache import EmbeddingCache

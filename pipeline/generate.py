@@ -18,7 +18,9 @@ draws an *origin*:
   another question in the environment, a tangent instead;
 - ``gold``: when the environment's query carries human-written sub-questions (MuSiQue's
   ``question_decomposition``, in the query's ``meta.decomposition``), the first one is a candidate of the plan and
-  the next one (its ``#k`` references filled with the answers found) a follow-up of a gold branch.
+  the next one (its ``#k`` references filled with the answers found) a follow-up of a gold branch. Without them, a
+  real agent's own sub-queries for the question serve the same way (DeepResearchGym: the Search-o1 trace's
+  searches, ``meta.agent_queries``, ``agent_steps``).
 Candidates read like an agent's queries (the topic is the question without its question words, ``topic_of``;
 the templates are phrases an agent writes: "impact of X on T", "X definition"), not strings of keywords.
 The mix depends on depth (more redundancy and drift deeper in the tree), the order is shuffled, and every
@@ -164,6 +166,13 @@ def gold_steps(meta: dict | None, key_points: list[dict] | None = None) -> list[
     return out
 
 
+def agent_steps(meta: dict | None) -> list[tuple[str, str]]:
+    """A real agent's sub-queries for the question (``meta.agent_queries``, in the order it searched) as steps
+    with no known answers, ``[(query, "")]``."""
+    asked = (meta or {}).get("agent_queries") or []
+    return [(" ".join(q.split()), "") for q in asked if isinstance(q, str) and q.strip()]
+
+
 def fill_gold(question: str, answers: list[str]) -> str | None:
     """``question`` with its ``#k`` references replaced by the answers of steps k (None when one is unknown)."""
 
@@ -264,7 +273,8 @@ class OfflineGenerator:
 
     def __init__(self, env):
         self.env = env
-        self._gold = {q.query.strip(): gold_steps(q.meta, q.key_points) for q in getattr(env, "queries", [])}
+        queries = getattr(env, "queries", [])
+        self._gold = {q.query.strip(): gold_steps(q.meta, q.key_points) or agent_steps(q.meta) for q in queries}
         self._questions = sorted(self._gold)  # the environment's questions: where an off-topic candidate comes from
 
     def _df(self, word: str) -> int:

@@ -39,7 +39,10 @@ SPLITS = ("train", "validation", "test")
 
 
 def held_out(run_id: str) -> bool:
-    return int(hashlib.sha256(f"{SALT}:{run_id}".encode()).hexdigest(), 16) % HELD_OUT_ONE_IN == 0
+    """Whether the query of ``run_id`` is held out: a Search-o1 run's id is its query id; a simulated run's
+    (``QID.r<k>.<hash>``) starts with it, so a simulation of the same queries splits the same way."""
+    qid = run_id.split(".")[0]
+    return int(hashlib.sha256(f"{SALT}:{qid}".encode()).hexdigest(), 16) % HELD_OUT_ONE_IN == 0
 
 
 def split(dataset: str, out: str) -> None:

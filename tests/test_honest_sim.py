@@ -8,7 +8,7 @@ import random
 from branchgate.pipeline import env as envmod
 from branchgate.pipeline import env_build
 from branchgate.pipeline.config import Config
-from branchgate.pipeline.generate import OfflineGenerator, fill_gold, gold_steps, topic_of
+from branchgate.pipeline.generate import OfflineGenerator, agent_steps, fill_gold, gold_steps, topic_of
 from branchgate.pipeline.simulate import simulate
 from branchgate.pipeline.textutil import STOPWORDS
 from branchgate.texts import title_of
@@ -78,3 +78,19 @@ def test_page_environment_lists_whole_pages_with_titles(tmp_path):
     hits = [h for e in evs if e["type"] == "results" for h in e["hits"]]
     assert hits and all(h["title"] == title_of(env.texts[env.index_of[h["hit_id"]]]) for h in hits)
     assert all(h["title"] and h["title"] not in h["snippet"] for h in hits)  # the title is not repeated as snippet
+
+
+def test_a_drgym_question_keeps_its_agents_own_queries_and_the_plan_asks_the_first(tmp_path):
+    """DeepResearchGym: the Search-o1 agent's searches for a question are its real-text sub-queries."""
+    src = write_drgym(tmp_path / "src")
+    plain = envmod.load(env_build.build("drgym", [str(src)], tmp_path / "plain", unit="page", progress=False))
+    assert all("agent_queries" not in q.meta for q in plain.queries)  # off by default
+    out = env_build.build("drgym", [str(src)], tmp_path / "env", unit="page", progress=False, agent_queries=True)
+    env = envmod.load(out)
+    by_id = {q.id: q for q in env.queries}
+    assert by_id["q1"].meta["agent_queries"] == ["sky blue"]  # the trace's one search
+    assert "agent_queries" not in by_id["q2"].meta  # no trace: nothing invented
+    assert agent_steps(by_id["q1"].meta) == [("sky blue", "")]
+    q = by_id["q1"]
+    cands = OfflineGenerator(env).plan(q.query, [env.texts[0]], 4, random.Random(0))
+    assert [c.query for c in cands if c.origin == "gold"] == ["sky blue"]
