@@ -128,6 +128,9 @@ def test_ctrl_c_stops_a_long_gate_job_promptly_and_keeps_the_run_state_whole(mod
         [*CLI, "gate", "--pre", model, "--jsonl", "--input", str(jobs), "--state", str(state), "--threads", most],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        # a shell starts a background job with SIGINT ignored and its children inherit that (Python then installs
+        # no KeyboardInterrupt handler): the job gets the default, as a command typed at a terminal has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60
