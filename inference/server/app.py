@@ -328,13 +328,6 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
     for name, flag, gate in (("pre", "--pre", pre), ("read", "--read", read)):
         if gate is not None and gate.stage != name:
             raise InputError(f"{gate.path} is a {gate.stage} controller (metadata stage={gate.stage})", flag)
-    limits = limits or Limits()
-    store = store if store is not None else MemoryStore()
-    gates = {"pre": pre, "read": read}
-    runs = Runs(pre, store, limits.max_runs, limits.run_ttl) if pre is not None else None
-    encoder = Encoder(limits)
-    models = [model_info(g) for g in gates.values() if g is not None]
-    keeper = Gatekeeper(api_keys, limits.rate_limit, store)
     app = FastAPI(
         title="branchgate",
         version=__version__,
@@ -342,20 +335,43 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
         docs_url=None,
         redoc_url=None,
     )
+    server = Server(app, pre, read, limits or Limits(), store if store is not None else MemoryStore(), api_keys)
+    add_decision_routes(server)
+    add_run_routes(server)
+    add_docs(app)
+    add_openapi_and_errors(app)
+    return app
 
-    def need(stage: str):
-        if gates[stage] is None:
+
+class Server:
+    """What the routes share: the app, the Gates by stage, the limits, the runs, the encoder slots and the
+    gatekeeper (API keys, rate limits)."""
+
+    def __init__(self, app: FastAPI, pre, read, limits: Limits, store, api_keys):
+        self.app, self.limits, self.api_keys = app, limits, api_keys
+        self.gates = {"pre": pre, "read": read}
+        self.runs = Runs(pre, store, limits.max_runs, limits.run_ttl) if pre is not None else None
+        self.encoder = Encoder(limits)
+        self.models = [model_info(g) for g in self.gates.values() if g is not None]
+        self.keeper = Gatekeeper(api_keys, limits.rate_limit, store)
+
+    def need(self, stage: str):
+        """The Gate of ``stage``; a 404 naming the flag that loads one when the server has none."""
+        if self.gates[stage] is None:
             flag = "--pre PRE.onnx" if stage == "pre" else "--read READ.onnx"
             raise ApiError(404, f"this server has no {stage} controller (start it with {flag})", "stage")
-        return gates[stage]
+        return self.gates[stage]
 
-    async def body_of(request: Request, model: type[BaseModel], endpoint: str, optional: bool = False):
-        body = await read_body(request, limits, optional)
-        check_items(body, limits.max_items)
+    async def body_of(self, request: Request, model: type[BaseModel], endpoint: str, optional: bool = False):
+        body = await read_body(request, self.limits, optional)
+        check_items(body, self.limits.max_items)
         return validate(body, model, endpoint)
 
-    def route(method, path, answer, body=None, *codes, optional=False, status=200, keyed=True):
-        codes = (*codes, 401, 429) if keyed and (api_keys is not None or limits.rate_limit) else codes
+    def route(self, method, path, answer, body=None, *codes, optional=False, status=200, keyed=True):
+        """A decorator adding the handler at ``path``, guarded by the gatekeeper when ``keyed``, with its answer
+        model, its request body and its error codes in the OpenAPI description."""
+        guarded_codes = keyed and (self.api_keys is not None or self.limits.rate_limit)
+        codes = (*codes, 401, 429) if guarded_codes else codes
         kw = {
             "response_model": answer,
             "response_model_exclude_unset": True,
@@ -364,26 +380,36 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
         }
         if body is not None:
             kw["openapi_extra"] = schema.request_body(body, optional)
-        add = getattr(app, method)
-        return lambda fn: add(path, **kw)(guarded(fn, keeper if keyed else None))
+        add = getattr(self.app, method)
+        return lambda fn: add(path, **kw)(guarded(fn, self.keeper if keyed else None))
+
+    async def in_run(self, request: Request, fn: Callable, close: bool = False):
+        self.need("pre")
+        owner = getattr(request.state, "owner", None)
+        return await run_in_threadpool(self.runs.call, request.path_params["run_id"], fn, owner, close)
+
+
+def add_decision_routes(s: Server) -> None:
+    """``/health``, ``/v1/models``, ``/v1/select`` and ``/v1/read``."""
+    route, encoder = s.route, s.encoder
 
     @route("get", "/health", schema.Health, keyed=False)
     async def health(request: Request):
         """Liveness: the stages this server gates and the open runs in its store."""
-        stages = [s for s, g in gates.items() if g is not None]
-        count = None if runs is None else await run_in_threadpool(len, runs)
+        stages = [st for st, g in s.gates.items() if g is not None]
+        count = None if s.runs is None else await run_in_threadpool(len, s.runs)
         return {"status": "ok", "stages": stages, "open_runs": count}
 
     @route("get", "/v1/models", schema.Models)
     async def list_models(request: Request):
         """Each loaded controller's stage, encoder, τ, precision, file hash and the branchgate that exported it."""
-        return {"branchgate_version": __version__, "models": models}
+        return {"branchgate_version": __version__, "models": s.models}
 
     @route("post", "/v1/select", schema.Selection, schema.SelectRequest, 400, 404, 413, 415, 422, 429)
     async def select(request: Request):
         """Gate one pre-retrieval decision (which candidate sub-queries to expand)."""
-        gate = need("pre")
-        body = await body_of(request, schema.SelectRequest, "select")
+        gate = s.need("pre")
+        body = await s.body_of(request, schema.SelectRequest, "select")
         state = state_of(body.state)
         await run_in_threadpool(encoder.check, gate, decision_texts(*as_decision(state, body.candidates)), "candidates")
         kw = {"tau": body.tau, "max_keep": body.max_keep, "root_tau": body.root_tau}
@@ -393,8 +419,8 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
     @route("post", "/v1/read", schema.ReadSelection, schema.ReadRequest, 400, 404, 413, 415, 422, 429)
     async def read_hits(request: Request):
         """Gate one read decision (which hits of a search to read)."""
-        gate = need("read")
-        body = await body_of(request, schema.ReadRequest, "read")
+        gate = s.need("read")
+        body = await s.body_of(request, schema.ReadRequest, "read")
         if body.hits is not None and body.items is not None:
             raise ApiError(422, "give the hits once: 'hits' or 'items', not both", "items")
         key = "hits" if body.hits is not None or body.items is None else "items"
@@ -408,44 +434,44 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
         sel = await run_in_threadpool(encoder.run, gate.select, state, hits, **kw)
         return {**sel.to_json(), "stage": "read"}
 
+
+def add_run_routes(s: Server) -> None:
+    """``/v1/runs`` and a run's ``select``, ``revisit``, ``spend`` and ``close``."""
+    route, encoder = s.route, s.encoder
+
     @route("post", "/v1/runs", schema.RunStatus, schema.OpenRunRequest, 400, 403, 404, 409, 413, 415, 422, 429,
            optional=True, status=201)  # fmt: skip
     async def open_run(request: Request):
         """Open a budgeted run (``run_id`` optional: one is made)."""
-        need("pre")
-        body = await body_of(request, schema.OpenRunRequest, "open", optional=True)
+        s.need("pre")
+        body = await s.body_of(request, schema.OpenRunRequest, "open", optional=True)
         run_id = body.run_id or uuid.uuid4().hex
         owner = getattr(request.state, "owner", None)
         args = (run_id, body.budget_nodes, body.budget_tokens, body.defer, owner)
-        return await run_in_threadpool(runs.open, *args)
-
-    async def in_run(request: Request, fn: Callable, close: bool = False):
-        need("pre")
-        owner = getattr(request.state, "owner", None)
-        return await run_in_threadpool(runs.call, request.path_params["run_id"], fn, owner, close)
+        return await run_in_threadpool(s.runs.open, *args)
 
     @route("get", "/v1/runs/{run_id}", schema.RunStatus, None, 403, 404)
     async def get_run(request: Request):
         """A run's budget now (spent, reserved, remaining, price, deferred candidates)."""
-        return await in_run(request, lambda run: run.status())
+        return await s.in_run(request, lambda run: run.status())
 
     @route("post", "/v1/runs/{run_id}/select", schema.RunSelection, schema.RunSelectRequest,
            400, 403, 404, 413, 415, 422, 429)  # fmt: skip
     async def run_select(request: Request):
         """Gate one decision within the run's budget (``costs``: one token estimate per candidate)."""
-        gate = need("pre")
-        body = await body_of(request, schema.RunSelectRequest, "run_select")
+        gate = s.need("pre")
+        body = await s.body_of(request, schema.RunSelectRequest, "run_select")
         d = {**decision(body, request), "candidates": body.candidates, "costs": body.costs}
         await run_in_threadpool(encoder.check, gate, decision_texts(*as_decision(d["state"], d["candidates"])),
                                 "candidates")  # fmt: skip
-        return await in_run(request, lambda run: encoder.run(apply_decision, run, d, body.tau, body.max_keep))
+        return await s.in_run(request, lambda run: encoder.run(apply_decision, run, d, body.tau, body.max_keep))
 
     @route("post", "/v1/runs/{run_id}/revisit", schema.RunSelection, schema.RevisitRequest,
            400, 403, 404, 413, 415, 422, 429)  # fmt: skip
     async def run_revisit(request: Request):
         """Which deferred candidates to expand now, re-scored against ``state`` (answer: ``revisited``)."""
-        gate = need("pre")
-        body = await body_of(request, schema.RevisitRequest, "revisit")
+        gate = s.need("pre")
+        body = await s.body_of(request, schema.RevisitRequest, "revisit")
         d = {**decision(body, request), "revisit": True}
 
         def revisit(run):  # the run's deferred candidates are re-scored: their tokens count too
@@ -453,27 +479,30 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
             encoder.check(gate, texts, "deferred")
             return encoder.run(apply_decision, run, d, None, body.max_keep)
 
-        return await in_run(request, revisit)
+        return await s.in_run(request, revisit)
 
     @route("post", "/v1/runs/{run_id}/spend", schema.RunStatus, schema.SpendRequest, 400, 403, 404, 413, 415, 422)
     async def run_spend(request: Request):
         """Report the tokens expansions really used (settles their reservations)."""
-        body = await body_of(request, schema.SpendRequest, "spend")
-        return await in_run(request, functools.partial(spend_in, spends=spends_of(body.spend)))
+        body = await s.body_of(request, schema.SpendRequest, "spend")
+        return await s.in_run(request, functools.partial(spend_in, spends=spends_of(body.spend)))
 
     @route("post", "/v1/runs/{run_id}/close", schema.ClosedRun, schema.CloseRequest,
            400, 403, 404, 413, 415, 422, optional=True)  # fmt: skip
     async def run_close(request: Request):
         """Close the run: the answer lists its deferred candidates never expanded (``never_expanded``)."""
-        body = await body_of(request, schema.CloseRequest, "close", optional=True)
+        body = await s.body_of(request, schema.CloseRequest, "close", optional=True)
 
         def close(run):
             status = spend_in(run, spends_of(body.spend))
             return {**status, "never_expanded": [x.to_json() for x in run.drop_deferred()], "deferred": []}
 
-        return await in_run(request, close, close=True)
+        return await s.in_run(request, close, close=True)
 
-    add_docs(app)
+
+def add_openapi_and_errors(app: FastAPI) -> None:
+    """The OpenAPI description with every request schema, and JSON errors for unknown paths, wrong methods and
+    requests FastAPI itself refuses."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -491,8 +520,6 @@ def create_app(pre=None, read=None, *, limits: Limits | None = None, store=None,
     @app.exception_handler(RequestValidationError)
     async def request_error(request: Request, exc: RequestValidationError):
         return error_response(422, "invalid request")
-
-    return app
 
 
 def add_docs(app: FastAPI) -> None:
