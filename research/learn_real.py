@@ -261,7 +261,6 @@ def run_track(a) -> None:
     """The bench's real track on the dev queries (out of fold) and judged on the held-out ones: OUT/track.json,
     OUT/track.md, OUT/real_track.png."""
     from branchgate.bench import real_track
-    from branchgate.training.metrics import clean
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -275,10 +274,20 @@ def run_track(a) -> None:
         evals={"held-out queries": (a.heldout, [a.traces])},
         train_args=tuple(shlex.split(a.train_args or "")),
     )
+    write_track(res, out)
+
+
+def write_track(res: dict, out: Path) -> None:
+    """A real track's ``res`` as OUT/track.json, OUT/track.md (printed too) and OUT/real_track.png."""
+    from branchgate.bench import real_track
+    from branchgate.training.metrics import clean
+
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(real_track.markdown(res))
     (out / "track.json").write_text(json.dumps(clean(res), indent=1))
-    (out / "track.md").write_text("\n".join(real_track.markdown(res)) + "\n")
+    (out / "track.md").write_text(text + "\n")
     real_track.plot(res, out / real_track.PLOT)
-    print("\n".join(real_track.markdown(res)))
+    print(text)
 
 
 def main(argv=None) -> None:

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -77,10 +78,9 @@ def _device_like_dev_full(path) -> str:
 
 # -- 4: bounded reads -------------------------------------------------------------------------------------
 def test_input_from_an_endless_device_is_a_bounded_read_with_a_named_error(model):
-    t0 = time.monotonic()
-    rc, out, err = _gate(model, "--input", "/dev/full")
+    rc, out, err = _gate(model, "--input", "/dev/full")  # the read is bounded by bytes (and 4 GiB), not by time
     assert rc == 2 and out == "" and "Traceback" not in err
-    assert "/dev/full: longer than" in err and time.monotonic() - t0 < 60
+    assert "/dev/full: longer than" in err
     with open("/dev/zero", "rb") as zero:  # stdin too
         p = subprocess.run(
             [*CLI, "gate", "--pre", model], stdin=zero, capture_output=True, timeout=90, preexec_fn=_at_most_4_gib
@@ -99,10 +99,11 @@ def test_state_on_a_device_is_refused_without_reading_or_writing_it(model, tmp_p
 # -- 5: --threads bounded, Ctrl-C honoured ----------------------------------------------------------------
 def test_threads_beyond_four_per_core_are_refused_at_once(model):
     most = 4 * (os.cpu_count() or 1)
-    t0 = time.monotonic()
     rc, out, err = _gate(model, "--threads", "2000", stdin=json.dumps(DECISION).encode(), timeout=60)
     assert rc == 2 and out == "" and f"--threads: must be an integer from 1 to {most}" in err and "got 2000" in err
-    assert time.monotonic() - t0 < 30
+    # at once: the flag is refused before any work, before the controller file is even looked at
+    rc, _, err = _gate(str(Path("no") / "such" / "controller.onnx"), "--threads", "2000", stdin=b"", timeout=60)
+    assert rc == 2 and "--threads: must be an integer" in err and "controller.onnx" not in err
     with pytest.raises(InputError, match=f"^threads: .* 1 to {most}"):
         Gate.load(model, threads=most + 1)
     assert Gate.load(model, threads=most).session is not None  # the bound itself is allowed
